@@ -1,0 +1,1 @@
+"""Converters from other libraries' checkpoint folders: key maps and config translation only."""

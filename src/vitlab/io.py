@@ -1,0 +1,232 @@
+"""vitlab.load and vitlab.save: model folders of config.json + model.safetensors.
+
+``load`` reads vitlab's own folders, timm Hub exports and Hugging Face ViT/DeiT folders. It
+never unpickles: weights come from safetensors (or, for old Hub folders, ``torch.load`` with
+``weights_only=True``), and every tensor must find its place, shape for shape.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from .interop import hf, timm
+from .models.layers import resample_abs_pos_embed, to_2tuple
+from .models.registry import MODEL_CLASSES, build, create_model, get_spec
+
+FORMAT_VERSION = 1
+CONFIG, WEIGHTS = "config.json", "model.safetensors"
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write a file so that a reader sees the old file or the whole new one, never a part."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_json(path: Path, obj: Any) -> None:
+    atomic_write_bytes(Path(path), (json.dumps(obj, indent=2) + "\n").encode())
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def current_args(model: nn.Module) -> dict[str, Any]:
+    """The model's construction arguments, updated for a replaced head or a new input size."""
+    args = dict(getattr(model, "model_args", {}))
+    args["num_classes"] = model.num_classes
+    embed = getattr(model, "patch_embed", None)
+    if embed is not None:
+        args["img_size"] = list(embed.img_size)
+    return args
+
+
+def save(model: nn.Module, path: str | os.PathLike, extra: dict[str, Any] | None = None) -> Path:
+    """Write ``model`` to a folder as config.json + model.safetensors that vitlab.load reads."""
+    if type(model).__name__ not in MODEL_CLASSES:
+        raise TypeError(f"vitlab.save takes a vitlab model ({', '.join(MODEL_CLASSES)}), got {type(model).__name__}")
+    folder = Path(path)
+    folder.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{WEIGHTS}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        save_file(state, tmp, metadata={"format": "pt"})
+        digest = _sha256(Path(tmp))
+        os.replace(tmp, folder / WEIGHTS)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    cfg = {
+        "library": "vitlab",
+        "format_version": FORMAT_VERSION,
+        "architecture": getattr(model, "arch", None),
+        "class": type(model).__name__,
+        "model_args": current_args(model),
+        "pretrained_cfg": dict(getattr(model, "pretrained_cfg", {}) or {}),
+        "sha256": digest,
+        **(extra or {}),
+    }
+    atomic_write_json(folder / CONFIG, cfg)
+    return folder
+
+
+def read_config(path: str | os.PathLike) -> tuple[Path, dict[str, Any]]:
+    """(folder, parsed config.json) for a model folder or its config.json."""
+    p = Path(path)
+    folder = p.parent if p.name == CONFIG else p
+    if not folder.exists():
+        raise FileNotFoundError(f"no model at {folder}: expected a folder with {CONFIG} and {WEIGHTS}")
+    cfg_path = folder / CONFIG
+    if not cfg_path.is_file():
+        raise FileNotFoundError(f"{folder} has no {CONFIG}; a model folder holds {CONFIG} and {WEIGHTS} "
+                                "(written by vitlab.save, timm's save_for_hf or transformers' save_pretrained)")
+    try:
+        cfg = json.loads(cfg_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{cfg_path} is not valid JSON ({e})") from None
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{cfg_path} must hold a JSON object, not {type(cfg).__name__}")
+    return folder, cfg
+
+
+def read_weights(folder: Path, expected_sha256: str | None = None) -> dict[str, torch.Tensor]:
+    """The tensors of a folder: model.safetensors (or a sharded index, or pytorch_model.bin without pickle code)."""
+    st = folder / WEIGHTS
+    if st.is_file():
+        if expected_sha256 and _sha256(st) != expected_sha256:
+            raise ValueError(f"{st} is corrupt or was changed: its sha256 does not match the one in {CONFIG}")
+        try:
+            return load_file(st)
+        except (SafetensorError, OSError, RuntimeError) as e:
+            raise ValueError(f"{st} is truncated or corrupt ({e})") from None
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        state: dict[str, torch.Tensor] = {}
+        for shard in shards:
+            try:
+                state.update(load_file(folder / shard))
+            except (SafetensorError, OSError, RuntimeError) as e:
+                raise ValueError(f"{folder / shard} is missing, truncated or corrupt ({e})") from None
+        return state
+    pt = folder / "pytorch_model.bin"
+    if pt.is_file():
+        try:
+            return torch.load(pt, map_location="cpu", weights_only=True)
+        except Exception as e:  # noqa: BLE001 - any failure here means an unusable file
+            raise ValueError(f"{pt} cannot be read as plain tensors ({e})") from None
+    raise FileNotFoundError(f"{folder} has no weights: expected {WEIGHTS}")
+
+
+def _adapt_pos_embed(model: nn.Module, state: dict[str, torch.Tensor], old_img) -> None:
+    """Resample a checkpoint's position embedding to the model's patch grid, bicubic, prefix tokens kept apart."""
+    own = model.state_dict().get("pos_embed")
+    ckpt = state.get("pos_embed")
+    if own is None or ckpt is None or own.shape == ckpt.shape or own.shape[-1] != ckpt.shape[-1]:
+        return
+    grid = model.patch_embed.grid_size
+    prefix = own.shape[1] - grid[0] * grid[1]
+    n_old = ckpt.shape[1] - prefix
+    patch = model.patch_embed.patch_size
+    old_grid = None
+    if old_img is not None:
+        h, w = to_2tuple(old_img)
+        if (h // patch[0]) * (w // patch[1]) == n_old:
+            old_grid = (h // patch[0], w // patch[1])
+    state["pos_embed"] = resample_abs_pos_embed(ckpt, grid, old_grid, num_prefix_tokens=prefix)
+
+
+def load_state_strict(model: nn.Module, state: dict[str, torch.Tensor], source: str) -> None:
+    """Load every tensor or none: missing, unexpected and mis-shaped keys are named in the error."""
+    own = model.state_dict()
+    missing = [k for k in own if k not in state]
+    unexpected = [k for k in state if k not in own]
+    mismatched = [f"{k} (file {tuple(state[k].shape)}, model {tuple(own[k].shape)})"
+                  for k in own if k in state and state[k].shape != own[k].shape]
+    problems = []
+    for label, keys in (("missing tensors", missing), ("unexpected tensors", unexpected),
+                        ("shape mismatches", mismatched)):
+        if keys:
+            problems.append(f"{label}: {', '.join(keys[:6])}" + (f" and {len(keys) - 6} more" if len(keys) > 6 else ""))
+    if problems:
+        raise ValueError(f"{source} does not fit a {type(model).__name__}: " + "; ".join(problems))
+    model.load_state_dict(state, strict=True)
+
+
+HEAD_PREFIXES = ("head.", "head_dist.", "fc.")
+
+
+def load(path: str | os.PathLike, **overrides: Any) -> nn.Module:
+    """A ready model (eval mode) from a vitlab, timm or Hugging Face folder; overrides change its arguments.
+
+    ``img_size=`` resamples the position embedding to a new input size; ``num_classes=`` with a
+    different count gives fresh, untrained heads; ``dynamic_img_size=True`` accepts any input size.
+    """
+    folder, cfg = read_config(path)
+    expected_sha = None
+    if cfg.get("library") == "vitlab":
+        arch, cls_name = cfg.get("architecture"), cfg.get("class")
+        args, preprocess = dict(cfg.get("model_args") or {}), dict(cfg.get("pretrained_cfg") or {})
+        expected_sha = cfg.get("sha256")
+        convert = dict
+    elif timm.is_timm_config(cfg):
+        arch, args, preprocess = timm.model_args(cfg)
+        cls_name = None
+        convert = timm.convert_state_dict
+    elif hf.is_hf_config(cfg):
+        cls_name, args, preprocess = hf.model_args(cfg)
+        arch = None
+        convert = lambda s: hf.convert_state_dict(s, cfg)
+    else:
+        raise ValueError(f"{folder / CONFIG} is not a model config vitlab knows: expected 'library': 'vitlab', "
+                         "'architecture' (timm) or 'model_type' (Hugging Face)")
+    if arch is None and cls_name not in MODEL_CLASSES:
+        raise ValueError(f"{folder / CONFIG}: unknown model class {cls_name!r}; accepted: {', '.join(MODEL_CLASSES)}")
+    old_img = args.get("img_size", get_spec(arch).args.get("img_size", 224) if arch else 224)
+    old_classes = args.get("num_classes", get_spec(arch).args.get("num_classes", 1000) if arch else 1000)
+    state = convert(read_weights(folder, expected_sha))
+    args.update(overrides)
+    if arch:
+        model = create_model(arch, **{k: v for k, v in args.items()})
+    else:
+        model = build(MODEL_CLASSES[cls_name], args)
+        model.arch, model.model_args = None, dict(args)
+        in_chans = args.get("in_chans", 3)
+        model.pretrained_cfg = {"input_size": (in_chans, *to_2tuple(args.get("img_size", 224))),
+                                "mean": (0.5,) * in_chans, "std": (0.5,) * in_chans,
+                                "interpolation": "bicubic", "label_names": None}
+    new_head = "num_classes" in overrides and overrides["num_classes"] != old_classes
+    if new_head:
+        state = {k: v for k, v in state.items() if not k.startswith(HEAD_PREFIXES)}
+        for k, v in model.state_dict().items():
+            if k.startswith(HEAD_PREFIXES):
+                state[k] = v
+        preprocess.pop("label_names", None)
+    _adapt_pos_embed(model, state, old_img)
+    load_state_strict(model, state, str(folder))
+    preprocess.pop("input_size", None)
+    model.pretrained_cfg.update(preprocess)
+    return model.eval()

@@ -1,0 +1,251 @@
+"""Layers shared by every vitlab model: patch embedding, attention, MLP, LayerScale, DropPath, Block.
+
+Submodule and parameter names follow timm (``patch_embed.proj``, ``attn.qkv``, ``mlp.fc1``,
+``ls1.gamma``) because those names are the checkpoint format.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def to_2tuple(x: int | Sequence[int]) -> tuple[int, int]:
+    """An int or a pair as a pair of ints."""
+    if isinstance(x, (list, tuple)):
+        if len(x) != 2:
+            raise ValueError(f"expected an int or a pair (height, width), got {x!r}")
+        return int(x[0]), int(x[1])
+    return int(x), int(x)
+
+
+class QuickGELU(nn.Module):
+    """x * sigmoid(1.702 x), the GELU approximation of CLIP and some Hub configs."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.sigmoid(1.702 * x)
+
+
+ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
+    "gelu": nn.GELU,
+    "gelu_tanh": lambda: nn.GELU(approximate="tanh"),
+    "relu": nn.ReLU,
+    "silu": nn.SiLU,
+    "quick_gelu": QuickGELU,
+}
+
+
+def get_act_layer(name: str) -> Callable[[], nn.Module]:
+    """The activation constructor for a name in ACTIVATIONS."""
+    if name not in ACTIVATIONS:
+        raise ValueError(f"unknown activation {name!r}; accepted: {', '.join(ACTIVATIONS)}")
+    return ACTIVATIONS[name]
+
+
+class PatchEmbed(nn.Module):
+    """Image to patch tokens with one strided convolution."""
+
+    def __init__(self, img_size=224, patch_size=16, in_chans=3, embed_dim=768, bias=True,
+                 dynamic_img_size=False):
+        super().__init__()
+        self.img_size = to_2tuple(img_size)
+        self.patch_size = to_2tuple(patch_size)
+        for side, (s, p) in zip(("height", "width"), zip(self.img_size, self.patch_size)):
+            if s % p:
+                raise ValueError(f"image {side} {s} is not divisible by the patch size {p}; "
+                                 f"use an image size that is a multiple of {p}")
+        self.grid_size = (self.img_size[0] // self.patch_size[0], self.img_size[1] // self.patch_size[1])
+        self.num_patches = self.grid_size[0] * self.grid_size[1]
+        self.dynamic_img_size = dynamic_img_size
+        self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=self.patch_size, stride=self.patch_size, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, C, H, W) -> (B, h, w, D), a grid of tokens."""
+        if x.ndim != 4 or x.shape[1] != self.proj.in_channels:
+            raise ValueError(f"expected images of shape (B, {self.proj.in_channels}, H, W), got {tuple(x.shape)}")
+        H, W = x.shape[-2:]
+        if self.dynamic_img_size:
+            if H % self.patch_size[0] or W % self.patch_size[1]:
+                raise ValueError(f"input size {H}x{W} is not divisible by the patch size "
+                                 f"{self.patch_size[0]}x{self.patch_size[1]}")
+        elif (H, W) != self.img_size:
+            raise ValueError(f"input size {H}x{W} does not match the model's {self.img_size[0]}x{self.img_size[1]}; "
+                             "build or load the model with img_size=... or dynamic_img_size=True")
+        return self.proj(x).permute(0, 2, 3, 1)  # (B, h, w, D)
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention: fused (scaled_dot_product_attention) or the explicit slow path.
+
+    The slow path passes the probabilities (B, heads, N, N) through ``attn_map``, an identity
+    that analysis code hooks to read them.
+    """
+
+    def __init__(self, dim, num_heads=8, qkv_bias=False, attn_drop=0.0, proj_drop=0.0):
+        super().__init__()
+        if dim % num_heads:
+            raise ValueError(f"embed_dim {dim} is not divisible by num_heads {num_heads}")
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.scale = self.head_dim ** -0.5
+        self.fused_attn = True
+        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.attn_drop = nn.Dropout(attn_drop)
+        self.attn_map = nn.Identity()
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, N, C = x.shape
+        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.unbind(0)  # (B, H, N, hd) each
+        if self.fused_attn:
+            x = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop.p if self.training else 0.0)
+        else:
+            attn = (q * self.scale) @ k.transpose(-2, -1)  # (B, H, N, N)
+            attn = self.attn_map(attn.softmax(dim=-1))
+            x = self.attn_drop(attn) @ v
+        x = x.transpose(1, 2).reshape(B, N, C)
+        return self.proj_drop(self.proj(x))
+
+
+class Mlp(nn.Module):
+    """fc1 -> activation -> dropout -> fc2 -> dropout."""
+
+    def __init__(self, in_features, hidden_features=None, act_layer=nn.GELU, drop=0.0, bias=True):
+        super().__init__()
+        hidden_features = hidden_features or in_features
+        self.fc1 = nn.Linear(in_features, hidden_features, bias=bias)
+        self.act = act_layer()
+        self.drop1 = nn.Dropout(drop)
+        self.fc2 = nn.Linear(hidden_features, in_features, bias=bias)
+        self.drop2 = nn.Dropout(drop)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop2(self.fc2(self.drop1(self.act(self.fc1(x)))))
+
+
+def mlp_hidden(dim: int, mlp_ratio: float) -> int:
+    """Hidden width int(dim * mlp_ratio), robust to ratios like 3072/768 written as floats."""
+    return int(round(dim * mlp_ratio, 6))
+
+
+class LayerScale(nn.Module):
+    """A learned per-channel scale on a residual branch (CaiT), initialised small."""
+
+    def __init__(self, dim, init_values=1e-5):
+        super().__init__()
+        self.gamma = nn.Parameter(init_values * torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.gamma
+
+
+def drop_path(x: torch.Tensor, drop_prob: float = 0.0, training: bool = False) -> torch.Tensor:
+    """Stochastic depth: zero a whole sample's residual branch with probability drop_prob."""
+    if drop_prob == 0.0 or not training:
+        return x
+    keep = 1.0 - drop_prob
+    mask = x.new_empty((x.shape[0],) + (1,) * (x.ndim - 1)).bernoulli_(keep)
+    return x * mask / keep
+
+
+def drop_path_rates(drop_path_rate: float, depth: int) -> list[float]:
+    """Stochastic depth rising linearly from 0 at the first block to drop_path_rate at the last."""
+    return [drop_path_rate * i / max(depth - 1, 1) for i in range(depth)]
+
+
+class DropPath(nn.Module):
+    """Stochastic depth per sample, as a module."""
+
+    def __init__(self, drop_prob: float = 0.0):
+        super().__init__()
+        self.drop_prob = drop_prob
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return drop_path(x, self.drop_prob, self.training)
+
+    def extra_repr(self) -> str:
+        return f"drop_prob={self.drop_prob:.3f}"
+
+
+class Block(nn.Module):
+    """Pre-norm Transformer block: x + attn(norm1(x)), then x + mlp(norm2(x)), each optionally scaled.
+
+    ``attn`` may be any token mixer with the (B, N, D) -> (B, N, D) signature (MHSA, GPSA,
+    talking heads), so every family shares this block.
+    """
+
+    def __init__(self, dim, num_heads, mlp_ratio=4.0, qkv_bias=False, proj_drop=0.0, attn_drop=0.0,
+                 init_values=None, drop_path=0.0, act_layer=nn.GELU, norm_layer=nn.LayerNorm,
+                 attn_layer: Callable[..., nn.Module] = Attention, **attn_kwargs):
+        super().__init__()
+        self.norm1 = norm_layer(dim)
+        self.attn = attn_layer(dim, num_heads=num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop,
+                               proj_drop=proj_drop, **attn_kwargs)
+        self.ls1 = LayerScale(dim, init_values) if init_values else nn.Identity()
+        self.drop_path1 = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
+        self.norm2 = norm_layer(dim)
+        self.mlp = Mlp(dim, mlp_hidden(dim, mlp_ratio), act_layer=act_layer, drop=proj_drop)
+        self.ls2 = LayerScale(dim, init_values) if init_values else nn.Identity()
+        self.drop_path2 = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x))))
+        x = x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
+        return x
+
+
+# ---------------------------------------------------------------------------------------------
+# Position embeddings
+
+
+def resample_abs_pos_embed(posemb: torch.Tensor, new_size: Sequence[int], old_size: Sequence[int] | None = None,
+                           num_prefix_tokens: int = 1, interpolation: str = "bicubic",
+                           antialias: bool = True) -> torch.Tensor:
+    """Resample a (1, prefix + h*w, D) position embedding to a new patch grid; prefix tokens kept apart."""
+    new_size = to_2tuple(new_size)
+    n_grid = posemb.shape[1] - num_prefix_tokens
+    if old_size is None:
+        side = math.isqrt(n_grid)
+        if side * side != n_grid:
+            raise ValueError(f"cannot infer the grid of a position embedding with {n_grid} patch entries; "
+                             "give old_size=(h, w)")
+        old_size = (side, side)
+    old_size = to_2tuple(old_size)
+    if old_size[0] * old_size[1] != n_grid:
+        raise ValueError(f"position embedding has {n_grid} patch entries, not a {old_size[0]}x{old_size[1]} grid")
+    if tuple(old_size) == tuple(new_size):
+        return posemb
+    prefix, grid = posemb[:, :num_prefix_tokens], posemb[:, num_prefix_tokens:]
+    dim, dtype = grid.shape[-1], grid.dtype
+    grid = grid.float().reshape(1, old_size[0], old_size[1], dim).permute(0, 3, 1, 2)
+    grid = F.interpolate(grid, size=new_size, mode=interpolation, antialias=antialias)
+    grid = grid.permute(0, 2, 3, 1).reshape(1, -1, dim).to(dtype)
+    return torch.cat([prefix, grid], dim=1)
+
+
+def sincos_2d_pos_embed(grid_size: Sequence[int], dim: int, temperature: float = 10000.0) -> torch.Tensor:
+    """Fixed 2D sin-cos embedding (MAE / "simple ViT"), (h*w, dim): half the channels encode rows, half columns."""
+    if dim % 4:
+        raise ValueError(f"a 2D sin-cos position embedding needs embed_dim divisible by 4, got {dim}")
+    h, w = to_2tuple(grid_size)
+    ys, xs = torch.meshgrid(torch.arange(h, dtype=torch.float32), torch.arange(w, dtype=torch.float32), indexing="ij")
+    omega = 1.0 / temperature ** (torch.arange(dim // 4, dtype=torch.float32) / (dim // 4))
+    ys = ys.flatten()[:, None] * omega[None]  # (h*w, dim/4)
+    xs = xs.flatten()[:, None] * omega[None]
+    return torch.cat([ys.sin(), ys.cos(), xs.sin(), xs.cos()], dim=1)
+
+
+def init_weights_vit(module: nn.Module) -> None:
+    """timm's default ViT init: truncated normal (std .02) for Linear weights, zero biases."""
+    if isinstance(module, nn.Linear):
+        nn.init.trunc_normal_(module.weight, std=0.02)
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)
+    elif isinstance(module, nn.LayerNorm):
+        nn.init.ones_(module.weight)
+        nn.init.zeros_(module.bias)

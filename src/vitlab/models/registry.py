@@ -1,0 +1,158 @@
+"""Model names (timm's where timm has the model) and their defaults; create_model and list_models."""
+from __future__ import annotations
+
+import difflib
+import fnmatch
+import inspect
+from typing import Any
+
+from torch import nn
+
+from .cait import Cait
+from .cnn import ResNet
+from .convit import ConVit
+from .hybrid import HybridVisionTransformer
+from .vit import VisionTransformer
+
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+INCEPTION_MEAN, INCEPTION_STD = (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)
+CIFAR_MEAN, CIFAR_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
+
+MODEL_CLASSES: dict[str, type[nn.Module]] = {
+    c.__name__: c for c in (VisionTransformer, ConVit, Cait, HybridVisionTransformer, ResNet)}
+
+
+class ModelSpec:
+    """A registered name: its class, its default arguments and its preprocessing."""
+
+    def __init__(self, cls: type[nn.Module], args: dict[str, Any], mean, std, description: str = ""):
+        self.cls, self.args, self.mean, self.std, self.description = cls, args, mean, std, description
+
+
+_REGISTRY: dict[str, ModelSpec] = {}
+
+
+def register(name: str, cls: type[nn.Module], mean=IMAGENET_MEAN, std=IMAGENET_STD, **args: Any) -> None:
+    _REGISTRY[name] = ModelSpec(cls, args, mean, std)
+
+
+# ViT (timm's names; "augreg" weights use mean = std = 0.5)
+_VIT_SIZES = {"tiny": (192, 12, 3), "small": (384, 12, 6), "base": (768, 12, 12), "large": (1024, 24, 16)}
+for _size, (_dim, _depth, _heads) in _VIT_SIZES.items():
+    for _patch in (16, 32):
+        for _img in (224, 384):
+            register(f"vit_{_size}_patch{_patch}_{_img}", VisionTransformer, INCEPTION_MEAN, INCEPTION_STD,
+                     img_size=_img, patch_size=_patch, embed_dim=_dim, depth=_depth, num_heads=_heads)
+# DeiT: the ViT class, with the distillation token for the *_distilled names
+for _size in ("tiny", "small", "base"):
+    _dim, _depth, _heads = _VIT_SIZES[_size]
+    register(f"deit_{_size}_patch16_224", VisionTransformer,
+             patch_size=16, embed_dim=_dim, depth=_depth, num_heads=_heads)
+    register(f"deit_{_size}_distilled_patch16_224", VisionTransformer,
+             patch_size=16, embed_dim=_dim, depth=_depth, num_heads=_heads, distilled=True)
+# CaiT
+_CAIT = {"xxs24": (192, 24, 4, 1e-5), "xxs36": (192, 36, 4, 1e-5), "xs24": (288, 24, 6, 1e-5),
+         "s24": (384, 24, 8, 1e-5), "s36": (384, 36, 8, 1e-6)}
+for _name, (_dim, _depth, _heads, _ls) in _CAIT.items():
+    for _img in (224, 384):
+        register(f"cait_{_name}_{_img}", Cait, img_size=_img, patch_size=16, embed_dim=_dim, depth=_depth,
+                 num_heads=_heads, init_values=_ls)
+# ConViT (embed_dim is per head)
+for _name, _heads in (("tiny", 4), ("small", 9), ("base", 16)):
+    register(f"convit_{_name}", ConVit, local_up_to_layer=10, locality_strength=1.0, embed_dim=48, num_heads=_heads)
+# Hybrid: ResNet-18 stages to stride 16, then ViT-S/ViT-Ti
+register("vit_small_r18_s16_224", HybridVisionTransformer, embed_dim=384, depth=12, num_heads=6,
+         backbone_layers=(2, 2, 2), backbone_widths=(64, 128, 256), backbone_stem="imagenet")
+register("vit_tiny_r18_s16_224", HybridVisionTransformer, embed_dim=192, depth=12, num_heads=3,
+         backbone_layers=(2, 2, 2), backbone_widths=(64, 128, 256), backbone_stem="imagenet")
+# ResNets (teachers)
+register("resnet18", ResNet, layers=(2, 2, 2, 2), stem="imagenet", img_size=224)
+register("resnet34", ResNet, layers=(3, 4, 6, 3), stem="imagenet", img_size=224)
+
+# CIFAR presets: 32x32 input, patch 4 (an 8x8 grid of 64 tokens)
+_CIFAR = dict(img_size=32, num_classes=10)
+register("vit_tiny_patch4_32", VisionTransformer, CIFAR_MEAN, CIFAR_STD, **_CIFAR,
+         patch_size=4, embed_dim=192, depth=9, num_heads=3)
+register("vit_small_patch4_32", VisionTransformer, CIFAR_MEAN, CIFAR_STD, **_CIFAR,
+         patch_size=4, embed_dim=384, depth=9, num_heads=6)
+register("vit_tiny_sincos_patch4_32", VisionTransformer, CIFAR_MEAN, CIFAR_STD, **_CIFAR,
+         patch_size=4, embed_dim=192, depth=9, num_heads=3, pos_embed="sincos")
+register("vit_tiny_avg_patch4_32", VisionTransformer, CIFAR_MEAN, CIFAR_STD, **_CIFAR,
+         patch_size=4, embed_dim=192, depth=9, num_heads=3, class_token=False, global_pool="avg")
+register("deit_tiny_distilled_patch4_32", VisionTransformer, CIFAR_MEAN, CIFAR_STD, **_CIFAR,
+         patch_size=4, embed_dim=192, depth=9, num_heads=3, distilled=True)
+register("deit_small_distilled_patch4_32", VisionTransformer, CIFAR_MEAN, CIFAR_STD, **_CIFAR,
+         patch_size=4, embed_dim=384, depth=9, num_heads=6, distilled=True)
+register("convit_tiny_patch4_32", ConVit, CIFAR_MEAN, CIFAR_STD, **_CIFAR,
+         patch_size=4, embed_dim=48, depth=9, num_heads=4, local_up_to_layer=6, locality_strength=1.0)
+register("convit_small_patch4_32", ConVit, CIFAR_MEAN, CIFAR_STD, **_CIFAR,
+         patch_size=4, embed_dim=48, depth=9, num_heads=9, local_up_to_layer=6, locality_strength=1.0)
+register("cait_xxs_patch4_32", Cait, CIFAR_MEAN, CIFAR_STD, **_CIFAR,
+         patch_size=4, embed_dim=192, depth=8, num_heads=4, init_values=1e-5, depth_token_only=2)
+register("vit_tiny_r18_32", HybridVisionTransformer, CIFAR_MEAN, CIFAR_STD, **_CIFAR,
+         embed_dim=192, depth=7, num_heads=3, backbone_layers=(1, 1, 1), backbone_widths=(32, 64, 128),
+         backbone_stem="cifar")
+register("resnet18_32", ResNet, CIFAR_MEAN, CIFAR_STD, **_CIFAR, layers=(2, 2, 2, 2), stem="cifar")
+register("resnet10_32", ResNet, CIFAR_MEAN, CIFAR_STD, **_CIFAR, layers=(1, 1, 1, 1), stem="cifar")
+# The embedded default (8x8 digits): patch 2, a 4x4 grid
+register("vit_micro_patch2_8", VisionTransformer, (0.5,), (0.5,), img_size=8, patch_size=2, in_chans=1,
+         num_classes=10, embed_dim=64, depth=4, num_heads=4, mlp_ratio=2.0)
+
+
+def list_models(pattern: str = "*") -> list[str]:
+    """Registered names matching a shell-style pattern (``vit_*``, ``*cifar*``), sorted."""
+    if not any(ch in pattern for ch in "*?["):
+        pattern = f"*{pattern}*"
+    return sorted(n for n in _REGISTRY if fnmatch.fnmatch(n, pattern))
+
+
+def get_spec(name: str) -> ModelSpec:
+    """The spec of a registered name; an unknown name's error lists the closest ones."""
+    if name not in _REGISTRY:
+        close = difflib.get_close_matches(name, list(_REGISTRY), n=5, cutoff=0.5)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise ValueError(f"unknown model {name!r}{hint} (`vitlab models` lists all {len(_REGISTRY)})")
+    return _REGISTRY[name]
+
+
+def accepted_args(cls: type[nn.Module]) -> list[str]:
+    params = inspect.signature(cls.__init__).parameters
+    names = [p for p in params if p not in ("self", "kwargs")]
+    if cls is HybridVisionTransformer:
+        names += [p for p in accepted_args(VisionTransformer) if p not in names and p != "patch_size"]
+    return names
+
+
+def build(cls: type[nn.Module], args: dict[str, Any]) -> nn.Module:
+    """cls(**args), with an error naming any argument the class does not take."""
+    accepted = accepted_args(cls)
+    unknown = [k for k in args if k not in accepted]
+    if unknown:
+        raise ValueError(f"{cls.__name__} does not take {', '.join(map(repr, unknown))}; "
+                         f"accepted: {', '.join(accepted)}")
+    args = {k: tuple(v) if isinstance(v, list) else v for k, v in args.items()}
+    return cls(**args)
+
+
+def create_model(name: str, **overrides: Any) -> nn.Module:
+    """A new model by registered name, its defaults updated by overrides (timm's argument names)."""
+    spec = get_spec(name)
+    args = {**spec.args, **overrides}
+    model = build(spec.cls, args)
+    in_chans = args.get("in_chans", 3)
+    mean, std = spec.mean, spec.std
+    if len(mean) != in_chans:
+        mean, std = (sum(mean) / len(mean),) * in_chans, (sum(std) / len(std),) * in_chans
+    model.arch = name
+    model.model_args = dict(overrides)
+    img = getattr(model, "patch_embed", model).img_size
+    img = (img, img) if isinstance(img, int) else tuple(img)
+    model.pretrained_cfg = {"input_size": (in_chans, *img), "mean": tuple(mean), "std": tuple(std),
+                            "interpolation": "bicubic", "label_names": None}
+    return model
+
+
+def model_config(model: nn.Module) -> dict[str, Any]:
+    """What rebuilds this model: class, registered name and arguments (used by vitlab.save)."""
+    return {"architecture": getattr(model, "arch", None), "class": type(model).__name__,
+            "model_args": getattr(model, "model_args", {})}
