@@ -1,0 +1,123 @@
+"""vitlab.load refuses what it cannot load completely, and says why."""
+import json
+import shutil
+
+import pytest
+import torch
+from conftest import PARITY
+from safetensors.torch import load_file, save_file
+
+import vitlab
+
+
+@pytest.fixture
+def fixture_copy(tmp_path):
+    dst = tmp_path / "m"
+    shutil.copytree(PARITY / "timm_vit_token", dst)
+    for p in dst.iterdir():
+        p.chmod(0o644)
+    return dst
+
+
+@pytest.fixture
+def saved(tmp_path):
+    model = vitlab.create_model("vit_tiny_patch4_32", embed_dim=48, depth=2, num_heads=3)
+    return vitlab.save(model, tmp_path / "saved")
+
+
+def test_truncated_weights(fixture_copy):
+    w = fixture_copy / "model.safetensors"
+    w.write_bytes(w.read_bytes()[:-1000])
+    with pytest.raises(ValueError, match="truncated or corrupt"):
+        vitlab.load(fixture_copy)
+
+
+def test_corrupted_vitlab_weights_fail_checksum(saved):
+    w = saved / "model.safetensors"
+    data = bytearray(w.read_bytes())
+    data[-10] ^= 0xFF
+    w.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="sha256 does not match"):
+        vitlab.load(saved)
+
+
+def test_missing_tensor_is_named(fixture_copy):
+    w = fixture_copy / "model.safetensors"
+    state = load_file(w)
+    del state["blocks.1.mlp.fc2.bias"]
+    save_file(state, w)
+    with pytest.raises(ValueError, match=r"missing tensors: blocks\.1\.mlp\.fc2\.bias"):
+        vitlab.load(fixture_copy)
+
+
+def test_unexpected_tensor_is_named(fixture_copy):
+    w = fixture_copy / "model.safetensors"
+    state = load_file(w)
+    state["blocks.9.extra"] = torch.zeros(3)
+    save_file(state, w)
+    with pytest.raises(ValueError, match=r"unexpected tensors: blocks\.9\.extra"):
+        vitlab.load(fixture_copy)
+
+
+def test_shape_mismatch_is_named(fixture_copy):
+    cfg = json.loads((fixture_copy / "config.json").read_text())
+    cfg["model_args"]["embed_dim"] = 96
+    (fixture_copy / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=r"shape mismatches: .*\(file \(1, 1, 48\), model \(1, 1, 96\)\)"):
+        vitlab.load(fixture_copy)
+
+
+def test_unknown_architecture(fixture_copy):
+    cfg = json.loads((fixture_copy / "config.json").read_text())
+    cfg["architecture"] = "swin_tiny_patch4_window7_224"
+    (fixture_copy / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="swin_tiny_patch4_window7_224.*supported families"):
+        vitlab.load(fixture_copy)
+
+
+def test_bad_json_and_missing_files(fixture_copy, tmp_path):
+    (fixture_copy / "config.json").write_text("{not json")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        vitlab.load(fixture_copy)
+    with pytest.raises(FileNotFoundError, match="no model at"):
+        vitlab.load(tmp_path / "nowhere")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="has no config.json"):
+        vitlab.load(tmp_path / "empty")
+
+
+def test_unknown_override_lists_accepted_args():
+    with pytest.raises(ValueError, match="does not take 'depthh'.*accepted: .*depth"):
+        vitlab.create_model("vit_tiny_patch4_32", depthh=3)
+
+
+def test_unknown_model_name_suggests():
+    with pytest.raises(ValueError, match="unknown model 'vit_tiny_patch4_31'.*did you mean vit_tiny_patch4_32"):
+        vitlab.create_model("vit_tiny_patch4_31")
+
+
+def test_img_size_not_divisible_by_patch():
+    with pytest.raises(ValueError, match="not divisible by the patch size 4"):
+        vitlab.create_model("vit_tiny_patch4_32", img_size=30)
+
+
+def test_new_num_classes_gives_fresh_heads(fixture_copy):
+    model = vitlab.load(fixture_copy, num_classes=3)
+    assert model.head.out_features == 3
+    base = vitlab.load(fixture_copy)
+    assert torch.equal(model.blocks[0].attn.qkv.weight, base.blocks[0].attn.qkv.weight)
+
+
+def test_pickle_weights_are_never_executed(tmp_path):
+    """An old-style pytorch_model.bin is read with weights_only=True: a pickled payload is refused."""
+    folder = tmp_path / "evil"
+    folder.mkdir()
+    shutil.copy(PARITY / "timm_vit_token" / "config.json", folder / "config.json")
+
+    class Payload:
+        def __reduce__(self):
+            return (print, ("executed",))
+
+    torch.save({"x": Payload()}, folder / "pytorch_model.bin")
+    with pytest.raises(ValueError, match="cannot be read as plain tensors"):
+        vitlab.load(folder)

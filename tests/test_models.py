@@ -1,0 +1,289 @@
+"""The model zoo: parity with timm/HF fixtures, every registered model, fused vs slow attention, any resolution."""
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import PARITY
+from safetensors.torch import load_file
+
+import vitlab
+from vitlab.models import Cait, ConVit, VisionTransformer
+from vitlab.models.layers import resample_abs_pos_embed
+from vitlab.models.registry import get_spec
+
+FIXTURES = sorted(p.name for p in PARITY.glob("*") if (p / "io.safetensors").exists())
+
+
+def test_fixtures_present():
+    assert len(FIXTURES) >= 8, f"parity fixtures missing under {PARITY}"
+
+
+@pytest.mark.parametrize("name", FIXTURES)
+def test_parity_fixture(name):
+    model = vitlab.load(PARITY / name)
+    io = load_file(PARITY / name / "io.safetensors")
+    with torch.no_grad():
+        feats = model.forward_features(io["input"])
+        logits = model.forward_head(feats)
+        torch.testing.assert_close(logits, io["logits"], atol=1e-4, rtol=0)
+        if "features" in io:
+            torch.testing.assert_close(feats, io["features"], atol=1e-4, rtol=0)
+        if "logits_cls" in io:
+            model.train()  # distilled: both heads in training (no dropout in these configs)
+            cls, dist = model(io["input"])
+            torch.testing.assert_close(cls, io["logits_cls"], atol=1e-4, rtol=0)
+            torch.testing.assert_close(dist, io["logits_dist"], atol=1e-4, rtol=0)
+
+
+def _small_input_args(name):
+    """Overrides that keep a registered model's architecture but shrink its input."""
+    args = get_spec(name).args
+    if args.get("img_size", 224) <= 32 or "layers" in args:
+        return {"num_classes": 7} if "layers" in args else {}
+    stride = args.get("patch_size") or 16
+    return {"img_size": 2 * stride, "num_classes": 7}
+
+
+@pytest.mark.parametrize("name", vitlab.list_models())
+def test_every_model_forward_backward(name):
+    model = vitlab.create_model(name, **_small_input_args(name))
+    c, h, w = model.pretrained_cfg["input_size"]
+    if "layers" in get_spec(name).args:  # ResNets: any size
+        h = w = 32
+    x = torch.randn(2, c, h, w)
+    model.train()
+    out = model(x)
+    outs = out if isinstance(out, tuple) else (out,)
+    assert all(o.shape == (2, model.num_classes) for o in outs)
+    sum(o.square().mean() for o in outs).backward()
+    grads = [p.grad for p in model.parameters() if p.requires_grad]
+    assert all(g is not None and torch.isfinite(g).all() for g in grads)
+    model.eval()
+    with torch.no_grad():
+        feats = model.forward_features(x)
+        assert torch.isfinite(feats).all()
+        assert feats.shape[0] == 2
+
+
+FAMILIES = {
+    "vit": lambda: vitlab.create_model("vit_tiny_patch4_32", embed_dim=48, depth=2, num_heads=3),
+    "vit_avg_layerscale": lambda: vitlab.create_model("vit_tiny_avg_patch4_32", embed_dim=48, depth=2, num_heads=3,
+                                                      init_values=0.1),
+    "deit_distilled": lambda: vitlab.create_model("deit_tiny_distilled_patch4_32", embed_dim=48, depth=2,
+                                                  num_heads=3),
+    "convit": lambda: vitlab.create_model("convit_tiny_patch4_32", embed_dim=12, depth=3, num_heads=4,
+                                          local_up_to_layer=2),
+    "cait": lambda: vitlab.create_model("cait_xxs_patch4_32", embed_dim=48, depth=2, num_heads=3,
+                                        depth_token_only=2),
+    "hybrid": lambda: vitlab.create_model("vit_tiny_r18_32", embed_dim=48, depth=2, num_heads=3),
+}
+
+
+def _perturb(model):
+    """Noise on every parameter, so that gates, LayerScale and zero-initialised heads all matter."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    return model
+
+
+def _capture(model):
+    """Attention tensors passing through every attn_map hook point, in forward order."""
+    maps, handles = [], []
+    for name, module in model.named_modules():
+        if name.endswith("attn_map"):
+            handles.append(module.register_forward_hook(
+                lambda m, i, o, name=name: maps.append((name, type(m), o.detach()))))
+    return maps, handles
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_slow_path_equals_fused_and_rows_sum_to_one(family):
+    model = _perturb(FAMILIES[family]()).eval()
+    x = torch.randn(3, 3, 32, 32)
+    with torch.no_grad():
+        fused = model(x)
+        attn_modules = [m for m in model.modules() if hasattr(m, "fused_attn")]
+        assert attn_modules, "every family has at least one module with a fused path"
+        for m in attn_modules:
+            m.fused_attn = False
+        maps, handles = _capture(model)
+        slow = model(x)
+        for h in handles:
+            h.remove()
+    torch.testing.assert_close(slow, fused, atol=1e-5, rtol=1e-5)
+    n_attn = sum(1 for n, _ in model.named_modules() if n.endswith(".attn"))
+    assert len(maps) == n_attn, "the slow path exposes every block's attention"
+    for name, _, a in maps:
+        owner = model.get_submodule(name.rsplit(".", 1)[0])
+        if type(owner).__name__ == "TalkingHeadAttn":
+            # after the post-softmax head mixing, rows sum to proj_w's row sums plus N times its bias
+            n_keys = a.shape[-1]
+            expect = owner.proj_w.weight.sum(1) + n_keys * owner.proj_w.bias
+            torch.testing.assert_close(a.sum(-1), expect.view(1, -1, 1).expand_as(a.sum(-1)), atol=1e-4, rtol=1e-4)
+        else:
+            torch.testing.assert_close(a.sum(-1), torch.ones_like(a.sum(-1)), atol=1e-5, rtol=0)
+            assert (a >= 0).all()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_save_load_roundtrip_exact(family, tmp_path):
+    model = _perturb(FAMILIES[family]()).eval()
+    model.pretrained_cfg["label_names"] = [f"class {i}" for i in range(model.num_classes)]
+    vitlab.save(model, tmp_path / "m")
+    loaded = vitlab.load(tmp_path / "m")
+    assert type(loaded) is type(model)
+    a, b = model.state_dict(), loaded.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert torch.equal(model(x), loaded(x))
+    assert loaded.pretrained_cfg["label_names"] == model.pretrained_cfg["label_names"]
+
+
+def test_deit_returns_both_heads_in_training_and_their_mean_in_eval():
+    model = _perturb(FAMILIES["deit_distilled"]())
+    x = torch.randn(2, 3, 32, 32)
+    model.train()
+    cls, dist = model(x)
+    model.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), (cls + dist).detach() / 2)
+        assert not torch.allclose(cls, dist)
+
+
+def test_reset_classifier_replaces_both_heads():
+    model = FAMILIES["deit_distilled"]()
+    model.reset_classifier(4)
+    assert model.head.out_features == 4 and model.head_dist.out_features == 4
+    model.eval()
+    assert model(torch.randn(1, 3, 32, 32)).shape == (1, 4)
+
+
+# --- any resolution -------------------------------------------------------------------------
+
+
+def test_load_with_new_img_size_resamples_pos_embed_bicubic():
+    src = PARITY / "timm_vit_token"
+    base = vitlab.load(src)
+    big = vitlab.load(src, img_size=48)
+    assert big.patch_embed.grid_size == (6, 6)
+    pe = base.pos_embed.detach()
+    grid = pe[:, 1:].reshape(1, 4, 4, -1).permute(0, 3, 1, 2)
+    expect = F.interpolate(grid, size=(6, 6), mode="bicubic", antialias=True).permute(0, 2, 3, 1).reshape(1, 36, -1)
+    torch.testing.assert_close(big.pos_embed[:, 1:].detach(), expect)
+    torch.testing.assert_close(big.pos_embed[:, :1], base.pos_embed[:, :1])
+    assert big(torch.randn(1, 3, 48, 48)).shape == (1, 5)
+
+
+@pytest.mark.parametrize("fixture", ["timm_vit_token", "timm_deit_distilled", "timm_convit", "timm_cait",
+                                     "hf_vit", "hf_deit_distilled", "timm_vit_avg_noclass"])
+def test_dynamic_img_size_matches_a_model_built_for_that_size(fixture):
+    """Run-time resampling (dynamic_img_size) equals resampling on load (img_size=), non-square too."""
+    dyn = vitlab.load(PARITY / fixture, dynamic_img_size=True)
+    fixed = vitlab.load(PARITY / fixture, img_size=(48, 24))
+    x = torch.randn(2, 3, 48, 24)
+    with torch.no_grad():
+        torch.testing.assert_close(dyn(x), fixed(x), atol=1e-5, rtol=1e-5)
+        # at the native size nothing is resampled
+        io = load_file(PARITY / fixture / "io.safetensors")
+        torch.testing.assert_close(dyn(io["input"]), io["logits"], atol=1e-4, rtol=0)
+
+
+def test_wrong_input_size_is_a_clear_error():
+    model = vitlab.create_model("vit_tiny_patch4_32")
+    with pytest.raises(ValueError, match="does not match the model's 32x32"):
+        model(torch.randn(1, 3, 48, 48))
+    with pytest.raises(ValueError, match=r"expected images of shape \(B, 3, H, W\)"):
+        model(torch.randn(1, 1, 32, 32))
+
+
+def test_resample_keeps_prefix_tokens_apart():
+    pe = torch.randn(1, 2 + 16, 8)
+    out = resample_abs_pos_embed(pe, (2, 8), (4, 4), num_prefix_tokens=2)
+    assert out.shape == (1, 2 + 16, 8)
+    assert torch.equal(out[:, :2], pe[:, :2])
+
+
+# --- configurations beyond the fixtures -------------------------------------------------------
+
+
+def test_one_input_channel_and_no_qkv_bias():
+    model = vitlab.create_model("vit_tiny_patch4_32", in_chans=1, qkv_bias=False, embed_dim=48, num_heads=3, depth=2)
+    assert model.blocks[0].attn.qkv.bias is None
+    assert model(torch.randn(2, 1, 32, 32)).shape == (2, 10)
+
+
+def test_convit_nine_heads_local_init_is_a_3x3_kernel():
+    model = ConVit(img_size=32, patch_size=4, embed_dim=8, num_heads=9, depth=2, local_up_to_layer=1, num_classes=3)
+    gpsa = model.blocks[0].attn
+    # each head's positional attention peaks at one of the 9 offsets of a 3x3 kernel
+    pos = gpsa.pos_proj(gpsa._rel_indices(64)).permute(0, 3, 1, 2).softmax(-1)[0]  # (H, N, N)
+    centre = 3 * 8 + 3  # a query away from the border
+    peaks = {(int(pos[h, centre].argmax()) // 8 - 3, int(pos[h, centre].argmax()) % 8 - 3) for h in range(9)}
+    assert peaks == {(dy, dx) for dy in (-1, 0, 1) for dx in (-1, 0, 1)}
+
+
+def test_convit_class_token_joins_after_local_blocks():
+    model = _perturb(ConVit(img_size=16, patch_size=4, embed_dim=8, num_heads=4, depth=3, local_up_to_layer=2,
+                            num_classes=3)).eval()
+    seen = []
+    for blk in model.blocks:
+        blk.register_forward_pre_hook(lambda m, a: seen.append(a[0].shape[1]))
+    model(torch.randn(1, 3, 16, 16))
+    assert seen == [16, 16, 17]
+
+
+def test_cait_class_attention_leaves_patch_tokens_alone():
+    model = _perturb(Cait(img_size=16, patch_size=4, embed_dim=24, depth=2, num_heads=3, depth_token_only=2,
+                          num_classes=3, init_values=0.1)).eval()
+    x = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        feats = model.forward_features(x)
+        patches = model.norm(model.blocks(model.patch_embed(x).reshape(2, 16, 24) + model.pos_embed))
+    torch.testing.assert_close(feats[:, 1:], patches)
+
+
+def test_sincos_pos_embed_is_fixed():
+    model = vitlab.create_model("vit_tiny_sincos_patch4_32")
+    assert not model.pos_embed.requires_grad
+    assert torch.equal(model.pos_embed[0, 0], torch.zeros(192))  # the class token's entry
+
+
+def test_hf_config_without_qkv_bias_loads(tmp_path):
+    """A Hub-format ViT folder written from a vitlab model (the Hub's key names) gives the same outputs."""
+    model = _perturb(VisionTransformer(img_size=16, patch_size=4, embed_dim=24, depth=2, num_heads=3, num_classes=4,
+                                       qkv_bias=False, norm_eps=1e-12)).eval()
+    sd, hub = model.state_dict(), {}
+    hub["vit.embeddings.cls_token"] = sd["cls_token"]
+    hub["vit.embeddings.position_embeddings"] = sd["pos_embed"]
+    for p in ("weight", "bias"):
+        hub[f"vit.embeddings.patch_embeddings.projection.{p}"] = sd[f"patch_embed.proj.{p}"]
+        hub[f"vit.layernorm.{p}"] = sd[f"norm.{p}"]
+        hub[f"classifier.{p}"] = sd[f"head.{p}"]
+    for i in range(2):
+        pre = f"vit.encoder.layer.{i}."
+        q, k, v = sd[f"blocks.{i}.attn.qkv.weight"].chunk(3)
+        hub.update({pre + "attention.attention.query.weight": q, pre + "attention.attention.key.weight": k,
+                    pre + "attention.attention.value.weight": v})
+        for p in ("weight", "bias"):
+            hub[pre + f"attention.output.dense.{p}"] = sd[f"blocks.{i}.attn.proj.{p}"]
+            hub[pre + f"intermediate.dense.{p}"] = sd[f"blocks.{i}.mlp.fc1.{p}"]
+            hub[pre + f"output.dense.{p}"] = sd[f"blocks.{i}.mlp.fc2.{p}"]
+            hub[pre + f"layernorm_before.{p}"] = sd[f"blocks.{i}.norm1.{p}"]
+            hub[pre + f"layernorm_after.{p}"] = sd[f"blocks.{i}.norm2.{p}"]
+    folder = tmp_path / "hub"
+    folder.mkdir()
+    from safetensors.torch import save_file
+    save_file({k: v.contiguous() for k, v in hub.items()}, folder / "model.safetensors")
+    (folder / "config.json").write_text(json.dumps({
+        "model_type": "vit", "architectures": ["ViTForImageClassification"], "hidden_size": 24,
+        "num_hidden_layers": 2, "num_attention_heads": 3, "intermediate_size": 96, "hidden_act": "gelu",
+        "layer_norm_eps": 1e-12, "image_size": 16, "patch_size": 4, "num_channels": 3, "qkv_bias": False,
+        "id2label": {str(i): f"c{i}" for i in range(4)}}))
+    loaded = vitlab.load(folder)
+    x = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x), model(x), atol=1e-5, rtol=0)
+    assert loaded.pretrained_cfg["label_names"] == ["c0", "c1", "c2", "c3"]
