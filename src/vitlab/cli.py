@@ -19,6 +19,8 @@ def build_parser() -> argparse.ArgumentParser:
     m = sub.add_parser("models", help="list models with parameters and GFLOPs")
     m.add_argument("pattern", nargs="?", default="*", help="shell-style filter, e.g. 'vit_*' or cifar")
     m.set_defaults(func=cmd_models)
+    from .analysis.command import register as register_inspect
+    register_inspect(sub)
     return p
 
 

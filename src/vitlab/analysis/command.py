@@ -1,0 +1,144 @@
+"""``vitlab inspect MODEL``: the ViT paper's analyses of any model, as figures and one report.html."""
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image, UnidentifiedImageError
+
+from .rollout import HEAD_FUSIONS
+
+PIL_MODES = {1: "L", 3: "RGB", 4: "RGBA"}
+
+
+def read_image(path: str | Path, input_size: Sequence[int]) -> torch.Tensor:
+    """Decode any image Pillow reads into uint8 (C, H, W) with the model's channel count, resized bicubic."""
+    C, H, W = input_size
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"image {path} does not exist")
+    try:
+        with Image.open(path) as im:
+            im = im.convert(PIL_MODES.get(C, "L")).resize((W, H), Image.BICUBIC)
+    except UnidentifiedImageError:
+        raise ValueError(f"{path} is not an image Pillow can read (PNG, JPEG, BMP, GIF, TIFF, WebP, ...)") from None
+    a = np.asarray(im)
+    a = a[..., None] if a.ndim == 2 else a  # (H, W, c)
+    if a.shape[-1] != C:  # an unusual channel count: repeat the grey image
+        a = np.repeat(a[..., :1], C, axis=-1)
+    return torch.from_numpy(a.copy()).permute(2, 0, 1)
+
+
+def normalize(images: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:
+    """uint8 (N, C, H, W) -> float (N, C, H, W), (x / 255 - mean) / std."""
+    mean_t = torch.as_tensor(mean, dtype=torch.float32).view(1, -1, 1, 1)
+    std_t = torch.as_tensor(std, dtype=torch.float32).view(1, -1, 1, 1)
+    return (images.float() / 255.0 - mean_t) / std_t
+
+
+def _fit(images: torch.Tensor, input_size: Sequence[int]) -> torch.Tensor:
+    """uint8 (N, c, h, w) -> uint8 (N, C, H, W) of the model's input size (channels repeated or averaged)."""
+    C, H, W = input_size
+    x = images.float()
+    if x.shape[1] != C:  # grey to colour or colour to grey
+        x = x.mean(dim=1, keepdim=True).expand(-1, C, -1, -1)
+    if tuple(x.shape[-2:]) != (H, W):
+        x = F.interpolate(x, size=(H, W), mode="bicubic", antialias=True, align_corners=False)
+    return x.round().clamp(0, 255).to(torch.uint8)
+
+
+def _load_test_split(source: str, input_size: Sequence[int], args: argparse.Namespace):
+    """(uint8 images, labels, class names) of a data set's test split, via vitlab.data.load_data."""
+    from ..data import load_data  # written alongside; imported only when a data set is asked for
+
+    C, H, W = input_size
+    bundle = load_data(source, img_size=H if H == W else (H, W), in_chans=C if C in (1, 3) else None,
+                       cache_dir=args.cache_dir,
+                       download=args.download)
+    test = bundle.test
+    images = torch.as_tensor(np.asarray(test.images))
+    labels = torch.as_tensor(np.asarray(test.labels)).long()
+    if len(images) == 0:
+        raise ValueError(f"the test split of {source!r} is empty")
+    return _fit(images, input_size), labels, list(bundle.classes) if bundle.classes is not None else None
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``inspect`` sub-command to a ``vitlab`` sub-parser set."""
+    p = subparsers.add_parser(
+        "inspect", help="the ViT paper's analyses of a model: attention, rollout, distances, embeddings",
+        description="Write figures (attention per block and head, attention rollout, mean attention distance, "
+                    "position-embedding similarity, patch-filter components, ConViT gates, CaiT class attention) "
+                    "and one report.html for a model.")
+    p.add_argument("model", help="a model folder vitlab.load reads: vitlab (config.json + model.safetensors, "
+                                 "e.g. a training run), timm or Hugging Face")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--images", nargs="+", metavar="FILE", help="image files to analyse (any format Pillow reads)")
+    src.add_argument("--data", metavar="SET", help="a data set whose test split is analysed: digits, cifar10, "
+                                                   "an image folder or a .tar.gz")
+    p.add_argument("--num-images", type=int, default=8, help="images shown in the figures (default 8)")
+    p.add_argument("--distance-images", type=int, default=512,
+                   help="images of --data the mean attention distance averages over (default 512)")
+    p.add_argument("--out", default=None, help="output folder (default: inspect_<model folder name>)")
+    p.add_argument("--head-fusion", choices=HEAD_FUSIONS, default="mean", help="how rollout fuses heads")
+    p.add_argument("--discard-ratio", type=float, default=0.9,
+                   help="fraction of the weakest attention per row that rollout drops (default 0.9)")
+    p.add_argument("--batch-size", type=int, default=64, help="images per forward pass (default 64)")
+    p.add_argument("--cache-dir", default=None, help="where --data sets are cached")
+    p.add_argument("--download", action="store_true", help="let --data download a missing data set")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Load the model and the images, run every applicable analysis, write the figures and report.html."""
+    from .. import load
+    from .capture import attention_modules
+    from .report import inspect_model
+
+    if args.num_images < 1:
+        raise ValueError(f"--num-images must be at least 1, got {args.num_images}")
+    if not 0.0 <= args.discard_ratio < 1.0:
+        raise ValueError(f"--discard-ratio must lie in [0, 1), got {args.discard_ratio}")
+    if args.batch_size < 1:
+        raise ValueError(f"--batch-size must be at least 1, got {args.batch_size}")
+    model = load(args.model)
+    try:
+        attention_modules(model)
+    except ValueError as e:
+        raise ValueError(f"{args.model}: {e}") from None
+    cfg = model.pretrained_cfg
+    input_size = tuple(int(s) for s in cfg["input_size"])
+    mean, std = cfg["mean"], cfg["std"]
+
+    labels = class_names = None
+    if args.images:
+        files = args.images[:args.num_images]
+        shown = torch.stack([read_image(f, input_size) for f in files])
+        names = [Path(f).name for f in files]
+        dist_set = torch.stack([read_image(f, input_size) for f in args.images]) if len(args.images) > len(files) \
+            else shown
+    else:
+        source = args.data
+        if source is None:
+            if input_size != (1, 8, 8):
+                raise ValueError(f"{args.model} takes {'x'.join(map(str, input_size))} images: give --images FILE... "
+                                 "or --data SET (digits, cifar10, an image folder or a .tar.gz)")
+            source = "digits"  # the embedded 8x8 digits fit a 1-channel 8x8 model
+        dist_set, all_labels, class_names = _load_test_split(source, input_size, args)
+        dist_set, all_labels = dist_set[:args.distance_images], all_labels[:args.distance_images]
+        shown, labels = dist_set[:args.num_images], all_labels[:args.num_images].tolist()
+        names = [f"{source} test #{i}" for i in range(len(shown))]
+    if class_names is not None and len(class_names) != model.num_classes:
+        class_names = None  # the data set's classes are not the model's
+    out = Path(args.out) if args.out else Path(f"inspect_{Path(args.model).resolve().name}")
+    report = inspect_model(model, normalize(shown, mean, std), out, image_names=names, labels=labels,
+                           class_names=class_names, distance_images=normalize(dist_set, mean, std),
+                           head_fusion=args.head_fusion, discard_ratio=args.discard_ratio, batch_size=args.batch_size,
+                           title=f"vitlab inspect: {Path(args.model).resolve().name}"
+                                 + (f" ({model.arch})" if getattr(model, "arch", None) else ""))
+    print(f"vitlab inspect: wrote {report} and {len(list(out.glob('*.png')))} figures")
+    return 0

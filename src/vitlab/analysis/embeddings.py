@@ -1,0 +1,50 @@
+"""What the embedding layers learned (ViT paper, Fig. 7): position-embedding similarity and filter components."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..models.layers import PatchEmbed
+
+
+def position_similarity(model: nn.Module) -> torch.Tensor:
+    """(grid_h, grid_w, grid_h, grid_w) cosine similarity of each patch's position embedding with every other's."""
+    if not hasattr(model, "pos_embed"):
+        raise ValueError(f"{type(model).__name__} has no position embedding: position similarity needs a "
+                         "Vision Transformer with a learned or sin-cos position embedding")
+    if model.pos_embed is None:
+        raise ValueError(f"this {type(model).__name__} has no position embedding (built with pos_embed='none' or "
+                         "use_pos_embed=False): position similarity needs a learned or sin-cos one")
+    gh, gw = model.patch_embed.grid_size
+    N = gh * gw
+    pos = model.pos_embed.detach().float()[0]  # (prefix + N, D) or (N, D)
+    if pos.shape[0] < N:
+        raise ValueError(f"the position embedding has {pos.shape[0]} entries, fewer than the {gh}x{gw} patches")
+    pos = F.normalize(pos[-N:], dim=-1)  # patch entries come after any prefix entries
+    return (pos @ pos.T).reshape(gh, gw, gh, gw)
+
+
+def filter_components(weight: torch.Tensor, k: int = 28) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k principal components (k, C, ph, pw) of filters (D, C, ph, pw), and their explained variance ratios (k,)."""
+    if k < 1:
+        raise ValueError(f"k must be at least 1, got {k}")
+    D = weight.shape[0]
+    x = weight.detach().float().reshape(D, -1)  # (D, C*ph*pw)
+    x = x - x.mean(dim=0, keepdim=True)
+    _, s, vh = torch.linalg.svd(x, full_matrices=False)  # vh: (min(D, C*ph*pw), C*ph*pw)
+    k = min(k, vh.shape[0])
+    var = s ** 2
+    ratio = var / var.sum().clamp_min(1e-12)
+    return vh[:k].reshape(k, *weight.shape[1:]), ratio[:k]
+
+
+def embedding_filters(model: nn.Module, k: int = 28) -> torch.Tensor:
+    """(k, C, ph, pw) top-k principal components of the patch-embedding filters patch_embed.proj.weight."""
+    embed = getattr(model, "patch_embed", None)
+    if not isinstance(embed, PatchEmbed):
+        what = ("a hybrid: its patch embedding is a ResNet followed by a 1x1 projection, not filters over pixels"
+                if embed is not None else "a CNN without a patch embedding")
+        raise ValueError(f"{type(model).__name__} is {what}; embedding_filters needs a ViT, DeiT, ConVit or Cait "
+                         "with a strided-convolution patch embedding")
+    return filter_components(embed.proj.weight, k)[0]
