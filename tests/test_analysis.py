@@ -411,22 +411,13 @@ def test_inspect_errors(tmp_path):
     vit = vitlab.save(tiny("vit"), tmp_path / "vit")
     with pytest.raises(ValueError, match="--images FILE... or --data"):
         _inspect(vit)
-    with pytest.raises(FileNotFoundError, match="missing.png"):
+    with pytest.raises(ValueError, match="missing.png does not exist"):
         _inspect(vit, "--images", tmp_path / "missing.png")
     (tmp_path / "not_an_image.png").write_text("hello")
     with pytest.raises(ValueError, match="not an image"):
         _inspect(vit, "--images", tmp_path / "not_an_image.png")
     with pytest.raises(SystemExit):
         _inspect(vit, "--head-fusion", "median")
-
-
-def test_read_image_converts_modes(tmp_path):
-    rgba, = _images(tmp_path, 1)
-    Image.open(rgba).convert("RGBA").save(tmp_path / "a.png")
-    Image.open(rgba).convert("L").save(tmp_path / "g.png")
-    assert command.read_image(tmp_path / "a.png", (1, 8, 8)).shape == (1, 8, 8)
-    x = command.read_image(tmp_path / "g.png", (3, 32, 32))
-    assert x.shape == (3, 32, 32) and x.dtype == torch.uint8 and torch.equal(x[0], x[2])
 
 
 def test_inspect_digits_by_default(tmp_path, cache_dir):

@@ -5,66 +5,22 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
 import torch
-import torch.nn.functional as F
-from PIL import Image, UnidentifiedImageError
 
+from ..data.augment import normalize
+from ..data.sources import read_image
 from .rollout import HEAD_FUSIONS
-
-PIL_MODES = {1: "L", 3: "RGB", 4: "RGBA"}
-
-
-def read_image(path: str | Path, input_size: Sequence[int]) -> torch.Tensor:
-    """Decode any image Pillow reads into uint8 (C, H, W) with the model's channel count, resized bicubic."""
-    C, H, W = input_size
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"image {path} does not exist")
-    try:
-        with Image.open(path) as im:
-            im = im.convert(PIL_MODES.get(C, "L")).resize((W, H), Image.BICUBIC)
-    except UnidentifiedImageError:
-        raise ValueError(f"{path} is not an image Pillow can read (PNG, JPEG, BMP, GIF, TIFF, WebP, ...)") from None
-    a = np.asarray(im)
-    a = a[..., None] if a.ndim == 2 else a  # (H, W, c)
-    if a.shape[-1] != C:  # an unusual channel count: repeat the grey image
-        a = np.repeat(a[..., :1], C, axis=-1)
-    return torch.from_numpy(a.copy()).permute(2, 0, 1)
-
-
-def normalize(images: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:
-    """uint8 (N, C, H, W) -> float (N, C, H, W), (x / 255 - mean) / std."""
-    mean_t = torch.as_tensor(mean, dtype=torch.float32).view(1, -1, 1, 1)
-    std_t = torch.as_tensor(std, dtype=torch.float32).view(1, -1, 1, 1)
-    return (images.float() / 255.0 - mean_t) / std_t
-
-
-def _fit(images: torch.Tensor, input_size: Sequence[int]) -> torch.Tensor:
-    """uint8 (N, c, h, w) -> uint8 (N, C, H, W) of the model's input size (channels repeated or averaged)."""
-    C, H, W = input_size
-    x = images.float()
-    if x.shape[1] != C:  # grey to colour or colour to grey
-        x = x.mean(dim=1, keepdim=True).expand(-1, C, -1, -1)
-    if tuple(x.shape[-2:]) != (H, W):
-        x = F.interpolate(x, size=(H, W), mode="bicubic", antialias=True, align_corners=False)
-    return x.round().clamp(0, 255).to(torch.uint8)
 
 
 def _load_test_split(source: str, input_size: Sequence[int], args: argparse.Namespace):
-    """(uint8 images, labels, class names) of a data set's test split, via vitlab.data.load_data."""
-    from ..data import load_data  # written alongside; imported only when a data set is asked for
+    """(uint8 images, labels, class names) of a data set's test split, at the model's input size."""
+    from ..data import load_data
 
     C, H, W = input_size
-    bundle = load_data(source, img_size=H if H == W else (H, W), in_chans=C if C in (1, 3) else None,
-                       cache_dir=args.cache_dir,
-                       download=args.download)
-    test = bundle.test
-    images = torch.as_tensor(np.asarray(test.images))
-    labels = torch.as_tensor(np.asarray(test.labels)).long()
-    if len(images) == 0:
+    bundle = load_data(source, img_size=(H, W), in_chans=C, cache_dir=args.cache_dir, download=args.download)
+    if len(bundle.test.images) == 0:
         raise ValueError(f"the test split of {source!r} is empty")
-    return _fit(images, input_size), labels, list(bundle.classes) if bundle.classes is not None else None
+    return bundle.test.images, bundle.test.labels, list(bundle.classes)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -116,11 +72,10 @@ def run(args: argparse.Namespace) -> int:
 
     labels = class_names = None
     if args.images:
-        files = args.images[:args.num_images]
-        shown = torch.stack([read_image(f, input_size) for f in files])
-        names = [Path(f).name for f in files]
-        dist_set = torch.stack([read_image(f, input_size) for f in args.images]) if len(args.images) > len(files) \
-            else shown
+        C, H, W = input_size
+        dist_set = torch.stack([read_image(f, (H, W), C) for f in args.images])
+        shown = dist_set[:args.num_images]
+        names = [Path(f).name for f in args.images[:args.num_images]]
     else:
         source = args.data
         if source is None:
