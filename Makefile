@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml constraints.txt
 install: $(STAMP)
 
 run: $(STAMP)
-	$(VENV)/bin/vitlab models
+	$(VENV)/bin/vitlab train --out runs/digits-$$(date +%Y%m%d-%H%M%S)
 
 test: $(STAMP)
 	$(PY) -m pytest -q

@@ -1,0 +1,74 @@
+"""The training loss: soft-target cross-entropy, with DeiT distillation from a teacher when asked.
+
+hard: (1 - alpha) * CE(class head, targets) + alpha * CE(distillation head, teacher argmax)
+soft: (1 - alpha) * CE(class head, targets) + alpha * tau^2 * KL(softmax(teacher / tau) || softmax(student / tau))
+
+``targets`` are the (mixed, smoothed) soft targets of the batch; the teacher sees the same
+augmented images. A student without a distillation token is distilled through its class head.
+The KL term is averaged over the batch (DeiT's code divides its sum by batch x classes instead).
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..data.augment import soft_target_cross_entropy
+
+
+class TrainLoss(nn.Module):
+    def __init__(self, teacher: nn.Module | None = None, kind: str = "none", tau: float = 1.0, alpha: float = 0.5,
+                 student_norm: tuple[Sequence[float], Sequence[float]] | None = None,
+                 teacher_norm: tuple[Sequence[float], Sequence[float]] | None = None):
+        super().__init__()
+        if kind not in ("none", "hard", "soft"):
+            raise ValueError(f"distillation type {kind!r} is not one of none, hard, soft")
+        if kind != "none" and teacher is None:
+            raise ValueError(f"{kind} distillation needs a teacher")
+        self.kind, self.tau, self.alpha = kind, tau, alpha
+        self.teacher = teacher
+        if teacher is not None:
+            teacher.eval().requires_grad_(False)
+        self.renorm = None
+        if teacher is not None and student_norm and teacher_norm and \
+                (tuple(student_norm[0]), tuple(student_norm[1])) != (tuple(teacher_norm[0]), tuple(teacher_norm[1])):
+            s_mean, s_std = (torch.tensor(v).view(1, -1, 1, 1) for v in student_norm)
+            t_mean, t_std = (torch.tensor(v).view(1, -1, 1, 1) for v in teacher_norm)
+            self.renorm = (s_mean, s_std, t_mean, t_std)
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        if self.teacher is not None:
+            self.teacher.eval()  # the teacher always runs in eval mode
+        return self
+
+    def teacher_input(self, x: torch.Tensor) -> torch.Tensor:
+        """The student's normalised batch, re-normalised and resized for the teacher."""
+        if self.renorm is not None:
+            s_mean, s_std, t_mean, t_std = (t.to(x.device) for t in self.renorm)
+            x = (x * s_std + s_mean - t_mean) / t_std
+        size = getattr(getattr(self.teacher, "patch_embed", None), "img_size", None)
+        if size is not None and not getattr(self.teacher.patch_embed, "dynamic_img_size", False) \
+                and tuple(x.shape[-2:]) != tuple(size):
+            x = F.interpolate(x, size=tuple(size), mode="bicubic", align_corners=False)
+        return x
+
+    def forward(self, images: torch.Tensor, outputs, targets: torch.Tensor) -> torch.Tensor:
+        if isinstance(outputs, tuple):
+            cls, dist = outputs
+        else:
+            cls = dist = outputs
+        base = soft_target_cross_entropy(cls, targets)
+        if self.kind == "none":
+            return base if dist is cls else (base + soft_target_cross_entropy(dist, targets)) / 2
+        with torch.no_grad():
+            teacher_logits = self.teacher(self.teacher_input(images)).float()
+        if self.kind == "hard":
+            kd = F.cross_entropy(dist, teacher_logits.argmax(dim=1))
+        else:
+            t = self.tau
+            kd = F.kl_div(F.log_softmax(dist.float() / t, dim=1), F.log_softmax(teacher_logits / t, dim=1),
+                          reduction="batchmean", log_target=True) * (t * t)
+        return (1 - self.alpha) * base + self.alpha * kd

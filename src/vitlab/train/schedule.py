@@ -1,0 +1,41 @@
+"""Learning rate as a function of progress through the run: linear warmup, then cosine decay."""
+from __future__ import annotations
+
+import math
+
+
+def warmup_cosine(progress: float, lr: float, min_lr: float, warmup: float) -> float:
+    """The learning rate at progress in [0, 1] (a share of steps, or of the time budget)."""
+    progress = min(max(progress, 0.0), 1.0)
+    if warmup > 0 and progress < warmup:
+        return lr * progress / warmup
+    t = (progress - warmup) / max(1.0 - warmup, 1e-12)
+    return min_lr + 0.5 * (lr - min_lr) * (1.0 + math.cos(math.pi * t))
+
+
+class Plateau:
+    """Multiplies the learning rate by `factor` after `patience` evaluations without improvement."""
+
+    def __init__(self, patience: int, factor: float):
+        self.patience, self.factor = patience, factor
+        self.best = -math.inf
+        self.bad = 0
+        self.scale = 1.0
+
+    def step(self, metric: float) -> bool:
+        """Record an evaluation; True when the lr was just reduced."""
+        if metric > self.best:
+            self.best, self.bad = metric, 0
+            return False
+        self.bad += 1
+        if self.patience and self.bad >= self.patience:
+            self.scale *= self.factor
+            self.bad = 0
+            return True
+        return False
+
+    def state_dict(self) -> dict:
+        return {"best": self.best, "bad": self.bad, "scale": self.scale}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.best, self.bad, self.scale = state["best"], state["bad"], state["scale"]

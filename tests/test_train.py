@@ -1,0 +1,210 @@
+"""vitlab train / eval / predict: run folders, resume after kill -9, torchrun, fine-tuning, clear errors."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import vitlab
+from vitlab.cli import main
+from vitlab.train import load_recipe, train
+
+# A small, fast setting on the embedded digits: no randomness beyond init and order.
+TINY = ["--model", "vit_micro_patch2_8", "--batch-size", "64", "--precision", "fp32", "--threads", "1"]
+
+
+def run_cli(*args, env_extra=None, check=True, timeout=300):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env_extra or {})}
+    proc = subprocess.run([sys.executable, "-m", "vitlab", *map(str, args)], capture_output=True, text=True,
+                          env=env, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"vitlab {' '.join(map(str, args))} failed:\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def metrics(folder):
+    return [json.loads(line) for line in (Path(folder) / "metrics.jsonl").read_text().splitlines()]
+
+
+def comparable(rows):
+    """Metrics without the wall-clock figures, which differ between any two runs."""
+    return [{k: v for k, v in r.items() if k not in ("images_per_second", "train_seconds")} for r in rows]
+
+
+def test_run_folder_has_everything(tmp_path, cache_dir):
+    out = tmp_path / "run"
+    recipe = load_recipe(None, model="vit_micro_patch2_8", epochs=3, precision="fp32", out=str(out), threads=1)
+    summary = train(recipe)
+    for name in ("config.yaml", "metrics.jsonl", "config.json", "model.safetensors", "curves.png",
+                 "confusion.png", "summary.json", "checkpoint.pt"):
+        assert (out / name).is_file() and (out / name).stat().st_size > 0, name
+    saved = json.loads((out / "summary.json").read_text())
+    for key in ("top1", "top5", "per_class", "images_per_second", "wall_seconds"):
+        assert key in saved
+    assert set(saved["per_class"]) == {str(i) for i in range(10)}
+    assert saved == json.loads(json.dumps(summary))
+    rows = metrics(out)
+    assert [r["epoch"] for r in rows] == [1, 2, 3]
+    assert all({"train_loss", "train_acc", "lr", "images_per_second"} <= r.keys() for r in rows)
+    model = vitlab.load(out)
+    assert model.pretrained_cfg["label_names"] == [str(i) for i in range(10)]
+    # eval reproduces the run's own figure on the same split
+    result = main(["eval", str(out), "--data", "digits", "--out", str(tmp_path / "ev")])
+    assert result == 0
+    ev = json.loads((tmp_path / "ev" / "summary.json").read_text())
+    assert abs(ev["top1"] - saved["top1"]) < 1e-9
+    assert (tmp_path / "ev" / "confusion.png").stat().st_size > 0
+
+
+def test_refuses_to_overwrite_and_resume_needs_run(tmp_path, cache_dir):
+    out = tmp_path / "run"
+    train(load_recipe(None, model="vit_micro_patch2_8", epochs=1, precision="fp32", out=str(out), threads=1))
+    with pytest.raises(ValueError, match="holds a finished run"):
+        train(load_recipe(None, epochs=1, out=str(out)))
+
+
+def test_resume_after_kill_matches_uninterrupted(tmp_path, cache_dir):
+    common = [*TINY, "--epochs", "8", "--cache-dir", cache_dir]
+    run_cli("train", *common, "--out", tmp_path / "full")
+    victim = tmp_path / "killed"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "vitlab", "train", *map(str, common), "--out", str(victim)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    deadline = time.time() + 240
+    while time.time() < deadline:
+        if (victim / "metrics.jsonl").exists() and len(metrics(victim)) >= 3:
+            break
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (victim / "summary.json").exists(), "a killed run must not look finished"
+    assert len(metrics(victim)) < 8, "the run finished before it could be killed"
+    run_cli("train", "--resume", victim)
+    assert comparable(metrics(victim)) == comparable(metrics(tmp_path / "full"))
+    a = json.loads((victim / "summary.json").read_text())
+    b = json.loads((tmp_path / "full" / "summary.json").read_text())
+    assert (a["top1"], a["test_loss"], a["per_class"]) == (b["top1"], b["test_loss"], b["per_class"])
+
+
+def test_two_process_torchrun_matches_one_process(tmp_path, cache_dir):
+    common = [*TINY, "--epochs", "2", "--cache-dir", cache_dir, "--drop-path", "0", "--padding", "0",
+              "--label-smoothing", "0.1"]
+    run_cli("train", *common, "--out", tmp_path / "one")
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                           "--master_port", "29531", "-m", "vitlab", "train", *map(str, common),
+                           "--out", str(tmp_path / "two")], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    one, two = metrics(tmp_path / "one"), metrics(tmp_path / "two")
+    assert len(one) == len(two) == 2
+    for a, b in zip(one, two):
+        assert abs(a["train_loss"] - b["train_loss"]) < 1e-4
+        assert abs(a["test_loss"] - b["test_loss"]) < 1e-3
+        assert abs(a["test_top1"] - b["test_top1"]) <= 2 / 360  # at most a couple of borderline images
+    assert json.loads((tmp_path / "two" / "summary.json").read_text())["processes"] == 2
+
+
+def _digit_folder(root: Path, classes, size: int, per_class: int, seed: int = 0):
+    """Digits 0..4 as PNG files of another size, under other class names: a new task for transfer."""
+    from sklearn.datasets import load_digits
+    digits = load_digits()
+    rng = np.random.default_rng(seed)
+    for label, name in classes.items():
+        idx = rng.permutation(np.flatnonzero(digits.target == label))
+        for split, chosen in (("train", idx[:per_class]), ("test", idx[per_class:per_class + 40])):
+            folder = root / split / name
+            folder.mkdir(parents=True, exist_ok=True)
+            for i in chosen:
+                img = Image.fromarray((digits.images[i] * 255 / 16).astype(np.uint8), mode="L")
+                img.resize((size, size), Image.BICUBIC).save(folder / f"{i}.png")
+
+
+def test_finetune_beats_scratch_on_new_classes_and_size(tmp_path, cache_dir):
+    pre = tmp_path / "pretrained"
+    run_cli("train", *TINY, "--epochs", "25", "--cache-dir", cache_dir, "--out", pre)
+    target = tmp_path / "target"
+    _digit_folder(target, {0: "zero", 1: "one", 2: "two", 3: "three", 4: "four"}, size=16, per_class=12)
+    budget = ["--epochs", "15", "--batch-size", "20", "--precision", "fp32", "--threads", "1", "--hflip",
+              "--no-hflip", "--mixup", "0", "--cutmix", "0", "--auto-augment", "none", "--random-erasing", "0",
+              "--padding", "1", "--data", target, "--cache-dir", cache_dir]
+    run_cli("train", *budget, "--init", pre, "--out", tmp_path / "ft")
+    run_cli("train", *budget, "--model", "vit_micro_patch2_8", "--img-size", "16", "--out", tmp_path / "scratch")
+    ft = json.loads((tmp_path / "ft" / "summary.json").read_text())
+    scratch = json.loads((tmp_path / "scratch" / "summary.json").read_text())
+    model = vitlab.load(tmp_path / "ft")
+    assert model.patch_embed.img_size == (16, 16) and model.num_classes == 5
+    assert model.pretrained_cfg["label_names"] == ["four", "one", "three", "two", "zero"]
+    assert ft["top1"] > scratch["top1"] + 0.1, (ft["top1"], scratch["top1"])
+
+
+def test_linear_probe_trains_only_the_head(tmp_path, cache_dir):
+    pre = tmp_path / "pre"
+    run_cli("train", *TINY, "--epochs", "2", "--cache-dir", cache_dir, "--out", pre)
+    run_cli("train", *TINY, "--epochs", "2", "--cache-dir", cache_dir, "--init", pre, "--freeze-backbone",
+            "--lr", "0.01", "--out", tmp_path / "probe")
+    a, b = vitlab.load(pre), vitlab.load(tmp_path / "probe")
+    assert torch.equal(a.blocks[0].attn.qkv.weight, b.blocks[0].attn.qkv.weight)
+    assert torch.equal(a.pos_embed, b.pos_embed)
+    assert not torch.equal(a.head.weight, b.head.weight)
+
+
+def test_time_budget_ends_in_time(tmp_path, cache_dir):
+    t0 = time.perf_counter()
+    proc = run_cli("train", *TINY, "--time-budget", "0.25", "--cache-dir", cache_dir, "--out", tmp_path / "tb")
+    wall = time.perf_counter() - t0
+    summary = json.loads((tmp_path / "tb" / "summary.json").read_text())
+    assert summary["wall_seconds"] <= 15 + 1, summary["wall_seconds"]
+    assert wall < 15 + 15  # interpreter start and imports come on top of the run's own clock
+    assert summary["epochs"] >= 1 and "test top-1" in proc.stdout
+
+
+def test_predict_top_k_with_class_names(tmp_path, cache_dir, capsys):
+    out = tmp_path / "run"
+    train(load_recipe(None, model="vit_micro_patch2_8", epochs=2, precision="fp32", out=str(out), threads=1))
+    img = tmp_path / "seven.png"
+    from sklearn.datasets import load_digits
+    Image.fromarray((load_digits().images[7] * 255 / 16).astype(np.uint8), mode="L").save(img)
+    assert main(["predict", str(out), str(img), "--top-k", "3", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert len(result) == 1 and len(result[0]["top"]) == 3
+    assert {p["class"] for p in result[0]["top"]} <= {str(i) for i in range(10)}
+    probs = [p["probability"] for p in result[0]["top"]]
+    assert probs == sorted(probs, reverse=True) and 0 < sum(probs) <= 1 + 1e-6
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--model", "vit_nano"], "unknown model 'vit_nano'"),
+    (["--model", "vit_tiny_patch4_32", "--img-size", "30"], "not divisible by the patch size 4"),
+    (["--precision", "fp16"], "precision='fp16' is not valid; accepted: auto, bf16, fp32"),
+    (["--crop", "zoom"], "crop"),
+    (["--epochs", "0"], "epochs=0 is not valid"),
+    (["--data", "/nonexistent/images"], "/nonexistent/images"),
+    (["--distill", "soft"], "needs a teacher"),
+])
+def test_bad_options_fail_clearly(tmp_path, cache_dir, args, message):
+    proc = run_cli("train", "--out", tmp_path / "bad", "--epochs", "1", *args, check=False)
+    assert proc.returncode != 0
+    assert message in proc.stderr, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+
+
+def test_unknown_recipe_key(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("epochs: 2\nlearning_rate: 0.1\n")
+    with pytest.raises(ValueError, match="unknown recipe option.*learning_rate"):
+        load_recipe(recipe)
+
+
+def test_empty_class_folder_is_a_clear_error(tmp_path, cache_dir):
+    _digit_folder(tmp_path / "d", {0: "zero", 1: "one"}, size=8, per_class=5)
+    (tmp_path / "d" / "train" / "empty").mkdir()
+    proc = run_cli("train", *TINY, "--data", tmp_path / "d", "--out", tmp_path / "o", "--cache-dir", cache_dir,
+                   check=False)
+    assert proc.returncode != 0 and "empty" in proc.stderr and "Traceback" not in proc.stderr
