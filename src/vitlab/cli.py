@@ -49,6 +49,18 @@ TRAIN_FLAGS = [("--hflip", "random horizontal flips"), ("--download", "download 
                ("--freeze-backbone", "train only the head(s): a linear probe"), ("--compile", "torch.compile")]
 
 
+def parse_model_args(items: list[str]) -> dict:
+    """KEY=VALUE strings, values read as YAML (numbers, lists, booleans), into a dict."""
+    import yaml
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--model-arg {item!r} is not KEY=VALUE (e.g. depth=6)")
+        out[key.strip()] = yaml.safe_load(value)
+    return out
+
+
 def cmd_models(args: argparse.Namespace) -> int:
     from .models.summary import model_table
     print(model_table(args.pattern))
@@ -66,6 +78,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     else:
         given = {o[0][2:].replace("-", "_"): getattr(args, o[0][2:].replace("-", "_")) for o in TRAIN_OPTIONS}
         given.update({f[2:].replace("-", "_"): getattr(args, f[2:].replace("-", "_")) for f, _ in TRAIN_FLAGS})
+        if args.model_arg:
+            given["model_args"] = parse_model_args(args.model_arg)
         recipe = load_recipe(args.config, out=args.out, **given)
     summary = train(recipe, resume=bool(args.resume))
     if summary:
@@ -111,6 +125,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--config", help="YAML recipe (see recipes/)")
     t.add_argument("--out", help="run folder to write")
     t.add_argument("--resume", metavar="DIR", help="continue the unfinished run in DIR")
+    t.add_argument("--model-arg", action="append", metavar="KEY=VALUE", default=None,
+                   help="model argument override, repeatable (e.g. depth=6, widths=[32,64,128,256])")
     for flag, typ, help_ in TRAIN_OPTIONS:
         t.add_argument(flag, type=typ, default=None, help=help_)
     for flag, help_ in TRAIN_FLAGS:

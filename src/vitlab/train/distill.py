@@ -32,10 +32,14 @@ class TrainLoss(nn.Module):
         if teacher is not None:
             teacher.eval().requires_grad_(False)
         self.renorm = None
+        self.teacher_chans = None
+        if teacher is not None:
+            input_size = getattr(teacher, "pretrained_cfg", {}).get("input_size")
+            self.teacher_chans = int(input_size[0]) if input_size else None
         if teacher is not None and student_norm and teacher_norm and \
                 (tuple(student_norm[0]), tuple(student_norm[1])) != (tuple(teacher_norm[0]), tuple(teacher_norm[1])):
-            s_mean, s_std = (torch.tensor(v).view(1, -1, 1, 1) for v in student_norm)
-            t_mean, t_std = (torch.tensor(v).view(1, -1, 1, 1) for v in teacher_norm)
+            s_mean, s_std = (torch.tensor(v, dtype=torch.float32).view(1, -1, 1, 1) for v in student_norm)
+            t_mean, t_std = (torch.tensor(v, dtype=torch.float32).view(1, -1, 1, 1) for v in teacher_norm)
             self.renorm = (s_mean, s_std, t_mean, t_std)
 
     def train(self, mode: bool = True):
@@ -45,10 +49,14 @@ class TrainLoss(nn.Module):
         return self
 
     def teacher_input(self, x: torch.Tensor) -> torch.Tensor:
-        """The student's normalised batch, re-normalised and resized for the teacher."""
-        if self.renorm is not None:
+        """The student's normalised batch, re-normalised, converted in channels and resized for the teacher."""
+        t_chans = self.teacher_chans
+        if self.renorm is not None or (t_chans and t_chans != x.shape[1]):
             s_mean, s_std, t_mean, t_std = (t.to(x.device) for t in self.renorm)
-            x = (x * s_std + s_mean - t_mean) / t_std
+            x = x * s_std + s_mean  # back to [0, 1]
+            if t_chans and t_chans != x.shape[1]:  # grey <-> colour, as image decoding does
+                x = x.mean(1, keepdim=True).expand(-1, t_chans, -1, -1)
+            x = (x - t_mean) / t_std
         size = getattr(getattr(self.teacher, "patch_embed", None), "img_size", None)
         if size is not None and not getattr(self.teacher.patch_embed, "dynamic_img_size", False) \
                 and tuple(x.shape[-2:]) != tuple(size):

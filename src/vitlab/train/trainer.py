@@ -168,7 +168,7 @@ def train(r: Recipe, resume: bool = False, log: Callable[[str], None] | None = N
     if r.out is None:
         raise ValueError("a training run needs an output folder: --out DIR")
     d = init_distributed(r.device)
-    log = log or (lambda s: print(s, file=sys.stderr, flush=True))
+    log = log or (lambda s: tqdm.write(s, file=sys.stderr))  # keeps the progress bar intact
     log = log if d.is_main else (lambda s: None)
     try:
         return _train(r, d, resume, log)
@@ -252,10 +252,11 @@ def _train(r: Recipe, d: Dist, resume: bool, log: Callable[[str], None]) -> dict
         f"{f' over {d.world} processes' if d.enabled else ''}, {'bf16' if bf16 else 'float32'}, "
         + (f"time budget {r.time_budget:g} min" if budget else f"{r.epochs} epochs of {per_epoch} steps"))
 
-    bar = tqdm(total=int(budget) if budget else total_steps, initial=min(int(train_seconds), int(budget)) if budget
-               else step, disable=not d.is_main, unit="s" if budget else "step", dynamic_ncols=True,
-               mininterval=1.0, file=sys.stderr, bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}"
-               "{postfix}]")
+    bar = tqdm(total=int(budget) if budget else total_steps,
+               initial=min(int(train_seconds), int(budget)) if budget else step,
+               disable=not d.is_main, unit="s" if budget else "step", dynamic_ncols=True, file=sys.stderr,
+               mininterval=1.0 if sys.stderr.isatty() else 30.0,  # a log file gets a line now and then
+               bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}{postfix}]")
 
     def progress() -> float:
         if budget:
