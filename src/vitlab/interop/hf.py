@@ -47,10 +47,10 @@ def model_args(cfg: dict[str, Any]) -> tuple[str, dict[str, Any], dict[str, Any]
     dim = int(cfg["hidden_size"])
     id2label = cfg.get("id2label") or {}
     num_classes = 0 if role == "base" else int(cfg.get("num_labels") or len(id2label) or 2)
-    img = _get(cfg, "image_size", 224)
+    img, patch = _get(cfg, "image_size", 224), _get(cfg, "patch_size", 16)
     args = dict(
         img_size=tuple(img) if isinstance(img, (list, tuple)) else int(img),
-        patch_size=int(_get(cfg, "patch_size", 16)),
+        patch_size=tuple(patch) if isinstance(patch, (list, tuple)) else int(patch),
         in_chans=int(_get(cfg, "num_channels", 3)),
         num_classes=num_classes,
         embed_dim=dim,

@@ -160,8 +160,7 @@ class ConVit(nn.Module):
             if isinstance(blk.attn, GPSA):
                 blk.attn.grid_size = (h, w)
             x = blk(x)
-        if self.local_up_to_layer == len(self.blocks):
-            x = torch.cat([self.cls_token.expand(B, -1, -1), x], dim=1)
+        # as in timm and the paper's code, with local_up_to_layer == depth the class token never joins
         return self.norm(x)  # (B, 1 + N, D)
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:

@@ -1,0 +1,327 @@
+"""Parity of vitlab with timm and Hugging Face transformers on many small, randomly initialised configurations.
+
+Each case builds a model in the peer library with the peer's own init plus Gaussian noise (std 0.02, or 0.1 where
+0.02 would hide a difference below the tolerance) on every parameter, so that every parameter matters (LayerScale
+gammas, ConViT gates, talking-heads mixing, ...). It
+writes the model in the peer's Hub format (timm ``save_for_hf``, transformers ``save_pretrained``) to a
+temporary folder, loads that folder with ``vitlab.load`` and compares eval-mode outputs on one random batch,
+float32 on the CPU: the logits always; ``forward_features`` (the token sequence after the final norm) for timm
+models and for transformers (against ``last_hidden_state``); both heads for distilled DeiT.
+
+Cases that load with ``vitlab.load(folder, img_size=...)`` are compared with what timm does when a checkpoint
+is fine-tuned at another resolution: ``timm.create_model(arch, img_size=NEW, **args)`` and ``load_state_dict``
+after timm's own ``resample_abs_pos_embed`` (``checkpoint_filter_fn`` in timm/models/vision_transformer.py).
+
+Run with the reference environment (timm, transformers), from the repository root:
+
+    PY=$(../shared/tools/reference-env.sh) && $PY benchmarks/parity_vs_peers.py [SUBSTRING ...]
+
+Prints one row per case and exits with status 1 if any case differs by more than 1e-4 or fails to load.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import timm
+import torch
+import transformers
+from timm.layers import resample_abs_pos_embed
+from timm.models import save_for_hf
+from torch import Tensor, nn
+
+import vitlab
+
+TOL = 1e-4
+NOISE_STD = 0.02
+STRONG_NOISE = 0.1  # where 0.02 leaves a difference the 1e-4 tolerance cannot see
+BATCH = 2
+
+Pairs = dict[str, tuple[Tensor, Tensor]]  # output name -> (peer's, vitlab's)
+
+
+def perturb(model: nn.Module, std: float = NOISE_STD) -> nn.Module:
+    """Add N(0, std) noise to every parameter; eval mode."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * std)
+    return model.eval()
+
+
+def image_batch(in_chans: int, size: tuple[int, int]) -> Tensor:
+    return torch.randn(BATCH, in_chans, *size)
+
+
+def pair(x: Any) -> tuple[int, int]:
+    return (int(x[0]), int(x[1])) if isinstance(x, (list, tuple)) else (int(x), int(x))
+
+
+# ---------------------------------------------------------------------------------------------
+# timm
+
+
+@dataclass
+class TimmCase:
+    name: str
+    arch: str
+    args: dict[str, Any]
+    input_size: tuple[int, int] | None = None  # another input size than built for (dynamic_img_size)
+    load: dict[str, Any] = field(default_factory=dict)  # overrides given to vitlab.load
+    noise: float = NOISE_STD
+    peer: str = "timm"
+
+    def run(self, folder: str) -> Pairs:
+        ref = perturb(timm.create_model(self.arch, pretrained=False, **self.args), self.noise)
+        save_for_hf(ref, folder, model_args=self.args, safe_serialization=True)
+        ours = vitlab.load(folder, **self.load)
+        if self.load:
+            ref = self.timm_with_overrides(ref)
+        size = self.input_size or tuple(ref.patch_embed.img_size)
+        x = image_batch(self.args.get("in_chans", 3), size)
+        with torch.no_grad():
+            f_ref, f_ours = ref.forward_features(x), ours.forward_features(x)
+            pairs = {"logits": (ref(x), ours(x)), "features": (f_ref, f_ours)}
+            if getattr(ref, "dist_token", None) is not None:
+                pairs["logits_cls"] = (ref.head(f_ref[:, 0]), ours.head(f_ours[:, 0]))
+                pairs["logits_dist"] = (ref.head_dist(f_ref[:, 1]), ours.head_dist(f_ours[:, 1]))
+        return pairs
+
+    def timm_with_overrides(self, ref: nn.Module) -> nn.Module:
+        """timm's model built with the same overrides, the checkpoint's position embedding resampled as timm does."""
+        new = timm.create_model(self.arch, pretrained=False, **{**self.args, **self.load}).eval()
+        state = ref.state_dict()
+        old_grid, new_grid = ref.patch_embed.grid_size, new.patch_embed.grid_size
+        if "pos_embed" in state and tuple(old_grid) != tuple(new_grid):
+            prefix = state["pos_embed"].shape[1] - old_grid[0] * old_grid[1]
+            state["pos_embed"] = resample_abs_pos_embed(state["pos_embed"], new_size=new_grid, old_size=old_grid,
+                                                        num_prefix_tokens=prefix)
+        new.load_state_dict(state, strict=True)
+        return new
+
+
+VIT, DEIT, CAIT, CONVIT = "vit_tiny_patch16_224", "deit_tiny_distilled_patch16_224", "cait_xxs24_224", "convit_tiny"
+SMALL = dict(img_size=32, patch_size=8, embed_dim=48, depth=2, num_heads=3, num_classes=5)
+CAIT_SMALL = dict(SMALL, depth_token_only=1)
+CONVIT_SMALL = dict(img_size=32, patch_size=8, embed_dim=8, depth=4, num_heads=4, num_classes=5, local_up_to_layer=2)
+
+
+def timm_cases() -> list[TimmCase]:
+    v, d, c, g = SMALL, SMALL, CAIT_SMALL, CONVIT_SMALL
+    return [
+        TimmCase("vit", VIT, v),
+        TimmCase("vit embed64 depth3 heads4", VIT, dict(v, embed_dim=64, depth=3, num_heads=4)),
+        TimmCase("vit embed96 heads6", VIT, dict(v, embed_dim=96, num_heads=6)),
+        TimmCase("vit patch4 img32", VIT, dict(v, patch_size=4)),
+        TimmCase("vit patch8 img48", VIT, dict(v, img_size=48)),
+        TimmCase("vit patch16 img64", VIT, dict(v, img_size=64, patch_size=16)),
+        TimmCase("vit img(32,48)", VIT, dict(v, img_size=(32, 48))),
+        TimmCase("vit in_chans=1", VIT, dict(v, in_chans=1)),
+        TimmCase("vit qkv_bias=False", VIT, dict(v, qkv_bias=False)),
+        TimmCase("vit no class token, avg", VIT, dict(v, class_token=False, global_pool="avg")),
+        TimmCase("vit class token, avg", VIT, dict(v, global_pool="avg")),
+        TimmCase("vit avg fc_norm=False", VIT, dict(v, global_pool="avg", fc_norm=False)),
+        TimmCase("vit init_values=1e-5", VIT, dict(v, init_values=1e-5)),
+        TimmCase("vit init_values=1e-5 noise=0.1", VIT, dict(v, init_values=1e-5), noise=STRONG_NOISE),
+        TimmCase("vit no_embed_class", VIT, dict(v, no_embed_class=True)),
+        TimmCase("vit reg_tokens=2", VIT, dict(v, reg_tokens=2)),
+        TimmCase("vit reg_tokens=4 no_embed_class", VIT, dict(v, reg_tokens=4, no_embed_class=True)),
+        TimmCase("vit reg_tokens=2 no class token avg", VIT,
+                 dict(v, reg_tokens=2, class_token=False, global_pool="avg")),
+        TimmCase("vit mlp_ratio=2.5", VIT, dict(v, mlp_ratio=2.5)),
+        TimmCase("vit num_classes=0", VIT, dict(v, num_classes=0)),
+        TimmCase("vit pos_embed=none", VIT, dict(v, pos_embed="none")),
+        TimmCase("vit dynamic 32 -> 48x40", VIT, dict(v, dynamic_img_size=True), input_size=(48, 40)),
+        TimmCase("vit dynamic (32,48) -> 40x24", VIT, dict(v, img_size=(32, 48), dynamic_img_size=True),
+                 input_size=(40, 24)),
+        TimmCase("vit dynamic reg4 no_embed_class -> 24x40", VIT,
+                 dict(v, dynamic_img_size=True, reg_tokens=4, no_embed_class=True), input_size=(24, 40)),
+        TimmCase("vit load dynamic_img_size=True -> 40x48", VIT, v, input_size=(40, 48),
+                 load=dict(dynamic_img_size=True)),
+        TimmCase("vit load img_size=48", VIT, v, load=dict(img_size=48)),
+        TimmCase("vit load img_size=(48,32)", VIT, v, load=dict(img_size=(48, 32))),
+        TimmCase("vit (32,48) load img_size=64", VIT, dict(v, img_size=(32, 48)), load=dict(img_size=64)),
+        TimmCase("vit avg no class load img_size=48", VIT, dict(v, class_token=False, global_pool="avg"),
+                 load=dict(img_size=48)),
+        TimmCase("deit", DEIT, d),
+        TimmCase("deit embed64 depth3 heads4 patch4", DEIT, dict(d, embed_dim=64, depth=3, num_heads=4, patch_size=4)),
+        TimmCase("deit img(32,48)", DEIT, dict(d, img_size=(32, 48))),
+        TimmCase("deit init_values=1e-5", DEIT, dict(d, init_values=1e-5)),
+        TimmCase("deit qkv_bias=False in_chans=1", DEIT, dict(d, qkv_bias=False, in_chans=1)),
+        TimmCase("deit dynamic 32 -> 48x40", DEIT, dict(d, dynamic_img_size=True), input_size=(48, 40)),
+        TimmCase("deit dynamic (32,48) -> 40x24", DEIT, dict(d, img_size=(32, 48), dynamic_img_size=True),
+                 input_size=(40, 24)),
+        TimmCase("deit dynamic 32 -> 40x48 noise=0.1", DEIT, dict(d, dynamic_img_size=True), input_size=(40, 48),
+                 noise=STRONG_NOISE),
+        TimmCase("deit load img_size=48", DEIT, d, load=dict(img_size=48)),
+        # CaiT's small LayerScale and near-uniform attention hide its talking-heads mixing (proj_l, proj_w) and
+        # norm1 below 1e-4 under 0.02 noise, so its cases use STRONG_NOISE; one keeps the default.
+        TimmCase("cait noise=0.02", CAIT, c),
+        TimmCase("cait depth_token_only=1", CAIT, c, noise=STRONG_NOISE),
+        TimmCase("cait depth_token_only=2", CAIT, dict(c, depth_token_only=2), noise=STRONG_NOISE),
+        TimmCase("cait heads6", CAIT, dict(c, num_heads=6), noise=STRONG_NOISE),
+        TimmCase("cait embed64 heads4", CAIT, dict(c, embed_dim=64, num_heads=4), noise=STRONG_NOISE),
+        TimmCase("cait qkv_bias=False", CAIT, dict(c, qkv_bias=False), noise=STRONG_NOISE),
+        TimmCase("cait init_values=1", CAIT, dict(c, init_values=1.0), noise=STRONG_NOISE),
+        TimmCase("cait mlp_ratio=3 token_only=2", CAIT, dict(c, mlp_ratio=3.0, mlp_ratio_token_only=2.0),
+                 noise=STRONG_NOISE),
+        TimmCase("cait patch4 img32", CAIT, dict(c, patch_size=4), noise=STRONG_NOISE),
+        TimmCase("cait img(32,48)", CAIT, dict(c, img_size=(32, 48)), noise=STRONG_NOISE),
+        TimmCase("cait load img_size=48", CAIT, c, load=dict(img_size=48), noise=STRONG_NOISE),
+        TimmCase("convit heads4", CONVIT, g),
+        TimmCase("convit heads9", CONVIT, dict(g, num_heads=9)),
+        TimmCase("convit heads9 noise=0.1", CONVIT, dict(g, num_heads=9), noise=STRONG_NOISE),
+        TimmCase("convit heads16", CONVIT, dict(g, num_heads=16, embed_dim=4)),
+        TimmCase("convit local_up_to_layer=0", CONVIT, dict(g, local_up_to_layer=0)),
+        TimmCase("convit local_up_to_layer=1", CONVIT, dict(g, local_up_to_layer=1)),
+        TimmCase("convit local_up_to_layer=3 (all but one)", CONVIT, dict(g, local_up_to_layer=3)),
+        # every block GPSA: timm (like the original ConViT code) then never inserts the class token
+        TimmCase("convit local_up_to_layer=depth (all GPSA)", CONVIT, dict(g, local_up_to_layer=4)),
+        TimmCase("convit locality_strength=2", CONVIT, dict(g, locality_strength=2.0)),
+        TimmCase("convit qkv_bias=True", CONVIT, dict(g, qkv_bias=True)),
+        TimmCase("convit patch4 img32", CONVIT, dict(g, patch_size=4)),
+        TimmCase("convit avg", CONVIT, dict(g, global_pool="avg")),
+        TimmCase("convit load img_size=48", CONVIT, g, load=dict(img_size=48)),
+    ]
+
+
+# ---------------------------------------------------------------------------------------------
+# transformers
+
+
+@dataclass
+class HfCase:
+    name: str
+    cls: str  # a transformers class name
+    config: dict[str, Any]
+    noise: float = NOISE_STD
+    peer: str = "transformers"
+
+    def run(self, folder: str) -> Pairs:
+        config_cls = transformers.ViTConfig if self.cls.startswith("ViT") else transformers.DeiTConfig
+        config = config_cls(**self.config)
+        ref = perturb(getattr(transformers, self.cls)(config), self.noise)
+        ref.save_pretrained(folder)
+        ours = vitlab.load(folder)
+        x = image_batch(config.num_channels, pair(config.image_size))
+        with torch.no_grad():
+            out = ref(pixel_values=x)
+            f_ours = ours.forward_features(x)
+            if self.cls.endswith("Model"):  # no head: the encoder's output
+                return {"features": (out.last_hidden_state, f_ours)}
+            base = ref.vit if self.cls.startswith("ViT") else ref.deit
+            pairs = {"logits": (out.logits, ours(x)), "features": (base(pixel_values=x).last_hidden_state, f_ours)}
+            if self.cls.endswith("WithTeacher"):
+                pairs["logits_cls"] = (out.cls_logits, ours.head(f_ours[:, 0]))
+                pairs["logits_dist"] = (out.distillation_logits, ours.head_dist(f_ours[:, 1]))
+        return pairs
+
+
+HF_SMALL = dict(hidden_size=48, num_hidden_layers=2, num_attention_heads=3, intermediate_size=96,
+                image_size=32, patch_size=8, num_labels=5)
+HF_VARIANTS = {
+    "": {},
+    "hidden64 heads4 layers3": dict(hidden_size=64, num_attention_heads=4, num_hidden_layers=3, intermediate_size=256),
+    "qkv_bias=False": dict(qkv_bias=False),
+    "gelu_new": dict(hidden_act="gelu_new"),
+    "relu": dict(hidden_act="relu"),
+    "layer_norm_eps=1e-6": dict(layer_norm_eps=1e-6),
+    "intermediate=100": dict(intermediate_size=100),
+    "num_channels=1": dict(num_channels=1),
+    "image48 patch16": dict(image_size=48, patch_size=16),
+    "image[32,48]": dict(image_size=[32, 48]),
+}
+
+
+def hf_cases() -> list[HfCase]:
+    cases = []
+    for cls, short in (("ViTForImageClassification", "hf vit"), ("DeiTForImageClassificationWithTeacher", "hf deit")):
+        for label, variant in HF_VARIANTS.items():
+            # exact GELU in place of its tanh approximation differs by < 1e-4 under 0.02 noise
+            noise = STRONG_NOISE if variant.get("hidden_act") == "gelu_new" else NOISE_STD
+            cases.append(HfCase(f"{short} {label}".strip(), cls, dict(HF_SMALL, **variant), noise))
+    return cases + [
+        HfCase("hf vit gelu_fast", "ViTForImageClassification", dict(HF_SMALL, hidden_act="gelu_fast"), STRONG_NOISE),
+        HfCase("hf vit quick_gelu", "ViTForImageClassification", dict(HF_SMALL, hidden_act="quick_gelu")),
+        HfCase("hf vit image32 patch4", "ViTForImageClassification", dict(HF_SMALL, patch_size=4)),
+        HfCase("hf vit patch_size=[8,8]", "ViTForImageClassification", dict(HF_SMALL, patch_size=[8, 8])),
+        HfCase("hf vit dropout=0.1 (eval)", "ViTForImageClassification",
+               dict(HF_SMALL, hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)),
+        HfCase("hf deit no teacher", "DeiTForImageClassification", HF_SMALL),
+        HfCase("hf deit no teacher gelu_new", "DeiTForImageClassification", dict(HF_SMALL, hidden_act="gelu_new"),
+               STRONG_NOISE),
+        HfCase("hf ViTModel", "ViTModel", HF_SMALL),
+        HfCase("hf ViTModel hidden64 heads4", "ViTModel", dict(HF_SMALL, **HF_VARIANTS["hidden64 heads4 layers3"])),
+        HfCase("hf DeiTModel", "DeiTModel", HF_SMALL),
+    ]
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Result:
+    case: TimmCase | HfCase
+    diffs: dict[str, float]
+    error: str | None = None
+
+    @property
+    def max_diff(self) -> float:
+        return max(self.diffs.values(), default=float("nan"))
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.max_diff <= TOL
+
+
+def run_case(case: TimmCase | HfCase, seed: int) -> Result:
+    torch.manual_seed(seed)
+    try:
+        with tempfile.TemporaryDirectory() as folder:
+            pairs = case.run(folder)
+    except Exception as e:  # noqa: BLE001 - a case that cannot load or run is reported, not fatal
+        return Result(case, {}, f"{type(e).__name__}: {e}")
+    diffs, shapes = {}, []
+    for name, (ref, ours) in pairs.items():
+        if ref.shape == ours.shape:
+            diffs[name] = (ref.float() - ours.float()).abs().max().item()
+        else:
+            shapes.append(f"{name} shape {tuple(ours.shape)}, peer {tuple(ref.shape)}")
+    return Result(case, diffs, "; ".join(shapes) or None)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("only", nargs="*", help="run only the cases whose name contains one of these")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(min(4, torch.get_num_threads()))
+    transformers.utils.logging.disable_progress_bar()  # save_pretrained's "Writing model shards"
+    logging.getLogger("timm").setLevel(logging.ERROR)  # "Pretrained mean does not match 1 channels"
+    cases: list[TimmCase | HfCase] = [*timm_cases(), *hf_cases()]
+    if args.only:
+        cases = [c for c in cases if any(s in c.name for s in args.only)]
+    print(f"vitlab {vitlab.__version__} vs timm {timm.__version__}, transformers {transformers.__version__}, "
+          f"torch {torch.__version__}; tolerance {TOL:g}\n")
+    width = max(len(c.name) for c in cases)
+    print(f"{'case':<{width}}  {'peer':<12}  {'max |diff|':>10}  pass  worst output / error")
+    t0, results = time.perf_counter(), []
+    for seed, case in enumerate(cases):
+        r = run_case(case, seed)
+        results.append(r)
+        worst = r.error or max(r.diffs, key=r.diffs.get)
+        print(f"{case.name:<{width}}  {case.peer:<12}  {r.max_diff:>10.2e}  {'yes' if r.ok else 'NO':<4}  {worst}",
+              flush=True)
+    failed = [r for r in results if not r.ok]
+    print(f"\n{len(results) - len(failed)}/{len(results)} cases pass ({time.perf_counter() - t0:.0f} s)")
+    for r in failed:
+        detail = r.error or ", ".join(f"{k} {v:.2e}" for k, v in r.diffs.items())
+        print(f"  FAIL {r.case.name}: {detail}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
