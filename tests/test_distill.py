@@ -133,7 +133,8 @@ def teacher_run(tmp_path_factory):
 def test_distilled_student_end_to_end(tmp_path, teacher_run):
     """Hard distillation under a time budget; the saved student evaluates each head and returns their mean."""
     out = tmp_path / "student"
-    _run("--model", "vit_micro_patch2_8", "--model-arg", "distilled=true", "--teacher", teacher_run,
+    _run("--model", "vit_micro_patch2_8", "--model-arg", "distilled=true", "--model-arg", "class_token=true",
+         "--model-arg", "global_pool=token", "--teacher", teacher_run,
          "--distill", "hard", "--time-budget", "0.2", "--precision", "fp32", "--threads", "1", "--out", out)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["distill"] == "hard" and set(summary["heads"]) == {"cls", "dist", "mean"}

@@ -208,3 +208,10 @@ def test_empty_class_folder_is_a_clear_error(tmp_path, cache_dir):
     proc = run_cli("train", *TINY, "--data", tmp_path / "d", "--out", tmp_path / "o", "--cache-dir", cache_dir,
                    check=False)
     assert proc.returncode != 0 and "empty" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("recipe", sorted(p.name for p in (Path(__file__).parents[1] / "recipes").glob("*.yaml")))
+def test_shipped_recipes_are_valid(recipe):
+    r = load_recipe(Path(__file__).parents[1] / "recipes" / recipe, out="unused")
+    if r.model:
+        vitlab.create_model(r.model)  # the model it names exists

@@ -92,11 +92,14 @@ register("cait_xxs_patch4_32", Cait, CIFAR_MEAN, CIFAR_STD, **_CIFAR,
 register("vit_tiny_r18_32", HybridVisionTransformer, CIFAR_MEAN, CIFAR_STD, **_CIFAR,
          embed_dim=192, depth=7, num_heads=3, backbone_layers=(1, 1, 1), backbone_widths=(32, 64, 128),
          backbone_stem="cifar")
+register("vit_nano_r18_32", HybridVisionTransformer, CIFAR_MEAN, CIFAR_STD, **_CIFAR,
+         embed_dim=128, depth=4, num_heads=4, backbone_layers=(1, 1, 1), backbone_widths=(32, 64, 128),
+         backbone_stem="cifar")
 register("resnet18_32", ResNet, CIFAR_MEAN, CIFAR_STD, **_CIFAR, layers=(2, 2, 2, 2), stem="cifar")
 register("resnet10_32", ResNet, CIFAR_MEAN, CIFAR_STD, **_CIFAR, layers=(1, 1, 1, 1), stem="cifar")
-# The embedded default (8x8 digits): patch 2, a 4x4 grid
+# The embedded default (8x8 digits): patch 2, a 4x4 grid, average pooling (which learns faster here)
 register("vit_micro_patch2_8", VisionTransformer, (0.5,), (0.5,), img_size=8, patch_size=2, in_chans=1,
-         num_classes=10, embed_dim=64, depth=4, num_heads=4, mlp_ratio=2.0)
+         num_classes=10, embed_dim=64, depth=4, num_heads=4, mlp_ratio=2.0, class_token=False, global_pool="avg")
 
 
 def list_models(pattern: str = "*") -> list[str]:
