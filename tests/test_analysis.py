@@ -379,6 +379,34 @@ def _check_report(out: Path, expected: set[str]) -> str:
     return html
 
 
+def test_inspect_a_training_run_folder(tmp_path, cache_dir):
+    """A CIFAR-shaped run written by `vitlab train` (on a small colour image folder) inspects end to end."""
+    import numpy as np
+    from PIL import Image
+
+    from vitlab.cli import main as cli_main
+
+    rng = np.random.default_rng(0)
+    for split, n in (("train", 24), ("test", 8)):
+        for name, channel in (("red", 0), ("blue", 2)):
+            folder = tmp_path / "shapes" / split / name
+            folder.mkdir(parents=True)
+            for i in range(n):
+                img = rng.integers(0, 60, (32, 32, 3), dtype=np.uint8)
+                y, x = rng.integers(0, 20, 2)
+                img[y:y + 12, x:x + 12, channel] = 230
+                Image.fromarray(img).save(folder / f"{i}.png")
+    run = tmp_path / "run"
+    assert cli_main(["train", "--model", "vit_tiny_patch4_32", "--model-arg", "embed_dim=32", "--model-arg",
+                     "depth=2", "--model-arg", "num_heads=2", "--data", str(tmp_path / "shapes"), "--epochs", "2",
+                     "--batch-size", "16", "--precision", "fp32", "--out", str(run)]) == 0
+    out = tmp_path / "report"
+    assert _inspect(run, "--data", tmp_path / "shapes", "--num-images", 3, "--out", out) == 0
+    html = _check_report(out, {"attention_heads_0.png", "rollout.png", "attention_distance.png",
+                               "position_similarity.png", "embedding_filters.png"})
+    assert "blue" in html and "red" in html  # class names from the run
+
+
 def test_inspect_saved_cifar_model(tmp_path, capsys):
     model = vitlab.create_model("vit_tiny_patch4_32", embed_dim=32, depth=2, num_heads=2)
     folder = vitlab.save(model, tmp_path / "run")

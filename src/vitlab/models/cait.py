@@ -13,6 +13,7 @@ from torch import nn
 
 from .layers import (
     Block,
+    ClassTokenHead,
     DropPath,
     LayerScale,
     Mlp,
@@ -103,7 +104,7 @@ class ClassAttentionBlock(nn.Module):
         return x_cls
 
 
-class Cait(nn.Module):
+class Cait(ClassTokenHead, nn.Module):
     def __init__(self, img_size=224, patch_size=16, in_chans=3, num_classes=1000, global_pool="token",
                  embed_dim=768, depth=12, num_heads=12, mlp_ratio=4.0, qkv_bias=True, init_values=1e-4,
                  depth_token_only=2, mlp_ratio_token_only=4.0, dynamic_img_size=False, act_layer="gelu",
@@ -141,19 +142,6 @@ class Cait(nn.Module):
         nn.init.trunc_normal_(self.cls_token, std=0.02)
         self.apply(init_weights_vit)
 
-    def no_weight_decay(self) -> set[str]:
-        return {"pos_embed", "cls_token"}
-
-    def get_classifier(self) -> nn.Module:
-        return self.head
-
-    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
-        if global_pool is not None:
-            self.global_pool = global_pool
-        self.num_classes = num_classes
-        device = self.cls_token.device
-        self.head = nn.Linear(self.embed_dim, num_classes, device=device) if num_classes > 0 else nn.Identity()
-
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         x = self.patch_embed(x)  # (B, h, w, D)
         B, h, w, D = x.shape
@@ -167,13 +155,3 @@ class Cait(nn.Module):
             x_cls = blk(x, x_cls)  # (B, 1, D)
         return self.norm(torch.cat([x_cls, x], dim=1))  # (B, 1 + N, D)
 
-    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        if self.global_pool == "avg":
-            x = x[:, 1:].mean(dim=1)
-        elif self.global_pool == "token":
-            x = x[:, 0]
-        x = self.head_drop(x)
-        return x if pre_logits else self.head(x)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.forward_head(self.forward_features(x))

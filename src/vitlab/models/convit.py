@@ -11,7 +11,15 @@ from functools import partial
 import torch
 from torch import nn
 
-from .layers import Attention, Block, PatchEmbed, drop_path_rates, init_weights_vit, resample_abs_pos_embed
+from .layers import (
+    Attention,
+    Block,
+    ClassTokenHead,
+    PatchEmbed,
+    drop_path_rates,
+    init_weights_vit,
+    resample_abs_pos_embed,
+)
 
 
 def relative_indices(grid_h: int, grid_w: int) -> torch.Tensor:
@@ -87,7 +95,7 @@ class GPSA(nn.Module):
         return self.proj_drop(self.proj(x))
 
 
-class ConVit(nn.Module):
+class ConVit(ClassTokenHead, nn.Module):
     def __init__(self, img_size=224, patch_size=16, in_chans=3, num_classes=1000, global_pool="token",
                  embed_dim=48, depth=12, num_heads=12, mlp_ratio=4.0, qkv_bias=False, local_up_to_layer=3,
                  locality_strength=1.0, use_pos_embed=True, dynamic_img_size=False, norm_eps=1e-6,
@@ -131,19 +139,6 @@ class ConVit(nn.Module):
                 m.local_init()
                 m.grid_size = self.patch_embed.grid_size
 
-    def no_weight_decay(self) -> set[str]:
-        return {"pos_embed", "cls_token"}
-
-    def get_classifier(self) -> nn.Module:
-        return self.head
-
-    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
-        if global_pool is not None:
-            self.global_pool = global_pool
-        self.num_classes = num_classes
-        device = self.cls_token.device
-        self.head = nn.Linear(self.embed_dim, num_classes, device=device) if num_classes > 0 else nn.Identity()
-
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         x = self.patch_embed(x)  # (B, h, w, D)
         B, h, w, D = x.shape
@@ -163,13 +158,3 @@ class ConVit(nn.Module):
         # as in timm and the paper's code, with local_up_to_layer == depth the class token never joins
         return self.norm(x)  # (B, 1 + N, D)
 
-    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        if self.global_pool == "avg":
-            x = x[:, 1:].mean(dim=1)
-        elif self.global_pool == "token":
-            x = x[:, 0]
-        x = self.head_drop(x)
-        return x if pre_logits else self.head(x)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.forward_head(self.forward_features(x))

@@ -81,6 +81,10 @@ register("vit_tiny_avg_patch4_32", VisionTransformer, CIFAR_MEAN, CIFAR_STD, **_
          patch_size=4, embed_dim=192, depth=9, num_heads=3, class_token=False, global_pool="avg")
 register("deit_tiny_distilled_patch4_32", VisionTransformer, CIFAR_MEAN, CIFAR_STD, **_CIFAR,
          patch_size=4, embed_dim=192, depth=9, num_heads=3, distilled=True)
+register("vit_nano_patch4_32", VisionTransformer, CIFAR_MEAN, CIFAR_STD, **_CIFAR,
+         patch_size=4, embed_dim=128, depth=4, num_heads=4)
+register("deit_nano_distilled_patch4_32", VisionTransformer, CIFAR_MEAN, CIFAR_STD, **_CIFAR,
+         patch_size=4, embed_dim=128, depth=4, num_heads=4, distilled=True)
 register("deit_small_distilled_patch4_32", VisionTransformer, CIFAR_MEAN, CIFAR_STD, **_CIFAR,
          patch_size=4, embed_dim=384, depth=9, num_heads=6, distilled=True)
 register("convit_tiny_patch4_32", ConVit, CIFAR_MEAN, CIFAR_STD, **_CIFAR,

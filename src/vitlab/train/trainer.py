@@ -121,6 +121,29 @@ def ema_update(ema: nn.Module, model: nn.Module, decay: float) -> None:
             e.copy_(m)
 
 
+def train_step(net: nn.Module, augment: BatchAugment, loss_fn: TrainLoss, optimizer: torch.optim.Optimizer,
+               images: torch.Tensor, labels: torch.Tensor, bf16: bool, clip_grad: float | None = None,
+               ema: nn.Module | None = None, ema_decay: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """One optimisation step from a uint8 batch: augment, forward, loss, backward, clip, AdamW, EMA.
+
+    Returns the batch's loss and its count of correct predictions (of the mixed targets' argmax).
+    """
+    x, targets = augment(images, labels)
+    with autocast(images.device, bf16):
+        outputs = net(x)
+        loss = loss_fn(x, outputs, targets)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    if clip_grad:
+        nn.utils.clip_grad_norm_(params, clip_grad)
+    optimizer.step()
+    if ema is not None:
+        ema_update(ema, net.module if isinstance(net, nn.parallel.DistributedDataParallel) else net, ema_decay)
+    logits = outputs[0] if isinstance(outputs, tuple) else outputs
+    return loss.detach().float(), (logits.detach().argmax(1) == targets.argmax(1)).sum()
+
+
 def epoch_seed(seed: int, epoch: int, rank: int) -> int:
     return (seed * 1_000_003 + epoch * 7919 + rank * 104_729) % (2 ** 31)
 
@@ -219,7 +242,7 @@ def _train(r: Recipe, d: Dist, resume: bool, log: Callable[[str], None]) -> dict
     optimizer = torch.optim.AdamW(param_groups(model, r.weight_decay), lr=r.lr, betas=(0.9, 0.999))
     plateau = Plateau(r.plateau_patience, r.plateau_factor)
     history: list[dict] = []
-    start_epoch, step, train_seconds, best, since_best = 0, 0, 0.0, -math.inf, 0
+    start_epoch, step, prior_seconds, best, since_best = 0, 0, 0.0, -math.inf, 0
     if ckpt is not None:
         model.load_state_dict(ckpt["model"])
         if ema is not None:
@@ -227,7 +250,7 @@ def _train(r: Recipe, d: Dist, resume: bool, log: Callable[[str], None]) -> dict
         optimizer.load_state_dict(ckpt["optimizer"])
         plateau.load_state_dict(ckpt["plateau"])
         history, start_epoch, step = ckpt["history"], ckpt["epoch"] + 1, ckpt["step"]
-        train_seconds, best, since_best = ckpt["train_seconds"], ckpt["best"], ckpt["since_best"]
+        prior_seconds, best, since_best = ckpt["elapsed_seconds"], ckpt["best"], ckpt["since_best"]
         log(f"resuming {out} after epoch {ckpt['epoch'] + 1}")
     elif resume:
         log(f"no checkpoint in {out} yet: starting the run from the beginning")
@@ -253,20 +276,19 @@ def _train(r: Recipe, d: Dist, resume: bool, log: Callable[[str], None]) -> dict
         + (f"time budget {r.time_budget:g} min" if budget else f"{r.epochs} epochs of {per_epoch} steps"))
 
     bar = tqdm(total=int(budget) if budget else total_steps,
-               initial=min(int(train_seconds), int(budget)) if budget else step,
+               initial=min(int(prior_seconds), int(budget)) if budget else step,
                disable=not d.is_main, unit="s" if budget else "step", dynamic_ncols=True, file=sys.stderr,
                mininterval=1.0 if sys.stderr.isatty() else 30.0,  # a log file gets a line now and then
                bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}{postfix}]")
 
     def progress() -> float:
         if budget:
-            return train_seconds_now() / max(budget - reserve, 1e-9)
+            return elapsed() / max(budget - reserve, 1e-9)
         return step / total_steps
 
-    epoch_t0 = time.perf_counter()
-
-    def train_seconds_now() -> float:
-        return train_seconds + (time.perf_counter() - epoch_t0)
+    def elapsed() -> float:
+        """Wall-clock seconds of the run: earlier sessions (before a resume) plus this one, set-up included."""
+        return prior_seconds + (time.perf_counter() - t_start)
 
     def evaluate(m: nn.Module) -> dict[str, dict]:
         """Metrics per head on the test split, each rank on its shard."""
@@ -278,7 +300,6 @@ def _train(r: Recipe, d: Dist, resume: bool, log: Callable[[str], None]) -> dict
                 c[k] = all_reduce_sum(c[k], d)
         return {name: metrics_from_counts(c, classes) for name, c in counts.items()}
 
-    train_seconds += time.perf_counter() - t_start  # set-up counts against the wall-clock budget too
     epoch = start_epoch
     stop = broadcast_flag(budget is not None and progress() >= 1, d) if ckpt is not None else False
     stopped_early = False
@@ -299,29 +320,19 @@ def _train(r: Recipe, d: Dist, resume: bool, log: Callable[[str], None]) -> dict
             for group in optimizer.param_groups:
                 group["lr"] = lr
             idx = order[i * r.batch_size:(i + 1) * r.batch_size][d.rank::d.world].to(d.device)
-            x, targets = augment(train_x[idx], train_y[idx])
-            with autocast(d.device, bf16):
-                outputs = net(x)
-                loss = loss_fn(x, outputs, targets)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if r.clip_grad:
-                nn.utils.clip_grad_norm_(model.parameters(), r.clip_grad)
-            optimizer.step()
-            if ema is not None:
-                ema_update(ema, model, r.ema_decay)
+            loss, hits = train_step(net, augment, loss_fn, optimizer, train_x[idx], train_y[idx], bf16,
+                                    r.clip_grad, ema, r.ema_decay)
             step += 1
-            logits = outputs[0] if isinstance(outputs, tuple) else outputs
-            loss_sum += loss.detach().float() * len(idx)
-            correct += (logits.detach().argmax(1) == targets.argmax(1)).sum()
+            loss_sum += loss * len(idx)
+            correct += hits
             seen += len(idx)
             if d.is_main and (i % 5 == 0 or i == per_epoch - 1):
                 rate = seen * d.world / max(time.perf_counter() - epoch_t0, 1e-9)
                 bar.set_postfix_str(f"epoch {epoch + 1} loss {loss_sum.item() / seen:.3f} "
                                     f"acc {correct.item() / seen:.3f} {rate:.0f} img/s", refresh=False)
             if budget:
-                bar.n = min(int(train_seconds_now()), bar.total)
-                if i % 5 == 0:
+                bar.n = min(int(elapsed()), bar.total)
+                if time.time() - bar.last_print_t >= bar.mininterval:  # tqdm keeps time.time()
                     bar.refresh()
                 if broadcast_flag(progress() >= 1, d):
                     stop = True
@@ -329,11 +340,10 @@ def _train(r: Recipe, d: Dist, resume: bool, log: Callable[[str], None]) -> dict
             else:
                 bar.update(1)
         epoch_seconds = time.perf_counter() - epoch_t0
-        train_seconds += epoch_seconds
         stats = all_reduce_sum(torch.stack([loss_sum, correct.float(), torch.tensor(float(seen))]).to(d.device), d)
         row = {"epoch": epoch + 1, "step": step, "train_loss": float(stats[0] / stats[2]),
                "train_acc": float(stats[1] / stats[2]), "lr": lr,
-               "images_per_second": float(stats[2]) / max(epoch_seconds, 1e-9), "train_seconds": train_seconds}
+               "images_per_second": float(stats[2]) / max(epoch_seconds, 1e-9)}
         last = stop or (budget is None and epoch + 1 == r.epochs)
         if last or (epoch + 1) % r.eval_every == 0:
             t_eval = time.perf_counter()
@@ -360,7 +370,7 @@ def _train(r: Recipe, d: Dist, resume: bool, log: Callable[[str], None]) -> dict
             if r.early_stop and since_best >= r.early_stop and not last:
                 log(f"early stop: no improvement for {since_best} evaluations")
                 stopped_early = stop = True
-            train_seconds += time.perf_counter() - t_eval  # evaluations are part of the wall-clock budget
+        row["elapsed_seconds"] = elapsed()
         history.append(row)
         if d.is_main:
             log(f"epoch {epoch + 1}: loss {row['train_loss']:.4f} train acc {row['train_acc']:.3f}"
@@ -369,7 +379,7 @@ def _train(r: Recipe, d: Dist, resume: bool, log: Callable[[str], None]) -> dict
                 + f" lr {lr:.2e} {row['images_per_second']:.0f} img/s")
             save_checkpoint(out, {"model": model.state_dict(), "ema": ema.state_dict() if ema is not None else None,
                                   "optimizer": optimizer.state_dict(), "plateau": plateau.state_dict(),
-                                  "history": history, "epoch": epoch, "step": step, "train_seconds": train_seconds,
+                                  "history": history, "epoch": epoch, "step": step, "elapsed_seconds": elapsed(),
                                   "best": best, "since_best": since_best, "bf16": bf16})
             vio.atomic_write_bytes(out / METRICS, "".join(json.dumps(h) + "\n" for h in history).encode())
         barrier(d)
@@ -390,7 +400,7 @@ def _train(r: Recipe, d: Dist, resume: bool, log: Callable[[str], None]) -> dict
         summary = {
             "top1": m["top1"], "top5": m["top5"], "test_loss": m["loss"], "per_class": m["per_class"],
             "images_per_second": sum(h["images_per_second"] for h in history) / len(history),
-            "wall_seconds": wall, "train_seconds": train_seconds, "epochs": len(history), "steps": step,
+            "wall_seconds": wall, "elapsed_seconds": elapsed(), "epochs": len(history), "steps": step,
             "stopped_early": stopped_early, "model": getattr(model, "arch", None) or type(model).__name__,
             "parameters": n_params, "precision": "bf16" if bf16 else "fp32", "data": data.name,
             "num_train": n_train, "num_test": len(data.test.images), "classes": classes, "ema": use_ema,
