@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 
 import torch
@@ -61,5 +62,17 @@ def barrier(d: Dist) -> None:
 
 
 def cleanup(d: Dist) -> None:
-    if d.enabled and dist.is_initialized():
-        dist.destroy_process_group()
+    """Leave the process group once every rank has finished its last collective.
+
+    A rank that closes its connections right after a collective can cut off a message its
+    peer is still receiving (gloo sends asynchronously), so ranks first check in through the
+    rendezvous store, which lives outside the ranks' connections.
+    """
+    if not (d.enabled and dist.is_initialized()):
+        return
+    store = dist.distributed_c10d._get_default_store()
+    store.add("vitlab/finished", 1)
+    deadline = time.monotonic() + 600
+    while store.add("vitlab/finished", 0) < d.world and time.monotonic() < deadline:
+        time.sleep(0.01)
+    dist.destroy_process_group()

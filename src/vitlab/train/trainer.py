@@ -418,5 +418,4 @@ def _train(r: Recipe, d: Dist, resume: bool, log: Callable[[str], None]) -> dict
                        title=f"Confusion matrix, test top-1 {100 * m['top1']:.2f}%")
         summary["wall_seconds"] = time.perf_counter() - t_start
         vio.atomic_write_json(out / SUMMARY, summary)
-    barrier(d)
     return summary
