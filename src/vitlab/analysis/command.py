@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
         dist_set, all_labels, class_names = _load_test_split(source, input_size, args)
         dist_set, all_labels = dist_set[:args.distance_images], all_labels[:args.distance_images]
         shown, labels = dist_set[:args.num_images], all_labels[:args.num_images].tolist()
-        names = [f"{source} test #{i}" for i in range(len(shown))]
+        names = [f"{Path(str(source)).name} test #{i}" for i in range(len(shown))]  # short, for figure titles
     if class_names is not None and len(class_names) != model.num_classes:
         class_names = None  # the data set's classes are not the model's
     out = Path(args.out) if args.out else Path(f"inspect_{Path(args.model).resolve().name}")
