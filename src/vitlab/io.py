@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -18,31 +17,13 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from .fileio import atomic_path, atomic_write_json
 from .interop import hf, timm
 from .models.layers import resample_abs_pos_embed, to_2tuple
 from .models.registry import MODEL_CLASSES, build, create_model, get_spec
 
 FORMAT_VERSION = 1
 CONFIG, WEIGHTS = "config.json", "model.safetensors"
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write a file so that a reader sees the old file or the whole new one, never a part."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def atomic_write_json(path: Path, obj: Any) -> None:
-    atomic_write_bytes(Path(path), (json.dumps(obj, indent=2) + "\n").encode())
 
 
 def _sha256(path: Path) -> str:
@@ -70,15 +51,9 @@ def save(model: nn.Module, path: str | os.PathLike, extra: dict[str, Any] | None
     folder = Path(path)
     folder.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{WEIGHTS}.", suffix=".tmp")
-    os.close(fd)
-    try:
+    with atomic_path(folder / WEIGHTS) as tmp:
         save_file(state, tmp, metadata={"format": "pt"})
-        digest = _sha256(Path(tmp))
-        os.replace(tmp, folder / WEIGHTS)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        digest = _sha256(tmp)
     cfg = {
         "library": "vitlab",
         "format_version": FORMAT_VERSION,
@@ -210,7 +185,7 @@ def load(path: str | os.PathLike, **overrides: Any) -> nn.Module:
     state = convert(read_weights(folder, expected_sha))
     args.update(overrides)
     if arch:
-        model = create_model(arch, **{k: v for k, v in args.items()})
+        model = create_model(arch, **args)
     else:
         model = build(MODEL_CLASSES[cls_name], args)
         model.arch, model.model_args = None, dict(args)

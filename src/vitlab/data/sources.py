@@ -43,6 +43,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from tqdm import tqdm
 
+from ..fileio import atomic_path
+
 DATASETS = ("digits", "cifar10", "cifar100")
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm")
 ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar", ".tar.bz2", ".tbz2", ".tar.xz", ".txz")
@@ -784,14 +786,8 @@ def _write_bundle(bundle: DataBundle, path: Path) -> None:
                "test_images": bundle.test.images, "test_labels": bundle.test.labels}
     meta = {"format": CACHE_VERSION, "name": bundle.name, "classes": bundle.classes, "mean": list(bundle.mean),
             "std": list(bundle.std), "skipped": bundle.skipped, "source": bundle.source}
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
+    with atomic_path(path) as tmp:
         save_file({k: v.contiguous() for k, v in tensors.items()}, tmp, metadata={"vitlab": json.dumps(meta)})
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _find_cached(cache: Path, keys: list[str], log: Log) -> tuple[DataBundle, Path] | None:

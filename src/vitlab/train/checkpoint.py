@@ -1,28 +1,20 @@
 """Resumable training state, written atomically: a kill at any moment leaves the previous checkpoint intact."""
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from ..fileio import atomic_path
 
 CHECKPOINT = "checkpoint.pt"
 
 
 def save_checkpoint(folder: Path, state: dict[str, Any]) -> None:
     """Write state to folder/checkpoint.pt through a temporary file and an atomic rename."""
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{CHECKPOINT}.", suffix=".tmp")
-    os.close(fd)
-    try:
+    with atomic_path(folder / CHECKPOINT) as tmp:
         torch.save(state, tmp)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, folder / CHECKPOINT)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def load_checkpoint(folder: Path) -> dict[str, Any] | None:

@@ -11,6 +11,7 @@ import torch
 from .. import io as vio
 from ..data.augment import normalize
 from ..data.sources import load_data, read_image
+from ..fileio import atomic_write_json
 from .evaluate import evaluate_model, head_logits
 
 
@@ -43,7 +44,7 @@ def evaluate_folder(model_path: str | os.PathLike, data: str, out: str | os.Path
         from .report import plot_confusion
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
-        vio.atomic_write_json(out / "summary.json", result)
+        atomic_write_json(out / "summary.json", result)
         plot_confusion(heads["logits"]["confusion"], names, out / "confusion.png",
                        title=f"{Path(model_path).name} on {bundle.name}: top-1 {100 * result['top1']:.2f}%")
     return result

@@ -22,6 +22,7 @@ from tqdm import tqdm
 from .. import io as vio
 from ..data.augment import AugmentConfig, BatchAugment, repeated_aug_indices
 from ..data.sources import DataBundle, load_data
+from ..fileio import atomic_write_bytes, atomic_write_json
 from ..models.registry import accepted_args, create_model, get_spec
 from .checkpoint import CHECKPOINT, load_checkpoint, save_checkpoint
 from .distill import TrainLoss
@@ -381,7 +382,7 @@ def _train(r: Recipe, d: Dist, resume: bool, log: Callable[[str], None]) -> dict
                                   "optimizer": optimizer.state_dict(), "plateau": plateau.state_dict(),
                                   "history": history, "epoch": epoch, "step": step, "elapsed_seconds": elapsed(),
                                   "best": best, "since_best": since_best, "bf16": bf16})
-            vio.atomic_write_bytes(out / METRICS, "".join(json.dumps(h) + "\n" for h in history).encode())
+            atomic_write_bytes(out / METRICS, "".join(json.dumps(h) + "\n" for h in history).encode())
         barrier(d)
         epoch += 1
         if budget is not None and progress() >= 1:
@@ -396,11 +397,10 @@ def _train(r: Recipe, d: Dist, resume: bool, log: Callable[[str], None]) -> dict
     summary: dict[str, Any] = {}
     if d.is_main:
         m = final_metrics["logits"]
-        wall = time.perf_counter() - t_start
         summary = {
             "top1": m["top1"], "top5": m["top5"], "test_loss": m["loss"], "per_class": m["per_class"],
             "images_per_second": sum(h["images_per_second"] for h in history) / len(history),
-            "wall_seconds": wall, "elapsed_seconds": elapsed(), "epochs": len(history), "steps": step,
+            "elapsed_seconds": elapsed(), "epochs": len(history), "steps": step,
             "stopped_early": stopped_early, "model": getattr(model, "arch", None) or type(model).__name__,
             "parameters": n_params, "precision": "bf16" if bf16 else "fp32", "data": data.name,
             "num_train": n_train, "num_test": len(data.test.images), "classes": classes, "ema": use_ema,
@@ -417,5 +417,5 @@ def _train(r: Recipe, d: Dist, resume: bool, log: Callable[[str], None]) -> dict
         plot_confusion(m["confusion"], classes, out / "confusion.png",
                        title=f"Confusion matrix, test top-1 {100 * m['top1']:.2f}%")
         summary["wall_seconds"] = time.perf_counter() - t_start
-        vio.atomic_write_json(out / SUMMARY, summary)
+        atomic_write_json(out / SUMMARY, summary)
     return summary
