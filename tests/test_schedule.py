@@ -34,3 +34,19 @@ def test_early_stop_ends_a_run_that_does_not_improve(tmp_path, cache_dir):
     assert summary["stopped_early"] and summary["epochs"] < 40
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == summary["epochs"]
+
+
+def test_progressive_size_grows_in_patch_steps_to_full():
+    from vitlab.train.schedule import progressive_size
+    full = (32, 32)
+    sizes = [progressive_size(p / 100, full, 0.5, 0.6, 8) for p in range(101)]
+    assert sizes[0] == (16, 16) and sizes[-1] == full
+    assert all(h % 8 == 0 and w % 8 == 0 for h, w in sizes)
+    assert all(a[0] <= b[0] for a, b in zip(sizes, sizes[1:]))  # never shrinks
+    assert {s for s in sizes} == {(16, 16), (24, 24), (32, 32)}
+    assert progressive_size(0.59, full, 0.5, 0.6, 8) == (24, 24)
+    assert progressive_size(0.6, full, 0.5, 0.6, 8) == full
+    # off, non-square, and a start smaller than one patch
+    assert progressive_size(0.0, full, 1.0, 0.6, 8) == full
+    assert progressive_size(0.0, (32, 48), 0.5, 0.5, 4) == (16, 24)
+    assert progressive_size(0.0, (8, 8), 0.1, 0.5, 2) == (2, 2)

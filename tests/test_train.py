@@ -187,6 +187,7 @@ def test_predict_top_k_with_class_names(tmp_path, cache_dir, capsys):
     (["--epochs", "0"], "epochs=0 is not valid"),
     (["--data", "/nonexistent/images"], "/nonexistent/images"),
     (["--distill", "soft"], "needs a teacher"),
+    (["--progressive-scale", "1.5"], "progressive_scale=1.5 is not valid; accepted: a share of the input size"),
 ])
 def test_bad_options_fail_clearly(tmp_path, cache_dir, args, message):
     proc = run_cli("train", "--out", tmp_path / "bad", "--epochs", "1", *args, check=False)
@@ -217,3 +218,83 @@ def test_shipped_recipes_are_valid(recipe):
     r = load_recipe(path, out="unused", teacher=teacher)
     if r.model:
         vitlab.create_model(r.model)  # the model it names exists
+
+
+def test_time_bar_prints_at_most_once_per_interval():
+    import io
+
+    from tqdm import tqdm
+
+    from vitlab.train.trainer import show_seconds
+    sink = io.StringIO()
+    bar = tqdm(total=100, file=sink, mininterval=0.05, unit="s")
+    t0 = time.perf_counter()
+    calls = 0
+    while time.perf_counter() - t0 < 0.5:
+        show_seconds(bar, (time.perf_counter() - t0) * 100)
+        calls += 1
+        time.sleep(0.001)
+    prints = sink.getvalue().count("\r")
+    assert calls > 100 and 3 <= prints <= 0.5 / 0.05 + 3, (calls, prints)
+    show_seconds(bar, 1e9)
+    assert bar.n == bar.total
+
+
+@pytest.mark.parametrize("name", ["vit_micro_patch2_8", "deit_nano_distilled_patch4_32"])
+def test_flip_tta_averages_image_and_mirror(name):
+    from vitlab.train.evaluate import head_logits
+    torch.manual_seed(0)
+    model = vitlab.create_model(name).eval()
+    c, h, w = model.pretrained_cfg["input_size"]
+    x = torch.randn(3, c, h, w)
+    with torch.no_grad():
+        plain, mirror, tta = head_logits(model, x), head_logits(model, x.flip(-1)), head_logits(model, x, tta=True)
+    assert plain.keys() == tta.keys()
+    for k in plain:
+        torch.testing.assert_close(tta[k], (plain[k] + mirror[k]) / 2, rtol=1e-5, atol=1e-5)
+        assert not torch.allclose(tta[k], plain[k])
+
+
+def test_eval_and_train_with_tta(tmp_path, cache_dir):
+    out = tmp_path / "run"
+    summary = train(load_recipe(None, model="vit_micro_patch2_8", epochs=2, precision="fp32", out=str(out),
+                                threads=1, tta=True))
+    assert summary["tta"] is True
+    assert main(["eval", str(out), "--data", "digits", "--tta", "--out", str(tmp_path / "ev")]) == 0
+    ev = json.loads((tmp_path / "ev" / "summary.json").read_text())
+    assert ev["tta"] is True and abs(ev["top1"] - summary["top1"]) < 1e-9
+    assert main(["eval", str(out), "--data", "digits", "--out", str(tmp_path / "plain")]) == 0
+    plain = json.loads((tmp_path / "plain" / "summary.json").read_text())
+    assert plain["tta"] is False and plain["heads"]["logits"]["loss"] != ev["heads"]["logits"]["loss"]
+
+
+def test_progressive_resizing_trains_small_then_saves_full_size(tmp_path, cache_dir):
+    out = tmp_path / "run"
+    lines = []
+    summary = train(load_recipe(None, model="vit_micro_patch2_8", epochs=4, precision="fp32", out=str(out),
+                                threads=1, progressive_scale=0.5, progressive_until=0.5), log=lines.append)
+    sizes = [line for line in lines if line.startswith("training input size")]
+    assert sizes == ["training input size 4x4", "training input size 6x6", "training input size 8x8"], sizes
+    assert summary["top1"] > 0.3  # it learned, at the full size it is evaluated at
+    assert [r["input_size"] for r in metrics(out)] == [[4, 4], [6, 6], [8, 8], [8, 8]]
+    model = vitlab.load(out)
+    model(torch.randn(2, 1, 8, 8))
+    with pytest.raises(ValueError, match="does not match"):  # the saved model is not left size-agnostic
+        model(torch.randn(2, 1, 4, 4))
+
+
+def test_train_step_resizes_the_augmented_batch():
+    from vitlab.data.augment import AugmentConfig, BatchAugment
+    from vitlab.train.distill import TrainLoss
+    from vitlab.train.trainer import any_size, train_step
+    model = vitlab.create_model("vit_nano_patch4_32", num_classes=10)
+    seen = []
+    model.patch_embed.register_forward_hook(lambda m, i, o: seen.append(tuple(i[0].shape[-2:])))
+    flags = any_size(model)
+    assert flags and all(v is False for v in flags.values())
+    aug = BatchAugment(AugmentConfig(), (32, 32), (0.5,) * 3, (0.5,) * 3, 10)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    images, labels = torch.randint(0, 256, (4, 3, 32, 32), dtype=torch.uint8), torch.arange(4)
+    for size in [(16, 16), (24, 24), None]:
+        train_step(model, aug, TrainLoss(), opt, images, labels, False, 1.0, size=size)
+    assert seen == [(16, 16), (24, 24), (32, 32)]

@@ -26,6 +26,8 @@ TRAIN_OPTIONS = [
     ("--plateau-factor", float, "lr factor on a plateau"),
     ("--eval-every", int, "epochs between evaluations"),
     ("--img-size", int, "input size (model and data)"),
+    ("--progressive-scale", float, "progressive resizing: start at this share of the input size (1 = off)"),
+    ("--progressive-until", float, "share of the schedule by which the input grows to full size"),
     ("--crop", str, "pad | rrc | none"),
     ("--padding", int, "padding of the random crop"),
     ("--auto-augment", str, "trivial | rand | none"),
@@ -46,7 +48,8 @@ TRAIN_OPTIONS = [
     ("--val-fraction", float, "held-out share for data without a test split"),
 ]
 TRAIN_FLAGS = [("--hflip", "random horizontal flips"), ("--download", "download CIFAR if missing"),
-               ("--freeze-backbone", "train only the head(s): a linear probe"), ("--compile", "torch.compile")]
+               ("--freeze-backbone", "train only the head(s): a linear probe"), ("--compile", "torch.compile"),
+               ("--tta", "test-time augmentation: evaluate on each image and its mirror image")]
 
 
 def parse_model_args(items: list[str]) -> dict:
@@ -91,7 +94,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_eval(args: argparse.Namespace) -> int:
     from .train.predict import evaluate_folder
     result = evaluate_folder(args.model, args.data, out=args.out, batch_size=args.batch_size,
-                             precision=args.precision, cache_dir=args.cache_dir, download=args.download)
+                             precision=args.precision, cache_dir=args.cache_dir, download=args.download,
+                             tta=args.tta)
     for head, m in result["heads"].items():
         print(f"{head:>6}: top-1 {100 * m['top1']:.2f}%  top-5 {100 * m['top5']:.2f}%  ({m['count']} images)")
     return 0
@@ -141,6 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--precision", choices=("auto", "bf16", "fp32"), default="fp32")
     e.add_argument("--cache-dir")
     e.add_argument("--download", action="store_true")
+    e.add_argument("--tta", action="store_true", help="average each image's logits with its mirror image's")
     e.set_defaults(func=cmd_eval)
 
     pr = sub.add_parser("predict", help="top-k classes for image files")

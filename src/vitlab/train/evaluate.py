@@ -16,8 +16,15 @@ def autocast(device: torch.device, bf16: bool):
     return torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
 
 
-def head_logits(model: nn.Module, x: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Eval logits by head: {'logits'} and, for a distilled model, also {'cls', 'dist'} (logits is their mean)."""
+def head_logits(model: nn.Module, x: torch.Tensor, tta: bool = False) -> dict[str, torch.Tensor]:
+    """Eval logits by head: {'logits'} and, for a distilled model, also {'cls', 'dist'} (logits is their mean).
+
+    With ``tta`` each head's logits are the mean over the image and its mirror image (test-time
+    augmentation by horizontal flip: right for photographs, wrong for digits or text).
+    """
+    if tta:
+        both = head_logits(model, torch.cat([x, x.flip(-1)]))
+        return {name: (v[:len(x)] + v[len(x):]) / 2 for name, v in both.items()}
     if getattr(model, "dist_token", None) is None:
         return {"logits": model(x)}
     feats = model.forward_features(x)
@@ -28,7 +35,7 @@ def head_logits(model: nn.Module, x: torch.Tensor) -> dict[str, torch.Tensor]:
 @torch.no_grad()
 def confusion_counts(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, mean: Sequence[float],
                      std: Sequence[float], num_classes: int, batch_size: int = 256, bf16: bool = False,
-                     progress=None) -> dict[str, dict[str, torch.Tensor]]:
+                     progress=None, tta: bool = False) -> dict[str, dict[str, torch.Tensor]]:
     """Per head: confusion matrix (true, predicted), top-5 hits and summed loss over uint8 images."""
     was_training = model.training
     model.eval()
@@ -39,7 +46,7 @@ def confusion_counts(model: nn.Module, images: torch.Tensor, labels: torch.Tenso
         x = normalize(images[i:i + batch_size].to(device, non_blocking=True), mean, std)
         y = labels[i:i + batch_size].to(device)
         with autocast(device, bf16):
-            heads = head_logits(model, x)
+            heads = head_logits(model, x, tta)
         for name, logits in heads.items():
             logits = logits.float()
             acc = out.setdefault(name, {"confusion": torch.zeros(num_classes, num_classes, dtype=torch.long),
@@ -73,7 +80,7 @@ def metrics_from_counts(counts: dict[str, torch.Tensor], classes: Sequence[str])
 
 def evaluate_model(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, classes: Sequence[str],
                    mean: Sequence[float], std: Sequence[float], batch_size: int = 256, bf16: bool = False,
-                   progress=None) -> dict[str, dict]:
+                   progress=None, tta: bool = False) -> dict[str, dict]:
     """Metrics per head ('logits', and 'cls'/'dist' for distilled models) on one process."""
-    counts = confusion_counts(model, images, labels, mean, std, len(classes), batch_size, bf16, progress)
+    counts = confusion_counts(model, images, labels, mean, std, len(classes), batch_size, bf16, progress, tta)
     return {name: metrics_from_counts(c, classes) for name, c in counts.items()}

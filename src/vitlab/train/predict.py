@@ -22,8 +22,11 @@ def _class_names(model: torch.nn.Module) -> list[str]:
 
 def evaluate_folder(model_path: str | os.PathLike, data: str, out: str | os.PathLike | None = None,
                     batch_size: int = 256, precision: str = "fp32", cache_dir: str | None = None,
-                    download: bool = False) -> dict[str, Any]:
-    """Metrics of every head of a saved model on a data set's test split; summary.json and confusion.png in out."""
+                    download: bool = False, tta: bool = False) -> dict[str, Any]:
+    """Metrics of every head of a saved model on a data set's test split; summary.json and confusion.png in out.
+
+    ``tta`` averages each image's logits with its mirror image's (see ``head_logits``).
+    """
     model = vio.load(model_path)
     c, h, w = model.pretrained_cfg["input_size"]
     bundle = load_data(data, img_size=(h, w), in_chans=c, cache_dir=cache_dir, download=download)
@@ -37,8 +40,8 @@ def evaluate_folder(model_path: str | os.PathLike, data: str, out: str | os.Path
                          f"{', '.join(bundle.classes[:10])}")
     bf16 = precision == "bf16" or (precision == "auto" and torch.cuda.is_available())
     heads = evaluate_model(model, bundle.test.images, labels, names, model.pretrained_cfg["mean"],
-                           model.pretrained_cfg["std"], batch_size=batch_size, bf16=bf16)
-    result = {"model": str(model_path), "data": bundle.name, "heads": heads, "top1": heads["logits"]["top1"],
+                           model.pretrained_cfg["std"], batch_size=batch_size, bf16=bf16, tta=tta)
+    result = {"model": str(model_path), "data": bundle.name, "tta": tta, "heads": heads, "top1": heads["logits"]["top1"],
               "top5": heads["logits"]["top5"], "per_class": heads["logits"]["per_class"]}
     if out is not None:
         from .report import plot_confusion

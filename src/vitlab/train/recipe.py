@@ -41,6 +41,9 @@ class Recipe:
     plateau_patience: int = 0             # reduce the lr after this many evaluations without improvement (0 = off)
     plateau_factor: float = 0.5
     eval_every: int = 1                   # epochs between evaluations
+    progressive_scale: float = 1.0        # progressive resizing: start at this share of the input size (1 = off)
+    progressive_until: float = 0.5        # ... and grow to the full size by this share of the schedule
+    tta: bool = False                     # evaluate on each test image and its mirror image (mean logits)
     # augmentation (see vitlab.data.augment.AugmentConfig)
     crop: str = "pad"
     padding: int = 4
@@ -101,6 +104,10 @@ class Recipe:
             bad("plateau_factor", "a factor in (0, 1)")
         if self.eval_every < 1:
             bad("eval_every", "an integer >= 1")
+        if not 0 < self.progressive_scale <= 1:
+            bad("progressive_scale", "a share of the input size in (0, 1]; 1 = off")
+        if not 0 < self.progressive_until <= 1:
+            bad("progressive_until", "a share of the schedule in (0, 1]")
         if self.tau <= 0:
             bad("tau", "a temperature > 0")
         if not 0 <= self.alpha <= 1:

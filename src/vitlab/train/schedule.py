@@ -13,6 +13,20 @@ def warmup_cosine(progress: float, lr: float, min_lr: float, warmup: float) -> f
     return min_lr + 0.5 * (lr - min_lr) * (1.0 + math.cos(math.pi * t))
 
 
+def progressive_size(progress: float, full: tuple[int, int], start_scale: float, until: float,
+                     step: int) -> tuple[int, int]:
+    """Training input size at ``progress`` under progressive resizing.
+
+    The size grows linearly from ``start_scale`` x ``full`` at the start to ``full`` at ``until``
+    (a share of the schedule), rounded down to multiples of ``step`` (the model's patch size);
+    from ``until`` on, and always when ``start_scale`` is 1, it is ``full``.
+    """
+    if start_scale >= 1 or progress >= until:
+        return tuple(full)
+    scale = start_scale + (1.0 - start_scale) * max(progress, 0.0) / until
+    return tuple(min(f, max(step, int(f * scale) // step * step)) for f in full)
+
+
 class Plateau:
     """Multiplies the learning rate by `factor` after `patience` evaluations without improvement."""
 

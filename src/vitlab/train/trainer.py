@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 import yaml
 from tqdm import tqdm
 
@@ -30,7 +31,7 @@ from .distributed import Dist, all_reduce_sum, barrier, broadcast_flag, cleanup,
 from .evaluate import autocast, confusion_counts, metrics_from_counts
 from .recipe import Recipe
 from .report import plot_confusion, plot_curves
-from .schedule import Plateau, warmup_cosine
+from .schedule import Plateau, progressive_size, warmup_cosine
 
 SUMMARY, METRICS, CONFIG_YAML = "summary.json", "metrics.jsonl", "config.yaml"
 HEAD_NAMES = ("head", "head_dist", "fc")
@@ -124,12 +125,16 @@ def ema_update(ema: nn.Module, model: nn.Module, decay: float) -> None:
 
 def train_step(net: nn.Module, augment: BatchAugment, loss_fn: TrainLoss, optimizer: torch.optim.Optimizer,
                images: torch.Tensor, labels: torch.Tensor, bf16: bool, clip_grad: float | None = None,
-               ema: nn.Module | None = None, ema_decay: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+               ema: nn.Module | None = None, ema_decay: float = 0.0,
+               size: tuple[int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """One optimisation step from a uint8 batch: augment, forward, loss, backward, clip, AdamW, EMA.
 
-    Returns the batch's loss and its count of correct predictions (of the mixed targets' argmax).
+    ``size`` resizes the augmented batch (progressive resizing). Returns the batch's loss and its
+    count of correct predictions (of the mixed targets' argmax).
     """
     x, targets = augment(images, labels)
+    if size is not None and tuple(x.shape[-2:]) != tuple(size):
+        x = F.interpolate(x, size=tuple(size), mode="bilinear", antialias=True, align_corners=False)
     with autocast(images.device, bf16):
         outputs = net(x)
         loss = loss_fn(x, outputs, targets)
@@ -143,6 +148,28 @@ def train_step(net: nn.Module, augment: BatchAugment, loss_fn: TrainLoss, optimi
         ema_update(ema, net.module if isinstance(net, nn.parallel.DistributedDataParallel) else net, ema_decay)
     logits = outputs[0] if isinstance(outputs, tuple) else outputs
     return loss.detach().float(), (logits.detach().argmax(1) == targets.argmax(1)).sum()
+
+
+def any_size(model: nn.Module) -> dict[nn.Module, bool]:
+    """Let a model take inputs of other sizes (dynamic_img_size on every module that has it).
+
+    Returns the previous flags; ``restore_size_flags`` puts them back.
+    """
+    flags = {m: m.dynamic_img_size for m in model.modules() if isinstance(getattr(m, "dynamic_img_size", None), bool)}
+    for m in flags:
+        m.dynamic_img_size = True
+    return flags
+
+
+def restore_size_flags(flags: dict[nn.Module, bool]) -> None:
+    for m, v in flags.items():
+        m.dynamic_img_size = v
+
+
+def size_step(model: nn.Module) -> int:
+    """The granularity of input sizes a model takes: its patch size (a CNN's: 8)."""
+    pe = getattr(model, "patch_embed", None)
+    return int(max(pe.patch_size)) if pe is not None else 8
 
 
 def epoch_seed(seed: int, epoch: int, rank: int) -> int:
@@ -185,6 +212,14 @@ def choose_precision(r: Recipe, model: nn.Module, augment: BatchAugment, images,
 
 
 # --- the run ----------------------------------------------------------------------------------
+
+
+def show_seconds(bar: tqdm, seconds: float) -> None:
+    """Move a bar counted in seconds to ``seconds``, printing at most once per ``mininterval``."""
+    bar.n = min(int(seconds), bar.total)
+    if time.time() - bar.last_print_t >= bar.mininterval:  # tqdm keeps time.time()
+        bar.refresh()
+        bar.last_print_t = time.time()  # refresh() leaves it as it was: without this, every step would print
 
 
 def train(r: Recipe, resume: bool = False, log: Callable[[str], None] | None = None) -> dict[str, Any]:
@@ -256,9 +291,16 @@ def _train(r: Recipe, d: Dist, resume: bool, log: Callable[[str], None]) -> dict
     elif resume:
         log(f"no checkpoint in {out} yet: starting the run from the beginning")
 
+    progressive = r.progressive_scale < 1
+    size_flags = any_size(model) if progressive else {}
+    if progressive and getattr(model, "patch_embed", None) is not None and not size_flags:
+        raise ValueError(f"progressive resizing needs a model that takes other input sizes; "
+                         f"{type(model).__name__} does not: set progressive_scale to 1")
+    px = size_step(model)
+
     net = model
     if r.compile:
-        net = torch.compile(net)
+        net = torch.compile(net, dynamic=False)  # progressive resizing: one graph per size
     if d.enabled:
         net = nn.parallel.DistributedDataParallel(net, device_ids=[d.device.index] if d.device.type == "cuda" else None)
 
@@ -295,7 +337,7 @@ def _train(r: Recipe, d: Dist, resume: bool, log: Callable[[str], None]) -> dict
         """Metrics per head on the test split, each rank on its shard."""
         idx = torch.arange(d.rank, len(data.test.images), d.world)
         counts = confusion_counts(m, data.test.images[idx], data.test.labels[idx], mean, std, len(classes),
-                                  batch_size=max(local_batch, 256), bf16=bf16)
+                                  batch_size=max(local_batch, 256), bf16=bf16, tta=r.tta)
         for c in counts.values():
             for k in c:
                 c[k] = all_reduce_sum(c[k], d)
@@ -305,6 +347,7 @@ def _train(r: Recipe, d: Dist, resume: bool, log: Callable[[str], None]) -> dict
     stop = broadcast_flag(budget is not None and progress() >= 1, d) if ckpt is not None else False
     stopped_early = False
     final_metrics = None
+    last_size = None
     while not stop and (budget is not None or epoch < r.epochs):
         torch.manual_seed(epoch_seed(r.seed, epoch, d.rank))
         g = torch.Generator().manual_seed(epoch_seed(r.seed, epoch, 0))
@@ -317,12 +360,17 @@ def _train(r: Recipe, d: Dist, resume: bool, log: Callable[[str], None]) -> dict
         epoch_t0 = time.perf_counter()
         seen, loss_sum, correct, lr = 0, torch.zeros(()), torch.zeros(()), r.lr
         for i in range(per_epoch):
-            lr = warmup_cosine(progress(), r.lr, r.min_lr, r.warmup) * plateau.scale
+            p = progress()
+            lr = warmup_cosine(p, r.lr, r.min_lr, r.warmup) * plateau.scale
+            size = progressive_size(p, img_size, r.progressive_scale, r.progressive_until, px) if progressive else None
+            if size is not None and size != last_size:
+                log(f"training input size {size[0]}x{size[1]}")
+                last_size = size
             for group in optimizer.param_groups:
                 group["lr"] = lr
             idx = order[i * r.batch_size:(i + 1) * r.batch_size][d.rank::d.world].to(d.device)
             loss, hits = train_step(net, augment, loss_fn, optimizer, train_x[idx], train_y[idx], bf16,
-                                    r.clip_grad, ema, r.ema_decay)
+                                    r.clip_grad, ema, r.ema_decay, size)
             step += 1
             loss_sum += loss * len(idx)
             correct += hits
@@ -332,9 +380,7 @@ def _train(r: Recipe, d: Dist, resume: bool, log: Callable[[str], None]) -> dict
                 bar.set_postfix_str(f"epoch {epoch + 1} loss {loss_sum.item() / seen:.3f} "
                                     f"acc {correct.item() / seen:.3f} {rate:.0f} img/s", refresh=False)
             if budget:
-                bar.n = min(int(elapsed()), bar.total)
-                if time.time() - bar.last_print_t >= bar.mininterval:  # tqdm keeps time.time()
-                    bar.refresh()
+                show_seconds(bar, elapsed())
                 if broadcast_flag(progress() >= 1, d):
                     stop = True
                     break
@@ -345,6 +391,8 @@ def _train(r: Recipe, d: Dist, resume: bool, log: Callable[[str], None]) -> dict
         row = {"epoch": epoch + 1, "step": step, "train_loss": float(stats[0] / stats[2]),
                "train_acc": float(stats[1] / stats[2]), "lr": lr,
                "images_per_second": float(stats[2]) / max(epoch_seconds, 1e-9)}
+        if last_size is not None:
+            row["input_size"] = list(last_size)
         last = stop or (budget is None and epoch + 1 == r.epochs)
         if last or (epoch + 1) % r.eval_every == 0:
             t_eval = time.perf_counter()
@@ -394,6 +442,7 @@ def _train(r: Recipe, d: Dist, resume: bool, log: Callable[[str], None]) -> dict
         final_metrics = evaluate(model)
     use_ema = bool(final_metrics.pop("ema", False))
     final_model = ema if use_ema else model
+    restore_size_flags(size_flags)  # the saved model takes the size it was trained for (the EMA copy never changed)
     summary: dict[str, Any] = {}
     if d.is_main:
         m = final_metrics["logits"]
@@ -404,7 +453,8 @@ def _train(r: Recipe, d: Dist, resume: bool, log: Callable[[str], None]) -> dict
             "stopped_early": stopped_early, "model": getattr(model, "arch", None) or type(model).__name__,
             "parameters": n_params, "precision": "bf16" if bf16 else "fp32", "data": data.name,
             "num_train": n_train, "num_test": len(data.test.images), "classes": classes, "ema": use_ema,
-            "processes": d.world, "distill": r.distill, "teacher": r.teacher, "time_budget_minutes": r.time_budget,
+            "tta": r.tta, "processes": d.world, "distill": r.distill, "teacher": r.teacher,
+            "time_budget_minutes": r.time_budget,
         }
         if "cls" in final_metrics:
             summary["heads"] = {"cls": final_metrics["cls"]["top1"], "dist": final_metrics["dist"]["top1"],
