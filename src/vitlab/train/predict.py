@@ -41,8 +41,9 @@ def evaluate_folder(model_path: str | os.PathLike, data: str, out: str | os.Path
     bf16 = precision == "bf16" or (precision == "auto" and torch.cuda.is_available())
     heads = evaluate_model(model, bundle.test.images, labels, names, model.pretrained_cfg["mean"],
                            model.pretrained_cfg["std"], batch_size=batch_size, bf16=bf16, tta=tta)
-    result = {"model": str(model_path), "data": bundle.name, "tta": tta, "heads": heads, "top1": heads["logits"]["top1"],
-              "top5": heads["logits"]["top5"], "per_class": heads["logits"]["per_class"]}
+    m = heads["logits"]
+    result = {"model": str(model_path), "data": bundle.name, "tta": tta, "heads": heads,
+              "top1": m["top1"], "top5": m["top5"], "per_class": m["per_class"]}
     if out is not None:
         from .report import plot_confusion
         out = Path(out)
