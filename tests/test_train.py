@@ -283,11 +283,13 @@ def test_progressive_resizing_trains_small_then_saves_full_size(tmp_path, cache_
         model(torch.randn(2, 1, 4, 4))
 
 
-def test_train_step_resizes_the_augmented_batch():
+@pytest.mark.parametrize("name", ["vit_nano_patch4_32", "vit_nano_r18_32", "convit_tiny_patch4_32",
+                                  "cait_xxs_patch4_32"])
+def test_train_step_resizes_the_augmented_batch(name):
     from vitlab.data.augment import AugmentConfig, BatchAugment
     from vitlab.train.distill import TrainLoss
     from vitlab.train.trainer import any_size, train_step
-    model = vitlab.create_model("vit_nano_patch4_32", num_classes=10)
+    model = vitlab.create_model(name, num_classes=10)
     seen = []
     model.patch_embed.register_forward_hook(lambda m, i, o: seen.append(tuple(i[0].shape[-2:])))
     flags = any_size(model)
@@ -298,3 +300,5 @@ def test_train_step_resizes_the_augmented_batch():
     for size in [(16, 16), (24, 24), None]:
         train_step(model, aug, TrainLoss(), opt, images, labels, False, 1.0, size=size)
     assert seen == [(16, 16), (24, 24), (32, 32)]
+    with torch.no_grad():  # back at the full size, e.g. ConViT's relative positions follow the grid
+        assert model.eval()(images.float() / 255).shape == (4, 10)
