@@ -49,7 +49,7 @@ def evaluate_folder(model_path: str | os.PathLike, data: str, out: str | os.Path
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
         atomic_write_json(out / "summary.json", result)
-        plot_confusion(heads["logits"]["confusion"], names, out / "confusion.png",
+        plot_confusion(m["confusion"], names, out / "confusion.png",
                        title=f"{Path(model_path).name} on {bundle.name}: top-1 {100 * result['top1']:.2f}%")
     return result
 

@@ -292,10 +292,7 @@ def _train(r: Recipe, d: Dist, resume: bool, log: Callable[[str], None]) -> dict
         log(f"no checkpoint in {out} yet: starting the run from the beginning")
 
     progressive = r.progressive_scale < 1
-    size_flags = any_size(model) if progressive else {}
-    if progressive and getattr(model, "patch_embed", None) is not None and not size_flags:
-        raise ValueError(f"progressive resizing needs a model that takes other input sizes; "
-                         f"{type(model).__name__} does not: set progressive_scale to 1")
+    size_flags = any_size(model) if progressive else {}  # every vitlab model takes other sizes this way
     px = size_step(model)
 
     net = model
