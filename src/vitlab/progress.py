@@ -1,0 +1,89 @@
+"""Progress bars that suit where they are read: a live bar in a terminal, a line per interval in a log file."""
+from __future__ import annotations
+
+import io
+import sys
+import time
+from typing import Any
+
+from tqdm import tqdm
+
+LOG_INTERVAL = 30.0  # seconds between lines when the output is a file or a pipe
+
+
+def _is_terminal(fp: Any) -> bool:
+    try:
+        return bool(fp.isatty())
+    except (AttributeError, ValueError, io.UnsupportedOperation):
+        return False
+
+
+class _Lines:
+    """Wraps a stream for a bar in line mode: drops the bare newlines and carriage returns tqdm adds."""
+
+    def __init__(self, fp: Any):
+        self.fp = fp
+
+    def write(self, s: str) -> None:
+        s = s.replace("\r", "")
+        if s.strip():
+            self.fp.write(s if s.endswith("\n") else s + "\n")
+
+    def flush(self) -> None:
+        getattr(self.fp, "flush", lambda: None)()
+
+
+class Progress(tqdm):
+    """tqdm, except that when the output is not a terminal each update is one whole line, at most one per
+    ``mininterval`` (default 30 s), and the final state is printed once on close.
+
+    A redirected log then reads ``name:  40%|####      | 400/1000 [00:20<00:30, 20.0 img/s]`` lines
+    instead of thousands of carriage-return updates.
+    """
+
+    def __init__(self, *args: Any, file: Any = None, **kwargs: Any):
+        file = sys.stderr if file is None else file
+        self.lines = not _is_terminal(file)
+        if self.lines:
+            kwargs.setdefault("mininterval", LOG_INTERVAL)
+            kwargs["dynamic_ncols"] = False
+            kwargs.setdefault("ncols", 100)
+            file = _Lines(file)
+        self._line_t = -float("inf")
+        super().__init__(*args, file=file, **kwargs)
+
+    def display(self, msg: str | None = None, pos: int | None = None) -> bool:
+        if not self.lines:
+            return super().display(msg, pos)
+        if msg == "":  # a request to clear the bar: nothing to clear in a log
+            return False
+        self.fp.write(self.__str__() if msg is None else msg)
+        self._line_t = time.time()
+        return True
+
+    def clear(self, nolock: bool = False) -> None:
+        if not self.lines:
+            super().clear(nolock)
+
+    def refresh(self, nolock: bool = False, lock_args: Any = None) -> None:
+        """Redraw; in line mode only once ``mininterval`` has passed since the last line."""
+        if self.lines and time.time() - self._line_t < self.mininterval:
+            return
+        super().refresh(nolock=nolock, lock_args=lock_args)
+        self.last_print_t = time.time()
+
+    def goto(self, n: int) -> None:
+        """Move the bar to ``n`` (e.g. seconds of a time budget), printing at most once per interval."""
+        n = min(int(n), int(self.total)) if self.total is not None else int(n)
+        if n > self.n:
+            self.update(n - self.n)
+
+
+def progress_bar(*args: Any, **kwargs: Any) -> Progress:
+    """A progress bar on stderr (tqdm's arguments): live in a terminal, a line per interval in a log."""
+    return Progress(*args, **kwargs)
+
+
+def log_line(message: str) -> None:
+    """Print a message on stderr without breaking a live progress bar."""
+    tqdm.write(message, file=sys.stderr)
