@@ -22,8 +22,8 @@ import torch.nn.functional as F
 import vitlab
 from vitlab.data.augment import AugmentConfig, BatchAugment
 from vitlab.train.distill import TrainLoss
-from vitlab.train.evaluate import autocast
-from vitlab.train.trainer import param_groups, train_step
+from vitlab.train.setup import param_groups
+from vitlab.train.step import autocast, train_step
 
 
 def cpu_flags() -> str:
@@ -56,19 +56,19 @@ def main() -> None:
     loss_fn = TrainLoss()
     optimizer = torch.optim.AdamW(param_groups(model, 0.05), lr=1e-4)
 
-    def whole(bf16: bool):
-        return lambda: train_step(model, augment, loss_fn, optimizer, images, labels, bf16, clip_grad=1.0)
+    def whole(precision: str):
+        return lambda: train_step(model, augment, loss_fn, optimizer, images, labels, precision, clip_grad=1.0)
 
-    def bare(bf16: bool):
+    def bare(precision: str):
         def step():
-            with autocast(x.device, bf16):
+            with autocast(x.device, precision):
                 loss = F.cross_entropy(model(x), labels)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
         return step
 
-    variants = {(kind, p): (whole if kind == "whole" else bare)(p == "bf16")
+    variants = {(kind, p): (whole if kind == "whole" else bare)(p)
                 for kind in ("bare", "whole") for p in ("fp32", "bf16")}
     for fn in variants.values():  # warm up
         fn()

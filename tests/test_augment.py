@@ -28,7 +28,7 @@ from vitlab.data.augment import (
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 CIFAR_MEAN, CIFAR_STD = (0.49, 0.48, 0.45), (0.25, 0.24, 0.26)
-OFF = dict(crop="none", hflip=False, auto_augment="none", random_erasing=0.0, mixup_alpha=0.0, cutmix_alpha=0.0)
+OFF = dict(crop="none", hflip=False, auto_augment="none", random_erasing=0.0, mixup=0.0, cutmix=0.0)
 
 
 def _batch(b: int = 8, c: int = 3, h: int = 32, w: int = 32, k: int = 10, seed: int = 0):
@@ -58,7 +58,7 @@ def _op(name: str, b: int) -> torch.Tensor:
     [
         {},  # defaults: pad crop, flip, TrivialAugment, erasing, mixup/cutmix, smoothing
         dict(crop="rrc", auto_augment="rand", ra_num_ops=3, random_erasing=1.0, mix_prob=1.0, switch_prob=1.0),
-        dict(crop="pad", pad_mode="zero", auto_augment="rand", mixup_alpha=0.0, switch_prob=0.0),
+        dict(crop="pad", pad_mode="zero", auto_augment="rand", mixup=0.0, switch_prob=0.0),
     ],
 )
 def test_forward_shapes_dtypes_and_targets(device: str, overrides: dict) -> None:
@@ -242,7 +242,7 @@ def test_module_mixing_respects_mix_prob_and_alpha() -> None:
     x, t = _module(**off, mix_prob=0.0)(images, labels)
     assert torch.equal(t, F.one_hot(labels, 10).float())
     torch.manual_seed(0)
-    x, t = _module(**off, mixup_alpha=1.0, cutmix_alpha=0.0, mix_prob=1.0)(images, labels)
+    x, t = _module(**off, mixup=1.0, cutmix=0.0, mix_prob=1.0)(images, labels)
     lam = t[torch.arange(8), labels].max().item()  # labels may collide; the largest own-class weight is lam or more
     assert (t > 0).sum(1).max() <= 2 and 0 < lam < 1 + 1e-6
     assert not torch.equal(x, normalize(images, CIFAR_MEAN, CIFAR_STD))
@@ -463,8 +463,8 @@ def test_mixed_ops_batch_equals_per_image_application() -> None:
         ("auto_augment", "auto", "'trivial', 'rand', 'none'"),
         ("pad_mode", "edge", "'reflect', 'zero'"),
         ("random_erasing", 1.5, "[0.0, 1.0]"),
-        ("mixup_alpha", -1.0, ">= 0.0"),
-        ("cutmix_alpha", float("nan"), ">= 0.0"),
+        ("mixup", -1.0, ">= 0.0"),
+        ("cutmix", float("nan"), ">= 0.0"),
         ("mix_prob", -0.1, "[0.0, 1.0]"),
         ("switch_prob", 2, "[0.0, 1.0]"),
         ("label_smoothing", 1.0, "[0.0, 1.0)"),
@@ -490,7 +490,7 @@ def test_validate_rejects_bad_values(field: str, value: object, accepted: str) -
 
 def test_validate_accepts_defaults_and_edges() -> None:
     AugmentConfig().validate()
-    AugmentConfig(crop="rrc", auto_augment="none", random_erasing=1.0, mixup_alpha=0, ra_magnitude=10).validate()
+    AugmentConfig(crop="rrc", auto_augment="none", random_erasing=1.0, mixup=0, ra_magnitude=10).validate()
 
 
 def test_repeated_aug_single_replica_blocks() -> None:

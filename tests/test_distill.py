@@ -138,7 +138,7 @@ def test_distilled_student_end_to_end(tmp_path, teacher_run):
          "--distill", "hard", "--time-budget", "0.2", "--precision", "fp32", "--threads", "1", "--out", out)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["distill"] == "hard" and set(summary["heads"]) == {"cls", "dist", "mean"}
-    assert summary["wall_seconds"] < 12 + 1
+    assert summary["train_seconds"] < 12 + 1  # the budget counts training time, from the first step
     student = vitlab.load(out)
     x = torch.randn(3, 1, 8, 8)
     with torch.no_grad():

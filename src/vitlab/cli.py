@@ -6,50 +6,50 @@ import json
 import sys
 from pathlib import Path
 
-# train options -> Recipe fields (None = not given, so a --config recipe or the default decides)
-TRAIN_OPTIONS = [
-    ("--model", str, "registered model name (see `vitlab models`)"),
-    ("--init", str, "fine-tune from a model folder (vitlab run, timm or Hugging Face)"),
-    ("--data", str, "digits (embedded), cifar10, cifar100, an image folder or a .tar.gz of one"),
-    ("--epochs", int, "epochs to train"),
-    ("--time-budget", float, "minutes: lay the schedule out over wall-clock time and end within it"),
-    ("--batch-size", int, "global batch size"),
-    ("--lr", float, "peak learning rate"),
-    ("--min-lr", float, "final learning rate of the cosine"),
-    ("--warmup", float, "share of the schedule spent in linear warmup"),
-    ("--weight-decay", float, "AdamW weight decay (not on norms, biases, position embeddings, tokens)"),
-    ("--clip-grad", float, "gradient norm clipping (0 = off)"),
-    ("--drop-path", float, "stochastic depth rate"),
-    ("--ema-decay", float, "EMA of the weights (0 = off, e.g. 0.999)"),
-    ("--early-stop", int, "stop after N evaluations without improvement (0 = off)"),
-    ("--plateau-patience", int, "halve the lr after N evaluations without improvement (0 = off)"),
-    ("--plateau-factor", float, "lr factor on a plateau"),
-    ("--eval-every", int, "epochs between evaluations"),
-    ("--img-size", int, "input size (model and data)"),
-    ("--progressive-scale", float, "progressive resizing: start at this share of the input size (1 = off)"),
-    ("--progressive-until", float, "share of the schedule by which the input grows to full size"),
-    ("--crop", str, "pad | rrc | none"),
-    ("--padding", int, "padding of the random crop"),
-    ("--auto-augment", str, "trivial | rand | none"),
-    ("--random-erasing", float, "random erasing probability"),
-    ("--mixup", float, "mixup alpha (0 = off)"),
-    ("--cutmix", float, "cutmix alpha (0 = off)"),
-    ("--label-smoothing", float, "label smoothing"),
-    ("--repeated-aug", int, "repeated augmentation count (1 = off)"),
-    ("--teacher", str, "teacher model folder for distillation"),
-    ("--distill", str, "hard | soft (with --teacher)"),
-    ("--tau", float, "soft distillation temperature"),
-    ("--alpha", float, "distillation loss weight"),
-    ("--precision", str, "auto | bf16 | fp32"),
-    ("--device", str, "auto | cpu | cuda"),
-    ("--threads", int, "CPU threads"),
-    ("--seed", int, "random seed"),
-    ("--cache-dir", str, "where decoded data sets are cached"),
-    ("--val-fraction", float, "held-out share for data without a test split"),
-]
-TRAIN_FLAGS = [("--hflip", "random horizontal flips"), ("--download", "download CIFAR if missing"),
-               ("--freeze-backbone", "train only the head(s): a linear probe"), ("--compile", "torch.compile"),
-               ("--tta", "test-time augmentation: evaluate on each image and its mirror image")]
+# options of `vitlab train` that are not recipe fields
+TRAIN_SKIP = ("model_args", "augment", "out")
+
+
+def add_recipe_options(parser: argparse.ArgumentParser) -> None:
+    """One option per recipe field (and per augmentation option), generated from their declarations.
+
+    Values stay text here (None = not given): the recipe coerces and checks them, so a bad value on the
+    command line gets the same one-line message as in a YAML recipe. Every boolean has --X and --no-X.
+    """
+    import typing
+
+    import yaml
+
+    from .train.recipe import AUGMENT_FIELDS, FIELDS, accepted
+
+    def is_bool(annotation) -> bool:  # bool, bool | None, or the same as text (a dataclass's annotations)
+        return annotation in (bool, "bool", "bool | None") or set(typing.get_args(annotation)) == {bool, type(None)}
+
+    def is_text(annotation) -> bool:  # str, str | None, a choice of words
+        return annotation in (str, "str") or str in typing.get_args(annotation) \
+            or typing.get_origin(annotation) is typing.Literal
+
+    def scalar(value: str):  # numbers as numbers (so an error shows 0, not '0'); 1e-3 stays text for the recipe
+        parsed = yaml.safe_load(value)
+        return parsed if isinstance(parsed, (int, float)) and not isinstance(parsed, bool) else value
+
+    def add(name: str, annotation, help_: str, default) -> None:
+        flag = "--" + name.replace("_", "-")
+        text = f"{help_} [{accepted(name)}; default {default!r}]"
+        if is_bool(annotation):
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=text)
+        elif "tuple" in str(annotation):
+            parser.add_argument(flag, default=None, metavar="A,B", type=lambda v: v.split(","), help=text)
+        else:
+            parser.add_argument(flag, default=None, metavar=name.upper(), type=None if is_text(annotation) else scalar,
+                                help=text)
+
+    for name, info in FIELDS.items():
+        if name not in TRAIN_SKIP:
+            default = info.default_factory() if info.default_factory else info.default
+            add(name, info.annotation, info.description or "", default)
+    for name, f in AUGMENT_FIELDS.items():
+        add(name, f.type, f.metadata["help"], f.default)
 
 
 def parse_model_args(items: list[str]) -> dict:
@@ -72,15 +72,15 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from .train import load_recipe, train
-    from .train.trainer import CONFIG_YAML
+    from .train.runfolder import CONFIG_YAML
     if args.resume:
         folder = Path(args.resume)
         if not (folder / CONFIG_YAML).is_file():
             raise FileNotFoundError(f"{folder} is not a run folder: it has no {CONFIG_YAML}")
         recipe = load_recipe(folder / CONFIG_YAML, out=str(folder))
     else:
-        given = {o[0][2:].replace("-", "_"): getattr(args, o[0][2:].replace("-", "_")) for o in TRAIN_OPTIONS}
-        given.update({f[2:].replace("-", "_"): getattr(args, f[2:].replace("-", "_")) for f, _ in TRAIN_FLAGS})
+        from .train.recipe import AUGMENT_FIELDS, FIELDS
+        given = {name: getattr(args, name) for name in [*FIELDS, *AUGMENT_FIELDS] if name not in TRAIN_SKIP}
         if args.model_arg:
             given["model_args"] = parse_model_args(args.model_arg)
         recipe = load_recipe(args.config, out=args.out, **given)
@@ -95,7 +95,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from .train.predict import evaluate_folder
     result = evaluate_folder(args.model, args.data, out=args.out, batch_size=args.batch_size,
                              precision=args.precision, cache_dir=args.cache_dir, download=args.download,
-                             tta=args.tta)
+                             tta=args.tta, device=args.device)
     for head, m in result["heads"].items():
         print(f"{head:>6}: top-1 {100 * m['top1']:.2f}%  top-5 {100 * m['top5']:.2f}%  ({m['count']} images)")
     return 0
@@ -103,7 +103,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 def cmd_predict(args: argparse.Namespace) -> int:
     from .train.predict import predict_files
-    results = predict_files(args.model, args.images, top_k=args.top_k)
+    results = predict_files(args.model, args.images, top_k=args.top_k, device=args.device)
     if args.json:
         print(json.dumps(results, indent=2))
     else:
@@ -131,10 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--resume", metavar="DIR", help="continue the unfinished run in DIR")
     t.add_argument("--model-arg", action="append", metavar="KEY=VALUE", default=None,
                    help="model argument override, repeatable (e.g. depth=6, widths=[32,64,128,256])")
-    for flag, typ, help_ in TRAIN_OPTIONS:
-        t.add_argument(flag, type=typ, default=None, help=help_)
-    for flag, help_ in TRAIN_FLAGS:
-        t.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_)
+    add_recipe_options(t)
     t.set_defaults(func=cmd_train)
 
     e = sub.add_parser("eval", help="evaluate a model on a data set's test split (metrics and plots)")
@@ -142,7 +139,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--data", required=True, help="digits, cifar10, cifar100, an image folder or a .tar.gz")
     e.add_argument("--out", help="folder for summary.json and confusion.png")
     e.add_argument("--batch-size", type=int, default=256)
-    e.add_argument("--precision", choices=("auto", "bf16", "fp32"), default="fp32")
+    e.add_argument("--precision", choices=("auto", "bf16", "fp16", "fp32"), default="fp32",
+                   help="auto: bf16 on a GPU that supports it, else fp32")
+    e.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: CUDA when present")
     e.add_argument("--cache-dir")
     e.add_argument("--download", action="store_true")
     e.add_argument("--tta", action="store_true", help="average each image's logits with its mirror image's")
@@ -153,6 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("images", nargs="+", help="image files")
     pr.add_argument("--top-k", type=int, default=5)
     pr.add_argument("--json", action="store_true", help="print JSON")
+    pr.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: CUDA when present")
     pr.set_defaults(func=cmd_predict)
 
     from .analysis.command import register as register_inspect
@@ -171,6 +171,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as e:
         print(f"vitlab {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except FloatingPointError as e:
+        print(f"vitlab {args.command}: stopped: {e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print(f"vitlab {args.command}: interrupted", file=sys.stderr)
         return 130

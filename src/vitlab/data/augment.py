@@ -23,12 +23,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from ..devices import to_device
 
 __all__ = [
     "AUTO_AUGMENT_OPS",
@@ -81,25 +84,32 @@ _RAND_TIMM = {"shear": 0.3, "translate": 0.45, "rotate": 30.0, "enhance": 0.9, "
 _GRAY_WEIGHTS = (0.299, 0.587, 0.114)
 
 
+def _opt(default: Any, help: str, accepted: str, **kw: Any) -> Any:
+    """A field with its help text and what it accepts (the training command line is made from these)."""
+    return field(default=default, metadata={"help": help, "accepted": accepted}, **kw)
+
+
 @dataclass
 class AugmentConfig:
     """Settings of the batched DeiT-style augmentation pipeline."""
 
-    crop: str = "pad"  # 'pad' (random crop after reflect/zero padding), 'rrc' (random resized crop), 'none'
-    padding: int = 4
-    rrc_scale: tuple[float, float] = (0.35, 1.0)
-    hflip: bool = True
-    auto_augment: str = "trivial"  # 'trivial' (TrivialAugment), 'rand' (RandAugment), 'none'
-    ra_num_ops: int = 2
-    ra_magnitude: int = 9  # timm scale: 0..10, 10 = full strength
-    random_erasing: float = 0.25  # probability per image
-    mixup_alpha: float = 0.8  # 0 disables
-    cutmix_alpha: float = 1.0  # 0 disables
-    mix_prob: float = 1.0  # probability of applying mixup/cutmix to a batch
-    switch_prob: float = 0.5  # probability of cutmix instead of mixup when both are on
-    label_smoothing: float = 0.1
-    repeated_aug: int = 1  # repeated augmentation count (DeiT uses 3); 1 = off. Used by the sampler.
-    pad_mode: str = "reflect"  # 'reflect' or 'zero' padding for crop='pad'
+    crop: str = _opt("pad", "pad (random crop after padding), rrc (random resized crop) or none", ", ".join(CROP_MODES))
+    padding: int = _opt(4, "padding of the random crop (crop=pad)", "an integer >= 0")
+    rrc_scale: tuple[float, float] = _opt((0.35, 1.0), "area range of the random resized crop",
+                                          "a pair lo, hi with 0 < lo <= hi <= 1")
+    hflip: bool = _opt(True, "random horizontal flips", "true or false")
+    auto_augment: str = _opt("trivial", "trivial (TrivialAugment), rand (RandAugment) or none",
+                             ", ".join(AUTO_AUGMENT_MODES))
+    ra_num_ops: int = _opt(2, "RandAugment ops per image", "an integer >= 1")
+    ra_magnitude: int = _opt(9, "RandAugment magnitude (timm scale, 10 = full strength)", "an integer in [0, 10]")
+    random_erasing: float = _opt(0.25, "random erasing probability per image", "a number in [0, 1]")
+    mixup: float = _opt(0.8, "mixup alpha (0 = off)", "a number >= 0")
+    cutmix: float = _opt(1.0, "cutmix alpha (0 = off)", "a number >= 0")
+    mix_prob: float = _opt(1.0, "probability of mixup/cutmix for a batch", "a number in [0, 1]")
+    switch_prob: float = _opt(0.5, "probability of cutmix instead of mixup when both are on", "a number in [0, 1]")
+    label_smoothing: float = _opt(0.1, "label smoothing", "a number in [0, 1)")
+    repeated_aug: int = _opt(1, "repeated augmentation count (DeiT: 3; 1 = off)", "an integer >= 1")
+    pad_mode: str = _opt("reflect", "padding of crop=pad: reflect or zero", ", ".join(PAD_MODES))
 
     def validate(self) -> None:
         """Raise ValueError naming the field, the bad value and what is accepted."""
@@ -124,8 +134,8 @@ class AugmentConfig:
             )
         for name in ("random_erasing", "mix_prob", "switch_prob"):
             _check_float(name, getattr(self, name), 0.0, 1.0)
-        _check_float("mixup_alpha", self.mixup_alpha, 0.0, None)
-        _check_float("cutmix_alpha", self.cutmix_alpha, 0.0, None)
+        _check_float("mixup", self.mixup, 0.0, None)
+        _check_float("cutmix", self.cutmix, 0.0, None)
         _check_float("label_smoothing", self.label_smoothing, 0.0, 1.0, hi_open=True)
 
 
@@ -243,9 +253,9 @@ def pad_crop_flip(
     b, c, hi, wi = images.shape
     h, w = size
     dev = images.device
-    rows = top.to(dev).view(b, 1) - padding + torch.arange(h, device=dev)  # (B, h) source rows
-    cols = left.to(dev).view(b, 1) - padding + torch.arange(w, device=dev)  # (B, w) source cols
-    cols = torch.where(flip.to(dev).view(b, 1), cols.flip(1), cols)  # mirroring the output = reversed columns
+    rows = to_device(top, dev).view(b, 1) - padding + torch.arange(h, device=dev)  # (B, h) source rows
+    cols = to_device(left, dev).view(b, 1) - padding + torch.arange(w, device=dev)  # (B, w) source cols
+    cols = torch.where(to_device(flip, dev).view(b, 1), cols.flip(1), cols)  # mirroring the output = reversed columns
     if pad_mode == "reflect":
         rows, cols, valid = _reflect(rows, hi), _reflect(cols, wi), None
     elif pad_mode == "zero":
@@ -274,7 +284,7 @@ def resized_crop_flip(images: Tensor, boxes: Tensor, flip: Tensor, size: tuple[i
     theta[:, 1, 1] = bh / hi
     theta[:, 1, 2] = (2 * top + bh) / hi - 1
     x = images.float()
-    grid = _affine_grid(theta.to(x.device), *size)
+    grid = _affine_grid(to_device(theta, x.device), *size)
     return F.grid_sample(x, grid, mode="bilinear", padding_mode="border", align_corners=False)
 
 
@@ -447,12 +457,12 @@ def apply_augment_ops(x: Tensor, op: Tensor, value: Tensor, fill: Tensor) -> Ten
         starts.append(starts[-1] + k)
     if counts[_OP["identity"]] == b:
         return x
-    xs = x.index_select(0, order.to(x.device))  # (B, C, H, W) grouped by op
-    value_dev = value.to(x.device).view(b, 1, 1, 1)
+    xs = x.index_select(0, to_device(order, x.device))  # (B, C, H, W) grouped by op
+    value_dev = to_device(value, x.device).view(b, 1, 1, 1)
 
     g0, g1 = starts[_GEOMETRIC[0]], starts[_GEOMETRIC[-1] + 1]
     if g1 > g0:  # all geometric ops in one warp; out-of-image pixels get `fill`
-        theta = _affine_theta(op[g0:g1].numpy(), value[g0:g1].double().numpy(), h, w).to(x.device)
+        theta = to_device(_affine_theta(op[g0:g1].numpy(), value[g0:g1].double().numpy(), h, w), x.device)
         grid = _affine_grid(theta, h, w)
         warped = F.grid_sample(xs[g0:g1] - fill, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
         xs[g0:g1] = warped.add_(fill)
@@ -470,7 +480,7 @@ def apply_augment_ops(x: Tensor, op: Tensor, value: Tensor, fill: Tensor) -> Ten
         i0, i1 = starts[_OP[name]], starts[_OP[name] + 1]
         if i1 > i0:
             xs[i0:i1] = fn(xs[i0:i1], value_dev[i0:i1])
-    return xs.index_select(0, torch.argsort(order).to(x.device))  # back to the input order
+    return xs.index_select(0, to_device(torch.argsort(order), x.device))  # back to the input order
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -491,13 +501,13 @@ def erase_boxes(x: Tensor, boxes: Tensor, apply: Tensor) -> Tensor:
     if idx.numel() == 0:
         return x
     n, (_, c, h, w) = idx.numel(), x.shape
-    top, left, bh, bw = boxes[idx].to(x.device).unbind(1)  # (n,) each
+    top, left, bh, bw = to_device(boxes[idx], x.device).unbind(1)  # (n,) each
     rows = torch.arange(h, device=x.device)
     cols = torch.arange(w, device=x.device)
     in_rows = (rows >= top.view(n, 1)) & (rows < (top + bh).view(n, 1))  # (n, H)
     in_cols = (cols >= left.view(n, 1)) & (cols < (left + bw).view(n, 1))  # (n, W)
     mask = (in_rows.view(n, 1, h, 1) & in_cols.view(n, 1, 1, w)).expand(n, c, h, w)
-    idx_dev = idx.to(x.device)
+    idx_dev = to_device(idx, x.device)
     sub = x.index_select(0, idx_dev)
     noise = torch.randn(sub.shape, dtype=sub.dtype, device=sub.device)
     return x.index_copy_(0, idx_dev, torch.where(mask, noise, sub))
@@ -624,7 +634,7 @@ class BatchAugment(torch.nn.Module):
             raise ValueError(f"crop='none' needs images of img_size {(h, w)}, got {(hi, wi)}")
         if not cfg.hflip:
             return images
-        return torch.where(flip.to(images.device).view(b, 1, 1, 1), images.flip(-1), images)
+        return torch.where(to_device(flip, images.device).view(b, 1, 1, 1), images.flip(-1), images)
 
     def auto_augment(self, x: Tensor) -> Tensor:
         """TrivialAugment (one op per image, uniform magnitude) or RandAugment (ra_num_ops ops per image at
@@ -633,7 +643,7 @@ class BatchAugment(torch.nn.Module):
         if cfg.auto_augment == "none":
             return x
         b = x.shape[0]
-        fill = self.fill.to(x.device)
+        fill = to_device(self.fill, x.device)
         layers = 1 if cfg.auto_augment == "trivial" else cfg.ra_num_ops
         for _ in range(layers):
             op = torch.randint(len(AUTO_AUGMENT_OPS), (b,))
@@ -656,14 +666,14 @@ class BatchAugment(torch.nn.Module):
     def mix(self, x: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
         """timm Mixup (batch mode): maybe mixup or cutmix the whole batch with one lam ~ Beta(alpha, alpha)."""
         cfg = self.cfg
-        use_mixup, use_cutmix = cfg.mixup_alpha > 0, cfg.cutmix_alpha > 0
+        use_mixup, use_cutmix = cfg.mixup > 0, cfg.cutmix > 0
         if not (use_mixup or use_cutmix) or cfg.mix_prob <= 0 or torch.rand(()).item() >= cfg.mix_prob:
             return x, targets
         if use_mixup and use_cutmix:
             mode = "cutmix" if torch.rand(()).item() < cfg.switch_prob else "mixup"
         else:
             mode = "cutmix" if use_cutmix else "mixup"
-        alpha = torch.tensor(cfg.cutmix_alpha if mode == "cutmix" else cfg.mixup_alpha)
+        alpha = torch.tensor(cfg.cutmix if mode == "cutmix" else cfg.mixup)
         lam = float(torch.distributions.Beta(alpha, alpha).sample())
         if lam >= 1.0:
             return x, targets
@@ -681,7 +691,7 @@ class BatchAugment(torch.nn.Module):
         dev = images.device
         x = self.crop_flip(images)  # (B, C, h, w) uint8 (float 0..255 after 'rrc')
         x = self.auto_augment(x.float())  # float 0..255, a tensor of our own (never `images`), so in-place ops are safe
-        x = _normalize_0_255_(x, self.norm_scale.to(dev), self.norm_shift.to(dev))
+        x = _normalize_0_255_(x, to_device(self.norm_scale, dev), to_device(self.norm_shift, dev))
         x = self.erase(x)
-        targets = smooth_one_hot(labels.to(dev), self.num_classes, self.cfg.label_smoothing)
+        targets = smooth_one_hot(to_device(labels, dev), self.num_classes, self.cfg.label_smoothing)
         return self.mix(x, targets)

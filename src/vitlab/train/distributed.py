@@ -1,12 +1,15 @@
 """torchrun support: one process per rank, each on its shard (gloo on CPU, NCCL on GPU)."""
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+from ..devices import resolve_device
 
 
 @dataclass
@@ -15,6 +18,7 @@ class Dist:
     world: int = 1
     local_rank: int = 0
     device: torch.device = torch.device("cpu")
+    control: object = None  # a gloo group for small decisions, so that they never wait on a GPU stream
 
     @property
     def is_main(self) -> bool:
@@ -22,7 +26,8 @@ class Dist:
 
     @property
     def enabled(self) -> bool:
-        return self.world > 1
+        """Under torchrun (even with one process: the collectives and DDP then run as with many)."""
+        return self.control is not None
 
 
 def init_distributed(device: str = "auto") -> Dist:
@@ -30,15 +35,15 @@ def init_distributed(device: str = "auto") -> Dist:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    use_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device=cuda was asked for, but PyTorch sees no CUDA device; use --device cpu or auto")
-    dev = torch.device(f"cuda:{local_rank}" if use_cuda else "cpu")
-    if use_cuda:
+    dev = resolve_device(device, local_rank)
+    if dev.type == "cuda":
         torch.cuda.set_device(dev)
-    if world > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if use_cuda else "gloo")
-    return Dist(rank, world, local_rank, dev)
+    control = None
+    if "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ:  # started by torchrun
+        if not dist.is_initialized():
+            dist.init_process_group("nccl" if dev.type == "cuda" else "gloo")
+        control = dist.new_group(backend="gloo") if dev.type == "cuda" else dist.group.WORLD
+    return Dist(rank, world, local_rank, dev, control)
 
 
 def all_reduce_sum(t: torch.Tensor, d: Dist) -> torch.Tensor:
@@ -49,11 +54,39 @@ def all_reduce_sum(t: torch.Tensor, d: Dist) -> torch.Tensor:
 
 def broadcast_flag(flag: bool, d: Dist) -> bool:
     """Rank 0's decision, on every rank."""
+    return bool(broadcast_value(float(flag), d))
+
+
+def broadcast_value(value: float, d: Dist) -> float:
+    """Rank 0's number, on every rank (through the CPU control group: no GPU synchronisation)."""
     if not d.enabled:
-        return flag
-    t = torch.tensor([1 if flag else 0], device=d.device if d.device.type == "cuda" else "cpu")
-    dist.broadcast(t, src=0)
-    return bool(t.item())
+        return value
+    t = torch.tensor([value], dtype=torch.float64)
+    dist.broadcast(t, src=0, group=d.control)
+    return float(t[0])
+
+
+def all_reduce_value(value: float, d: Dist) -> float:
+    """The sum of a number over every rank (through the CPU control group)."""
+    if not d.enabled:
+        return value
+    t = torch.tensor([value], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM, group=d.control)
+    return float(t[0])
+
+
+def replicas_agree(model: torch.nn.Module, d: Dist) -> bool:
+    """True when every rank holds bit-identical parameters and buffers (a digest of their bytes, compared)."""
+    if not d.enabled:
+        return True
+    h = hashlib.sha256()
+    for t in model.state_dict().values():
+        h.update(t.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    digest = torch.frombuffer(bytearray(h.digest()), dtype=torch.uint8).to(torch.int64)
+    low, high = digest.clone(), digest.clone()
+    dist.all_reduce(low, op=dist.ReduceOp.MIN, group=d.control)
+    dist.all_reduce(high, op=dist.ReduceOp.MAX, group=d.control)
+    return bool(torch.equal(low, high))
 
 
 def barrier(d: Dist) -> None:

@@ -1,7 +1,6 @@
 """Evaluation: logits of every head over an in-memory split, and the metrics of a confusion matrix."""
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Sequence
 
 import torch
@@ -9,11 +8,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..data.augment import normalize
-
-
-def autocast(device: torch.device, bf16: bool):
-    """bf16 autocast on the device, or nothing."""
-    return torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+from ..devices import to_device
+from .step import autocast
 
 
 def head_logits(model: nn.Module, x: torch.Tensor, tta: bool = False) -> dict[str, torch.Tensor]:
@@ -24,7 +20,7 @@ def head_logits(model: nn.Module, x: torch.Tensor, tta: bool = False) -> dict[st
     """
     if tta:
         both = head_logits(model, torch.cat([x, x.flip(-1)]))
-        return {name: (v[:len(x)] + v[len(x):]) / 2 for name, v in both.items()}
+        return {name: sum(v.chunk(2)) / 2 for name, v in both.items()}
     if getattr(model, "dist_token", None) is None:
         return {"logits": model(x)}
     feats = model.forward_features(x)
@@ -34,37 +30,45 @@ def head_logits(model: nn.Module, x: torch.Tensor, tta: bool = False) -> dict[st
 
 @torch.no_grad()
 def confusion_counts(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, mean: Sequence[float],
-                     std: Sequence[float], num_classes: int, batch_size: int = 256, bf16: bool = False,
+                     std: Sequence[float], num_classes: int, batch_size: int = 256, precision: str = "fp32",
                      progress=None, tta: bool = False) -> dict[str, dict[str, torch.Tensor]]:
-    """Per head: confusion matrix (true, predicted), top-5 hits and summed loss over uint8 images."""
+    """Per head: confusion matrix (true, predicted), top-5 hits and summed loss over uint8 images.
+
+    The images may live anywhere (host memory, a memory-mapped store, the device); the model runs on
+    its own device, and the counts stay there (nothing is read back per batch).
+    """
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
     out: dict[str, dict[str, torch.Tensor]] = {}
     k = min(5, num_classes)
     for i in range(0, len(images), batch_size):
-        x = normalize(images[i:i + batch_size].to(device, non_blocking=True), mean, std)
-        y = labels[i:i + batch_size].to(device)
-        with autocast(device, bf16):
+        n = min(batch_size, len(images) - i)
+        x = normalize(to_device(images.narrow(0, i, n), device), mean, std)
+        y = to_device(labels.narrow(0, i, n), device)
+        with autocast(device, precision):
             heads = head_logits(model, x, tta)
         for name, logits in heads.items():
             logits = logits.float()
-            acc = out.setdefault(name, {"confusion": torch.zeros(num_classes, num_classes, dtype=torch.long),
-                                        "top5": torch.zeros((), dtype=torch.long),
-                                        "loss": torch.zeros((), dtype=torch.float64)})
-            pred = logits.argmax(1)
-            acc["confusion"] += torch.bincount((y * num_classes + pred).cpu(),
-                                               minlength=num_classes ** 2).view(num_classes, num_classes)
-            acc["top5"] += (logits.topk(k, dim=1).indices == y[:, None]).any(1).sum().cpu()
-            acc["loss"] += F.cross_entropy(logits, y, reduction="sum").double().cpu()
+            acc = out.setdefault(name, {
+                "confusion": torch.zeros(num_classes * num_classes, dtype=torch.long, device=device),
+                "top5": torch.zeros((), dtype=torch.long, device=device),
+                "loss": torch.zeros((), dtype=torch.float64, device=device)})
+            cells = y * num_classes + logits.argmax(1)
+            acc["confusion"].index_add_(0, cells, torch.ones_like(cells))
+            acc["top5"] += (logits.topk(k, dim=1).indices == y.unsqueeze(1)).any(1).sum()
+            acc["loss"] += F.cross_entropy(logits, y, reduction="sum").double()
         if progress is not None:
             progress.update(len(x))
     model.train(was_training)
+    for acc in out.values():
+        acc["confusion"] = acc["confusion"].view(num_classes, num_classes)
     return out
 
 
 def metrics_from_counts(counts: dict[str, torch.Tensor], classes: Sequence[str]) -> dict:
     """top1, top5, loss, per-class accuracy and the row-normalised confusion matrix."""
+    counts = {name: t.cpu() for name, t in counts.items()}
     conf = counts["confusion"].double()
     n = conf.sum().clamp(min=1)
     per_class = (conf.diag() / conf.sum(1).clamp(min=1)).tolist()
@@ -79,8 +83,8 @@ def metrics_from_counts(counts: dict[str, torch.Tensor], classes: Sequence[str])
 
 
 def evaluate_model(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, classes: Sequence[str],
-                   mean: Sequence[float], std: Sequence[float], batch_size: int = 256, bf16: bool = False,
+                   mean: Sequence[float], std: Sequence[float], batch_size: int = 256, precision: str = "fp32",
                    progress=None, tta: bool = False) -> dict[str, dict]:
     """Metrics per head ('logits', and 'cls'/'dist' for distilled models) on one process."""
-    counts = confusion_counts(model, images, labels, mean, std, len(classes), batch_size, bf16, progress, tta)
+    counts = confusion_counts(model, images, labels, mean, std, len(classes), batch_size, precision, progress, tta)
     return {name: metrics_from_counts(c, classes) for name, c in counts.items()}

@@ -1,143 +1,185 @@
-"""One typed training recipe: defaults, then a YAML file, then command-line options."""
+"""One typed training recipe: defaults, then a YAML file, then command-line options.
+
+Every option is declared once, here (the augmentation options once, in ``AugmentConfig``); the
+``vitlab train`` command line is generated from these declarations. Values are coerced to the
+declared types (YAML reads ``1e-3`` as text; it becomes the float 0.001) and every value is checked
+before any data is read, so a bad value is one line naming the option and what it accepts.
+"""
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field, fields
+import types
+import typing
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+import annotated_types as at
 import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-PRECISIONS = ("auto", "bf16", "fp32")
+from ..data.augment import AugmentConfig
+
+PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 DISTILL_TYPES = ("none", "hard", "soft")
 DEVICES = ("auto", "cpu", "cuda")
+LOGS = ("none", "tensorboard")
+AUGMENT_FIELDS = {f.name: f for f in dataclasses.fields(AugmentConfig)}
 
 
-@dataclass
-class Recipe:
+class Recipe(BaseModel):
+    """Everything that decides a training run."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=())
+
     # what to train
-    model: str | None = None              # registered name; default per data set (trainer.default_model)
-    init: str | None = None               # start from anything vitlab.load reads (fine-tuning)
-    freeze_backbone: bool = False         # train only the head(s): a linear probe
-    model_args: dict[str, Any] = field(default_factory=dict)  # overrides, e.g. {depth: 6}
-    img_size: int | None = None           # input size (model and data); default: the model's
-    drop_path: float = 0.1                # stochastic depth rate of the last block
+    model: str | None = Field(None, description="registered model name (see `vitlab models`); default per data set")
+    init: str | None = Field(None, description="fine-tune from anything vitlab.load reads (run, timm or HF folder)")
+    freeze_backbone: bool = Field(False, description="train only the head(s): a linear probe")
+    model_args: dict[str, Any] = Field(default_factory=dict, description="model argument overrides, e.g. {depth: 6}")
+    img_size: int | None = Field(None, ge=1, description="input size (model and data); default: the model's")
+    drop_path: float = Field(0.1, ge=0, lt=1, description="stochastic depth rate of the last block")
     # data
-    data: str = "digits"
-    download: bool = False
-    val_fraction: float = 0.2             # held-out share when the data has no test split
-    cache_dir: str | None = None
+    data: str = Field("digits", description="digits (embedded), cifar10, cifar100, an image folder or a .tar.gz")
+    download: bool = Field(False, description="download CIFAR if missing (checksums verified)")
+    val_fraction: float = Field(0.2, gt=0, lt=1, description="held-out share when the data has no test split")
+    cache_dir: str | None = Field(None, description="where decoded data sets are cached")
     # schedule
-    epochs: int = 30
-    time_budget: float | None = None      # minutes; lays the schedule out over wall-clock time
-    batch_size: int = 128                 # global batch (split across torchrun processes)
-    lr: float = 1e-3
-    min_lr: float = 1e-5
-    warmup: float = 0.05                  # share of the schedule spent warming up
-    weight_decay: float = 0.05
-    clip_grad: float | None = 1.0
-    ema_decay: float = 0.0                # 0 = no EMA of the weights
-    early_stop: int = 0                   # stop after this many evaluations without improvement (0 = off)
-    plateau_patience: int = 0             # reduce the lr after this many evaluations without improvement (0 = off)
-    plateau_factor: float = 0.5
-    eval_every: int = 1                   # epochs between evaluations
-    progressive_scale: float = 1.0        # progressive resizing: start at this share of the input size (1 = off)
-    progressive_until: float = 0.5        # ... and grow to the full size by this share of the schedule
-    tta: bool = False                     # evaluate on each test image and its mirror image (mean logits)
-    # augmentation (see vitlab.data.augment.AugmentConfig)
-    crop: str = "pad"
-    padding: int = 4
-    hflip: bool = True
-    auto_augment: str = "trivial"
-    ra_num_ops: int = 2
-    ra_magnitude: int = 9
-    random_erasing: float = 0.25
-    mixup: float = 0.8
-    cutmix: float = 1.0
-    mix_prob: float = 1.0
-    label_smoothing: float = 0.1
-    repeated_aug: int = 1
+    epochs: int = Field(30, ge=1, description="epochs to train")
+    time_budget: float | None = Field(None, gt=0, description="minutes of training: lay the schedule over them")
+    batch_size: int = Field(128, ge=1, description="global batch (split over processes and micro-batches)")
+    accum_steps: int = Field(1, ge=1, description="gradient accumulation: micro-batches per optimiser step")
+    lr: float = Field(1e-3, gt=0, description="peak learning rate")
+    min_lr: float = Field(1e-5, ge=0, description="final learning rate of the cosine")
+    warmup: float = Field(0.05, ge=0, lt=1, description="share of the schedule spent in linear warmup")
+    weight_decay: float = Field(0.05, ge=0, description="AdamW decay (none on norms, biases, embeddings, tokens)")
+    clip_grad: float | None = Field(1.0, ge=0, description="gradient norm clipping (0 or null = off)")
+    ema_decay: float = Field(0.0, ge=0, lt=1, description="EMA of the weights (0 = off, e.g. 0.999)")
+    early_stop: int = Field(0, ge=0, description="stop after N evaluations without improvement (0 = off)")
+    plateau_patience: int = Field(0, ge=0, description="scale the lr after N evaluations without improvement (0 = off)")
+    plateau_factor: float = Field(0.5, gt=0, lt=1, description="lr factor on a plateau")
+    eval_every: int = Field(1, ge=1, description="epochs between evaluations")
+    progressive_scale: float = Field(1.0, gt=0, le=1, description="progressive resizing: start at this share of "
+                                     "the input size (1 = off)")
+    progressive_until: float = Field(0.5, gt=0, le=1, description="share of the schedule by which the input "
+                                     "reaches full size")
+    tta: bool = Field(False, description="evaluate on each test image and its mirror image (mean logits)")
+    augment: AugmentConfig = Field(default_factory=AugmentConfig, description="batched augmentation")
     # distillation
-    teacher: str | None = None
-    distill: str = "none"                 # none | hard | soft
-    tau: float = 1.0
-    alpha: float = 0.5
+    teacher: str | None = Field(None, description="teacher model folder for distillation")
+    distill: Literal["none", "hard", "soft"] = Field("none", description="distillation type (with --teacher)")
+    tau: float = Field(1.0, gt=0, description="soft distillation temperature")
+    alpha: float = Field(0.5, ge=0, le=1, description="distillation loss weight")
     # execution
-    precision: str = "auto"
-    compile: bool = False
-    device: str = "auto"
-    threads: int | None = None
-    seed: int = 0
-    out: str | None = None
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto picks CUDA when PyTorch sees a GPU")
+    precision: Literal["auto", "bf16", "fp16", "fp32"] = Field(
+        "auto", description="auto: bf16 on GPUs that support it, on a CPU whichever of bf16/fp32 is faster")
+    compile: bool = Field(False, description="torch.compile the model")
+    channels_last: bool | None = Field(None, description="channels-last memory format (default: on CUDA for "
+                                       "convolutional stems)")
+    data_on_device: bool | None = Field(None, description="keep the training set on the GPU (default: when it fits)")
+    max_nonfinite: int = Field(20, ge=1, description="fp16: stop after this many steps with a non-finite loss")
+    log: Literal["none", "tensorboard"] = Field("none", description="extra logger besides metrics.jsonl")
+    threads: int | None = Field(None, ge=1, description="CPU threads")
+    seed: int = Field(0, ge=0, description="random seed")
+    out: str | None = Field(None, description="run folder to write")
 
-    def validate(self) -> None:
-        """Raise ValueError naming the first bad value and what is accepted."""
-        def bad(name, accepted):
-            raise ValueError(f"{name}={getattr(self, name)!r} is not valid; accepted: {accepted}")
-        if self.precision not in PRECISIONS:
-            bad("precision", ", ".join(PRECISIONS))
-        if self.distill not in DISTILL_TYPES:
-            bad("distill", ", ".join(DISTILL_TYPES))
-        if self.device not in DEVICES:
-            bad("device", ", ".join(DEVICES))
-        if self.epochs < 1:
-            bad("epochs", "an integer >= 1")
-        if self.time_budget is not None and self.time_budget <= 0:
-            bad("time_budget", "minutes > 0")
-        if self.batch_size < 1:
-            bad("batch_size", "an integer >= 1")
-        if not self.lr > 0:
-            bad("lr", "a number > 0")
-        if self.min_lr < 0 or self.min_lr > self.lr:
-            bad("min_lr", f"a number in [0, lr={self.lr}]")
-        if not 0 <= self.warmup < 1:
-            bad("warmup", "a share of the schedule in [0, 1)")
-        if self.weight_decay < 0:
-            bad("weight_decay", "a number >= 0")
-        if not 0 <= self.drop_path < 1:
-            bad("drop_path", "a rate in [0, 1)")
-        if not 0 <= self.ema_decay < 1:
-            bad("ema_decay", "0 (off) or a decay in (0, 1), e.g. 0.999")
-        if not 0 < self.val_fraction < 1:
-            bad("val_fraction", "a share in (0, 1)")
-        if not 0 < self.plateau_factor < 1:
-            bad("plateau_factor", "a factor in (0, 1)")
-        if self.eval_every < 1:
-            bad("eval_every", "an integer >= 1")
-        if not 0 < self.progressive_scale <= 1:
-            bad("progressive_scale", "a share of the input size in (0, 1]; 1 = off")
-        if not 0 < self.progressive_until <= 1:
-            bad("progressive_until", "a share of the schedule in (0, 1]")
-        if self.tau <= 0:
-            bad("tau", "a temperature > 0")
-        if not 0 <= self.alpha <= 1:
-            bad("alpha", "a weight in [0, 1]")
+    @model_validator(mode="before")
+    @classmethod
+    def _nest_augment_options(cls, values: Any) -> Any:
+        """Augmentation options may be given at the top level (``hflip: no``) or under ``augment:``."""
+        return _nested(values) if isinstance(values, dict) else values
+
+    @field_validator("augment")
+    @classmethod
+    def _check_augment(cls, cfg: AugmentConfig) -> AugmentConfig:
+        try:
+            cfg.validate()
+        except ValueError as e:
+            raise ValueError(str(e).replace("AugmentConfig.", "")) from None
+        return cfg
+
+    @model_validator(mode="after")
+    def _check_together(self) -> Recipe:
+        if self.min_lr > self.lr:
+            raise ValueError(f"min_lr={self.min_lr!r} is not valid; accepted: a number in [0, lr={self.lr}]")
         if self.distill != "none" and not self.teacher:
             raise ValueError(f"distill={self.distill!r} needs a teacher: --teacher MODEL_FOLDER")
         if self.teacher and self.distill == "none":
-            self.distill = "hard"
-        if self.img_size is not None and self.img_size < 1:
-            bad("img_size", "a positive integer")
-        if not isinstance(self.model_args, dict):
-            bad("model_args", "a mapping of model argument names to values")
+            object.__setattr__(self, "distill", "hard")  # DeiT's default; no re-validation loop
+        if self.batch_size % self.accum_steps:
+            raise ValueError(f"batch_size={self.batch_size} is not valid with accum_steps={self.accum_steps}; "
+                             "accepted: a multiple of accum_steps")
+        return self
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Plain values, as written to the run folder's config.yaml."""
+        d = self.model_dump()
+        d["augment"] = dataclasses.asdict(self.augment)
+        d["augment"]["rrc_scale"] = list(d["augment"]["rrc_scale"])
+        return d
 
 
-FIELDS = {f.name: f for f in fields(Recipe)}
+FIELDS = dict(Recipe.model_fields)
 
 # Defaults that suit a data set better than the general ones; options given explicitly win.
 # Digits are small, centred and not mirror-symmetric: no flips, light cropping, no mixing.
 DATA_DEFAULTS: dict[str, dict[str, Any]] = {
     "digits": {"epochs": 150, "batch_size": 32, "lr": 5e-3, "warmup": 0.05, "weight_decay": 0.05,
-               "drop_path": 0.0, "crop": "pad", "padding": 1, "hflip": False, "auto_augment": "none",
-               "random_erasing": 0.0, "mixup": 0.0, "cutmix": 0.0, "label_smoothing": 0.1},
+               "drop_path": 0.0, "augment": {"crop": "pad", "padding": 1, "hflip": False, "auto_augment": "none",
+                                             "random_erasing": 0.0, "mixup": 0.0, "cutmix": 0.0,
+                                             "label_smoothing": 0.1}},
 }
 
 
+def accepted(name: str) -> str:
+    """What option ``name`` (a recipe or augmentation field) accepts, in words."""
+    if name in AUGMENT_FIELDS:
+        return AUGMENT_FIELDS[name].metadata.get("accepted", "see `vitlab train --help`")
+    info = FIELDS[name]
+    return _describe(info.annotation, info.metadata)
+
+
+def _describe(annotation: Any, metadata: list) -> str:
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) is Literal:
+        return ", ".join(map(str, args))
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        inner = [a for a in args if a is not type(None)]
+        return _describe(inner[0], metadata) + " (or null)" if len(inner) == 1 else str(annotation)
+    base = {int: "an integer", float: "a number", bool: "true or false", str: "text",
+            dict: "a mapping"}.get(typing.get_origin(annotation) or annotation, str(annotation))
+    bounds = []
+    for m in metadata:
+        for cls, attr, sym in ((at.Gt, "gt", ">"), (at.Ge, "ge", ">="), (at.Lt, "lt", "<"), (at.Le, "le", "<=")):
+            if isinstance(m, cls):
+                bounds.append(f"{sym} {getattr(m, attr)}")
+    return base + (" " + " and ".join(bounds) if bounds else "")
+
+
+def _one_line(e: ValidationError) -> str:
+    """The first problem of a validation error as one line: option, value, what it accepts."""
+    err = e.errors(include_url=False)[0]
+    loc = [str(p) for p in err["loc"] if not str(p).startswith("function-")]
+    more = f" (and {len(e.errors()) - 1} more)" if len(e.errors()) > 1 else ""
+    if not loc or err["type"] == "value_error":  # a check of our own (across options, or the augmentation's)
+        return str(err["msg"]).removeprefix("Value error, ") + more
+    name = loc[-1]
+    value = err.get("input")
+    if name in FIELDS or name in AUGMENT_FIELDS:
+        return f"{name}={value!r} is not valid; accepted: {accepted(name)} ({err['msg'].lower()}){more}"
+    return f"{'.'.join(loc)}: {err['msg']}{more}"
+
+
+def make_recipe(values: dict[str, Any]) -> Recipe:
+    """A checked Recipe from plain values; ValueError (one line) on the first bad one."""
+    try:
+        return Recipe(**values)
+    except ValidationError as e:
+        raise ValueError(_one_line(e)) from None
+
+
 def load_recipe(path: str | Path | None = None, **overrides: Any) -> Recipe:
-    """A Recipe from a YAML file (optional) updated by overrides; unknown keys are an error."""
+    """A Recipe from a YAML file (optional) updated by overrides (None = not given); unknown keys are an error."""
     values: dict[str, Any] = {}
     if path is not None:
         p = Path(path)
@@ -149,14 +191,29 @@ def load_recipe(path: str | Path | None = None, **overrides: Any) -> Recipe:
             raise ValueError(f"recipe {p} is not valid YAML: {e}") from None
         if not isinstance(loaded, dict):
             raise ValueError(f"recipe {p} must be a mapping of option: value")
-        values.update(loaded)
-    values.update({k: v for k, v in overrides.items() if v is not None})
+        values = _nested(loaded)
+    given = _nested({k: v for k, v in overrides.items() if v is not None})
+    values = {**values, **given, "augment": {**values.get("augment", {}), **given.get("augment", {})}}
     unknown = sorted(set(values) - set(FIELDS))
     if unknown:
-        raise ValueError(f"unknown recipe option(s) {', '.join(unknown)}; accepted: {', '.join(FIELDS)}")
+        raise ValueError(f"unknown recipe option(s) {', '.join(unknown)}; accepted: "
+                         f"{', '.join([*FIELDS, *AUGMENT_FIELDS])}")
     if not values.get("init"):
-        for key, value in DATA_DEFAULTS.get(str(values.get("data", Recipe.data)), {}).items():
-            values.setdefault(key, value)
-    recipe = Recipe(**values)
-    recipe.validate()
-    return recipe
+        for key, value in DATA_DEFAULTS.get(str(values.get("data", "digits")), {}).items():
+            if key == "augment":
+                values["augment"] = {**value, **values["augment"]}
+            else:
+                values.setdefault(key, value)
+    return make_recipe(values)
+
+
+def _nested(values: dict[str, Any]) -> dict[str, Any]:
+    """Move top-level augmentation options under ``augment``."""
+    nested = values.get("augment") or {}
+    if isinstance(nested, AugmentConfig):
+        nested = dataclasses.asdict(nested)
+    if not isinstance(nested, dict):
+        raise ValueError(f"augment={nested!r} is not valid; accepted: a mapping of augmentation options")
+    flat = {k: v for k, v in values.items() if k in AUGMENT_FIELDS}
+    rest = {k: v for k, v in values.items() if k not in AUGMENT_FIELDS and k != "augment"}
+    return {**rest, "augment": {**flat, **nested}}

@@ -1,0 +1,41 @@
+"""Where a run stands: a share of its steps, or of its time budget measured by rank 0 alone."""
+from __future__ import annotations
+
+import time
+
+from .distributed import Dist, broadcast_value
+
+
+class RunClock:
+    """Progress through the schedule, in [0, 1] and beyond when the run is over.
+
+    With a time budget the clock counts training time from the first step (not data decoding or
+    set-up, so a cold and a warm data cache follow the same schedule), plus ``seconds`` from earlier
+    sessions of a resumed run. Only rank 0 reads its clock; the other ranks take its value, so every
+    replica uses the same learning rate and input size and stops after the same step.
+    """
+
+    def __init__(self, d: Dist, total_steps: int, budget_seconds: float | None = None, seconds: float = 0.0,
+                 reserve: float = 0.0):
+        self.d, self.total_steps, self.budget = d, total_steps, budget_seconds
+        self.before, self.reserve = seconds, reserve
+        self.t0: float | None = None
+
+    def start(self) -> None:
+        """Start counting (call right before the first step of this session)."""
+        if self.t0 is None:
+            self.t0 = time.perf_counter()
+
+    def seconds(self) -> float:
+        """Training seconds so far (this rank's clock; rank 0's is the one that counts)."""
+        return self.before + (time.perf_counter() - self.t0 if self.t0 is not None else 0.0)
+
+    def progress(self, step: int) -> float:
+        """The share of the schedule done after ``step`` steps; the same value on every rank."""
+        if self.budget is None:
+            return step / self.total_steps
+        return broadcast_value(self.seconds() / max(self.budget - self.reserve, 1e-9), self.d)
+
+    def keep_back(self, seconds: float) -> None:
+        """Reserve at least ``seconds`` of the budget for the end of the run (final evaluation, saving)."""
+        self.reserve = max(self.reserve, seconds)

@@ -1,0 +1,166 @@
+"""What a run is built from: the model and data sized for each other, the optimiser, the precision."""
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable
+
+import torch
+import torch.nn as nn
+
+from .. import io as vio
+from ..data.augment import BatchAugment
+from ..data.sources import DataBundle, load_data
+from ..models.registry import accepted_args, create_model, get_spec
+from .distributed import Dist, barrier, broadcast_flag
+from .recipe import Recipe
+from .step import autocast
+
+HEAD_NAMES = ("head", "head_dist", "fc")
+
+
+def default_model(data: str) -> str:
+    return "vit_micro_patch2_8" if data == "digits" else "vit_tiny_patch4_32"
+
+
+def build_model_and_data(r: Recipe, d: Dist, log: Callable[[str], None]) -> tuple[nn.Module, DataBundle, tuple, tuple]:
+    """The model and the data, sized for each other; returns (model, data, mean, std)."""
+    def get_data(img_size, in_chans):
+        if d.is_main:
+            data = load_data(r.data, img_size=img_size, in_chans=in_chans, cache_dir=r.cache_dir,
+                             download=r.download, val_fraction=r.val_fraction, seed=r.seed, log=log)
+        barrier(d)  # rank 0 decodes and fills the cache; the others then read it
+        if not d.is_main:
+            data = load_data(r.data, img_size=img_size, in_chans=in_chans, cache_dir=r.cache_dir,
+                             download=False, val_fraction=r.val_fraction, seed=r.seed, log=lambda s: None)
+        return data
+
+    if r.init:
+        base = vio.load(r.init)
+        in_chans = base.pretrained_cfg["input_size"][0]
+        data = get_data(r.img_size, in_chans)
+        size = tuple(data.train.images.shape[-2:])
+        overrides = dict(r.model_args)
+        if "drop_path_rate" in accepted_args(type(base)):
+            overrides.setdefault("drop_path_rate", r.drop_path)
+        if getattr(base, "patch_embed", None) is not None and tuple(base.patch_embed.img_size) != size:
+            overrides["img_size"] = size
+            log(f"resampling the position embedding from {tuple(base.patch_embed.img_size)} to {size}")
+        model = vio.load(r.init, **overrides)
+        if model.pretrained_cfg.get("label_names") != list(data.classes) or model.num_classes != len(data.classes):
+            model.reset_classifier(len(data.classes))
+            log(f"new head(s) for {len(data.classes)} classes")
+        mean, std = tuple(model.pretrained_cfg["mean"]), tuple(model.pretrained_cfg["std"])
+        return model, data, mean, std
+    name = r.model or default_model(r.data)
+    spec = get_spec(name)
+    args = {**spec.args, **r.model_args}
+    in_chans = args.get("in_chans", 3)
+    img_size = r.img_size or args.get("img_size", 224)
+    data = get_data(img_size, in_chans)
+    overrides = dict(r.model_args, num_classes=len(data.classes))
+    if "img_size" in accepted_args(spec.cls):
+        overrides["img_size"] = tuple(data.train.images.shape[-2:])
+    if "drop_path_rate" in accepted_args(spec.cls):
+        overrides.setdefault("drop_path_rate", r.drop_path)
+    model = create_model(name, **overrides)
+    return model, data, tuple(data.mean), tuple(data.std)
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """AdamW groups: no decay on norms, biases, LayerScale, position embeddings and tokens."""
+    skip = set(model.no_weight_decay()) if hasattr(model, "no_weight_decay") else set()
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        (no_decay if p.ndim <= 1 or name in skip or name.split(".")[-1] in skip else decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def make_optimizer(model: nn.Module, lr: float, weight_decay: float, device: torch.device) -> torch.optim.AdamW:
+    """AdamW over ``param_groups``; the fused kernel on a GPU (one launch for every tensor)."""
+    return torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=(0.9, 0.999),
+                             fused=True if device.type == "cuda" else None)
+
+
+def freeze_backbone(model: nn.Module) -> None:
+    """Train only the classifier head(s): a linear probe."""
+    for name, p in model.named_parameters():
+        p.requires_grad = name.split(".")[0] in HEAD_NAMES
+
+
+def any_size(model: nn.Module) -> dict[nn.Module, bool]:
+    """Let a model take inputs of other sizes (dynamic_img_size on every module that has it).
+
+    Returns the previous flags; ``restore_size_flags`` puts them back.
+    """
+    flags = {m: m.dynamic_img_size for m in model.modules() if isinstance(getattr(m, "dynamic_img_size", None), bool)}
+    for m in flags:
+        m.dynamic_img_size = True
+    return flags
+
+
+def restore_size_flags(flags: dict[nn.Module, bool]) -> None:
+    for m, v in flags.items():
+        m.dynamic_img_size = v
+
+
+def size_step(model: nn.Module) -> int:
+    """The granularity of input sizes a model takes: its patch size (a CNN's: 8)."""
+    pe = getattr(model, "patch_embed", None)
+    return int(max(pe.patch_size)) if pe is not None else 8
+
+
+def epoch_seed(seed: int, epoch: int, rank: int) -> int:
+    return (seed * 1_000_003 + epoch * 7919 + rank * 104_729) % (2 ** 31)
+
+
+def set_fast_math(device: torch.device) -> None:
+    """TF32 matmuls and convolutions on GPUs that have them (float32 runs; autocast regions use bf16/fp16)."""
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+        torch.backends.cudnn.benchmark = True
+
+
+def choose_precision(r: Recipe, model: nn.Module, augment: BatchAugment, images: torch.Tensor,
+                     labels: torch.Tensor, d: Dist, log: Callable[[str], None]) -> str:
+    """'fp32', 'bf16' or 'fp16'. 'auto' is bf16 on a GPU that supports it (else fp32); on a CPU it times a
+    few training steps of each on a copy of the model and keeps the faster."""
+    if r.precision != "auto":
+        if r.precision == "bf16" and d.device.type == "cuda" and not torch.cuda.is_bf16_supported():
+            raise ValueError(f"precision='bf16' is not supported by {torch.cuda.get_device_name(d.device)}; "
+                             "accepted here: fp16, fp32, auto")
+        if r.precision == "fp16" and d.device.type != "cuda":
+            raise ValueError("precision='fp16' needs a GPU (a gradient scaler on the CPU is of no use); "
+                             "accepted on the CPU: auto, bf16, fp32")
+        return r.precision
+    if d.device.type == "cuda":
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
+    probe = copy.deepcopy(model).train()
+    opt = torch.optim.AdamW([p for p in probe.parameters() if p.requires_grad], lr=1e-6)
+    n = min(len(images), max(r.batch_size // d.world, 2))
+    x, y = augment(images[:n], labels[:n])
+    rng = torch.get_rng_state()
+    times = {}
+    for precision in ("fp32", "bf16"):
+        def step(precision=precision):
+            with autocast(d.device, precision):
+                out = probe(x)
+                loss = sum(o.float().logsumexp(1).mean() for o in (out if isinstance(out, tuple) else (out,)))
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        step()
+        samples = []
+        for _ in range(3):
+            t = time.perf_counter()
+            step()
+            samples.append(time.perf_counter() - t)
+        times[precision] = sorted(samples)[1]
+    torch.set_rng_state(rng)
+    bf16 = broadcast_flag(times["bf16"] < times["fp32"], d)
+    log(f"precision auto: float32 {n / times['fp32']:.0f} img/s, bf16 {n / times['bf16']:.0f} img/s "
+        f"-> {'bf16' if bf16 else 'float32'}")
+    return "bf16" if bf16 else "fp32"

@@ -1,0 +1,119 @@
+"""One optimisation step, and the running totals of an epoch, on whatever device the model lives on."""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..data.augment import BatchAugment
+from .distill import TrainLoss
+from .distributed import Dist, all_reduce_sum
+
+AMP_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def autocast(device: torch.device, precision: str):
+    """Autocast to the precision's dtype on the device ('bf16', 'fp16'), or nothing ('fp32')."""
+    dtype = AMP_DTYPES[precision]
+    return torch.autocast(device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
+
+
+def unwrap(net: nn.Module) -> nn.Module:
+    """The model inside DistributedDataParallel and torch.compile wrappers."""
+    while True:
+        inner = getattr(net, "module", None) or getattr(net, "_orig_mod", None)
+        if inner is None:
+            return net
+        net = inner
+
+
+@torch.no_grad()
+def ema_update(ema: nn.Module, model: nn.Module, decay: float) -> None:
+    """ema = decay * ema + (1 - decay) * model, for every floating-point tensor (others are copied)."""
+    e_float = [e for e in ema.state_dict().values() if e.dtype.is_floating_point]
+    m_float = [m for m in model.state_dict().values() if m.dtype.is_floating_point]
+    torch._foreach_lerp_(e_float, m_float, 1.0 - decay)
+    for e, m in zip(ema.state_dict().values(), model.state_dict().values()):
+        if not e.dtype.is_floating_point:
+            e.copy_(m)
+
+
+def train_step(net: nn.Module, augment: BatchAugment, loss_fn: TrainLoss, optimizer: torch.optim.Optimizer,
+               images: torch.Tensor, labels: torch.Tensor, precision: str = "fp32", clip_grad: float | None = None,
+               ema: nn.Module | None = None, ema_decay: float = 0.0, size: tuple[int, int] | None = None,
+               accum_steps: int = 1, scaler: torch.amp.GradScaler | None = None,
+               channels_last: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """One optimisation step from a uint8 batch: augment, forward, loss, backward, clip, AdamW, EMA.
+
+    The batch is split into ``accum_steps`` micro-batches whose gradients add up before the step
+    (under DistributedDataParallel only the last one synchronises). ``size`` resizes the augmented
+    batch (progressive resizing). With a ``scaler`` (fp16) the loss is scaled and a step whose
+    gradients are not finite is skipped. Returns the batch's summed loss and its count of correct
+    predictions (against the mixed targets' argmax), as tensors on the device: reading them is left to
+    the caller, so a GPU never waits for the host here.
+    """
+    device = images.device
+    optimizer.zero_grad(set_to_none=True)
+    loss_sum = torch.zeros((), device=device)
+    hits = torch.zeros((), dtype=torch.long, device=device)
+    chunks = list(zip(images.chunk(accum_steps), labels.chunk(accum_steps)))
+    for i, (xb, yb) in enumerate(chunks):
+        x, targets = augment(xb, yb)
+        if size is not None and tuple(x.shape[-2:]) != tuple(size):
+            x = F.interpolate(x, size=tuple(size), mode="bilinear", antialias=True, align_corners=False)
+        if channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        sync = i == len(chunks) - 1 or not isinstance(net, nn.parallel.DistributedDataParallel)
+        with contextlib.nullcontext() if sync else net.no_sync():
+            with autocast(device, precision):
+                outputs = net(x)
+                loss = loss_fn(x, outputs, targets)
+            scaled = loss * (len(xb) / len(images))  # the mean over the whole batch
+            (scaler.scale(scaled) if scaler is not None else scaled).backward()
+        logits = outputs[0] if isinstance(outputs, tuple) else outputs
+        loss_sum += loss.detach().float() * len(xb)
+        hits += (logits.detach().argmax(1) == targets.argmax(1)).sum()
+    if scaler is not None:
+        scaler.unscale_(optimizer)
+    if clip_grad:
+        nn.utils.clip_grad_norm_([p for g in optimizer.param_groups for p in g["params"]], clip_grad)
+    if scaler is not None:
+        scaler.step(optimizer)
+        scaler.update()
+    else:
+        optimizer.step()
+    if ema is not None:
+        ema_update(ema, unwrap(net), ema_decay)
+    return loss_sum, hits
+
+
+class EpochMeter:
+    """Running totals of an epoch (loss, correct, images, non-finite losses) kept on the training device.
+
+    ``add`` never reads a value back; ``totals`` does, once, after summing over every rank.
+    """
+
+    def __init__(self, device: torch.device):
+        self.sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss, correct, seen, non-finite
+
+    def add(self, loss_sum: torch.Tensor, hits: torch.Tensor, count: int) -> None:
+        finite = torch.isfinite(loss_sum)
+        count_t = loss_sum.new_full((), count, dtype=torch.float64)
+        self.sums += torch.stack([torch.where(finite, loss_sum, 0.0).double(), hits.double(), count_t,
+                                  torch.logical_not(finite).double()])
+
+    def totals(self, d: Dist | None = None) -> dict[str, float]:
+        """Loss and accuracy over the images seen, summed over ranks, and the count of non-finite losses."""
+        sums = all_reduce_sum(self.sums.clone(), d) if d is not None else self.sums
+        loss, correct, seen, nonfinite = sums.tolist()
+        seen_finite = max(seen, 1.0)
+        return {"loss": loss / seen_finite, "acc": correct / seen_finite, "seen": seen, "nonfinite": nonfinite}
+
+
+def channels_last_helps(model: nn.Module, device: torch.device) -> bool:
+    """Channels-last pays on a GPU for models with convolutional stages (hybrids, CNNs), not a patch embedding alone."""
+    convs = sum(isinstance(m, nn.Conv2d) for m in model.modules())
+    return device.type == "cuda" and convs > 1
+

@@ -1,0 +1,118 @@
+"""The recipe: each option declared once, coerced and checked before any data is read; the CLI made from it."""
+import dataclasses
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from vitlab.cli import build_parser
+from vitlab.data.augment import AugmentConfig
+from vitlab.train import load_recipe, train
+from vitlab.train.recipe import AUGMENT_FIELDS, FIELDS, Recipe, make_recipe
+from vitlab.train.state import TrainState
+
+
+def test_yaml_numbers_in_exponent_form_and_yes_no_words(tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_text("lr: 1e-3\nweight_decay: 5e-2\nhflip: no\ndata: cifar10\nepochs: '3'\n")
+    assert yaml.safe_load(path.read_text())["lr"] == "1e-3"  # YAML 1.1 reads it as text ...
+    r = load_recipe(path)
+    assert (r.lr, r.weight_decay, r.augment.hflip, r.epochs) == (1e-3, 5e-2, False, 3)  # ... the recipe coerces it
+
+
+def test_yaml_recipe_with_text_numbers_trains(tmp_path, cache_dir):
+    path = tmp_path / "r.yaml"
+    path.write_text("lr: 1e-3\nweight_decay: 5e-2\nhflip: no\nepochs: 1\nprecision: fp32\nthreads: 1\n")
+    summary = train(load_recipe(path, out=str(tmp_path / "run")))
+    assert summary["epochs"] == 1 and 0 <= summary["top1"] <= 1
+
+
+@pytest.mark.parametrize("text, message", [
+    ("lr: fast", "lr='fast' is not valid; accepted: a number > 0"),
+    ("epochs: 2.5", "epochs=2.5 is not valid; accepted: an integer >= 1"),
+    ("warmup: 1.5", "warmup=1.5 is not valid; accepted: a number >= 0 and < 1"),
+    ("hflip: maybe", "hflip='maybe' is not valid; accepted: true or false"),
+    ("augment: {mixup: -1}", "mixup=-1.0 is invalid"),
+    ("precision: half", "precision='half' is not valid; accepted: auto, bf16, fp16, fp32"),
+    ("batch_size: 10\naccum_steps: 3", "accepted: a multiple of accum_steps"),
+    ("colour: red", "unknown recipe option(s) colour"),
+])
+def test_bad_recipe_value_is_one_line_before_any_data_is_read(tmp_path, text, message):
+    path = tmp_path / "r.yaml"
+    path.write_text(text + "\n")
+    cache = tmp_path / "cache"
+    proc = subprocess.run([sys.executable, "-m", "vitlab", "train", "--config", str(path), "--out",
+                           str(tmp_path / "run"), "--cache-dir", str(cache)], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], proc.stderr
+    assert not cache.exists() and not (tmp_path / "run").exists()  # nothing was read or written
+
+
+def test_command_line_is_made_from_the_recipe_with_no_x_for_every_boolean():
+    parser = build_parser()
+    train_parser = parser._subparsers._group_actions[0].choices["train"]
+    flags = {s for a in train_parser._actions for s in a.option_strings}
+    for name, info in {**FIELDS, **AUGMENT_FIELDS}.items():
+        if name in ("model_args", "augment", "out"):
+            continue
+        flag = "--" + name.replace("_", "-")
+        assert flag in flags, flag
+        annotation = info.annotation if name in FIELDS else info.type
+        if annotation in (bool, "bool") or "bool" in str(annotation):
+            assert "--no-" + name.replace("_", "-") in flags, name
+    args = parser.parse_args(["train", "--no-hflip", "--lr", "3e-4", "--mixup", "0", "--rrc-scale", "0.2,1"])
+    assert args.hflip is False and args.mixup == 0 and args.rrc_scale == ["0.2", "1"]
+    r = load_recipe(None, lr=args.lr, hflip=args.hflip, rrc_scale=args.rrc_scale)  # the recipe coerces the text
+    assert r.lr == 3e-4 and r.augment.hflip is False and r.augment.rrc_scale == (0.2, 1.0)
+
+
+def test_augmentation_options_are_declared_once():
+    """The recipe nests AugmentConfig itself: the same names, defaults and checks, at the top level or nested."""
+    assert set(AUGMENT_FIELDS) == {f.name for f in dataclasses.fields(AugmentConfig)}
+    assert not set(AUGMENT_FIELDS) & set(FIELDS)
+    flat, nested = make_recipe({"mixup": 0.2, "crop": "rrc"}), make_recipe({"augment": {"mixup": 0.2, "crop": "rrc"}})
+    assert flat == nested and isinstance(flat.augment, AugmentConfig) and flat.augment.mixup == 0.2
+    assert Recipe().augment == AugmentConfig()
+
+
+def test_config_yaml_round_trips(tmp_path):
+    r = load_recipe(None, data="cifar10", lr="2e-3", hflip=False, model_args={"depth": 3}, out="x")
+    again = make_recipe(yaml.safe_load(yaml.safe_dump(r.to_dict())))
+    assert again == r
+
+
+def test_checkpoint_holds_every_field_of_the_train_state(tmp_path, cache_dir):
+    import torch
+
+    import vitlab
+    from vitlab.train.schedule import Plateau
+    from vitlab.train.setup import make_optimizer
+    from vitlab.train.state import load_checkpoint
+    out = tmp_path / "run"
+    train(load_recipe(None, model="vit_micro_patch2_8", epochs=2, precision="fp32", out=str(out), threads=1,
+                      ema_decay=0.9))
+    ckpt = load_checkpoint(out)
+    assert set(ckpt) == {f.name for f in dataclasses.fields(TrainState)}
+    assert ckpt["epoch"] == 2 and ckpt["step"] > 0 and ckpt["seconds"] > 0 and ckpt["reserve"] > 0
+    assert len(ckpt["history"]) == 2 and ckpt["ema"] is not None and ckpt["precision"] == "fp32"
+    # loading restores every plain field and every object's state
+    model = vitlab.load(out)
+    state = TrainState(model=model, optimizer=make_optimizer(model, 1e-3, 0.05, torch.device("cpu")),
+                       plateau=Plateau(0, 0.5), ema=vitlab.load(out))
+    state.load_state_dict(ckpt)
+    assert (state.epoch, state.step, state.seconds, state.reserve) == (2, ckpt["step"], ckpt["seconds"],
+                                                                       ckpt["reserve"])
+    assert state.optimizer.state_dict()["state"]
+
+
+def test_non_finite_loss_policy():
+    from vitlab.train.trainer import check_finite
+    check_finite(0, "fp32", 20, 10)
+    check_finite(5, "fp16", 20, 10)  # skipped by the scaler, under the bound: go on
+    with pytest.raises(FloatingPointError, match="21 fp16 steps had a non-finite loss"):
+        check_finite(21, "fp16", 20, 10)
+    with pytest.raises(FloatingPointError, match="diverged"):
+        check_finite(1, "bf16", 20, 10)
