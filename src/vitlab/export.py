@@ -49,7 +49,7 @@ def _write_folder(folder: Path, cfg: dict[str, Any], state: dict) -> Path:
 def export_timm(model: nn.Module, folder: str | os.PathLike) -> Path:
     """A timm Hub folder: config.json (architecture, model_args, pretrained_cfg) + model.safetensors, timm's keys."""
     cfg = timm.export_config(model, full_args(model))
-    return _write_folder(Path(folder), cfg, timm.export_state_dict(_state(model)))
+    return _write_folder(Path(folder), cfg, timm.export_state_dict(model, _state(model)))
 
 
 def export_hf(model: nn.Module, folder: str | os.PathLike) -> Path:

@@ -57,8 +57,10 @@ def convert_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor
 _VITLAB_GAMMA = re.compile(r"^(blocks(?:_token_only)?\.\d+)\.ls([12])\.gamma$")
 
 
-def export_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """vitlab keys -> timm keys (CaiT's ``ls1.gamma`` -> ``gamma_1``; every other key is timm's already)."""
+def export_state_dict(model: nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """vitlab keys -> timm keys: CaiT's ``ls1.gamma`` -> ``gamma_1`` (timm's ViT keeps ``ls1.gamma``)."""
+    if type(model).__name__ != "Cait":
+        return dict(state)
     return {_VITLAB_GAMMA.sub(r"\1.gamma_\2", k): v for k, v in state.items()}
 
 
