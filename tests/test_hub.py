@@ -90,6 +90,21 @@ def test_missing_repository_file_and_revision_are_named(hub_cache):
         vitlab.load(f"{TIMM_ID}@v9")
 
 
+def test_missing_huggingface_hub_names_the_extra(monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_hub(name, *args, **kwargs):
+        if name.startswith("huggingface_hub"):
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_hub)
+    with pytest.raises(ValueError, match=r"pip install 'vitlab\[hub\]'"):
+        vitlab.load(TIMM_ID)
+
+
 @pytest.mark.parametrize("bad", ["hf-hub:", "hf-hub:a/b/c", "hf-hub:org/name@"])
 def test_malformed_hub_id(bad):
     with pytest.raises(ValueError, match="not a Hub id"):

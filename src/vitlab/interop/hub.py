@@ -57,10 +57,10 @@ def _where(repo_id: str, revision: str | None) -> str:
 
 def download(hub_id: str) -> Path:
     """The local folder (a snapshot in huggingface_hub's cache) holding a Hub model's config.json and weights."""
+    repo_id, revision = parse(hub_id)
     hub = _hub()
     from huggingface_hub import constants, errors
 
-    repo_id, revision = parse(hub_id)
     where = _where(repo_id, revision)
     offline = bool(getattr(constants, "HF_HUB_OFFLINE", False))
 
