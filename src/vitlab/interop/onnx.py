@@ -1,8 +1,9 @@
 """ONNX export: a dynamic batch axis (and dynamic height and width for ``dynamic_img_size`` models).
 
-torch's TorchScript-based exporter (``dynamo=False``) is used: it needs no onnxscript, and its
-``dynamic_axes`` keep the image size symbolic through the position-embedding resampling, which
-``torch.export`` specialises to the example's size. Antialiased bicubic resampling has no
+torch's TorchScript-based exporter (``dynamo=False``, deprecated upstream but present in torch 2.13)
+is used: it needs no onnxscript, and its ``dynamic_axes`` keep the image size symbolic through the
+position-embedding resampling, which ``torch.export`` (``dynamo=True``) specialises to the example's
+size (its graph then fails at any other size). Antialiased bicubic resampling has no
 built-in translation; it maps onto ONNX Resize (cubic, a = -0.5, antialias, exclude_outside),
 which is the same filter.
 """
