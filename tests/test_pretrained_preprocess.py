@@ -1,5 +1,4 @@
 """predict and eval prepare images as the model's pretrained config says: crop_pct, interpolation, mean, std, labels."""
-import json
 
 import numpy as np
 import pytest
@@ -54,17 +53,25 @@ def test_predict_uses_crop_pct_mean_std_and_label_names(tmp_path, model_folder):
 
 
 def test_eval_crops_as_the_config_says(tmp_path, model_folder, cache_dir):
+    """crop_pct 0.5 at 32: 64x64 test images are cut to their centre, as a data set of those centres would be."""
     from vitlab.train.predict import evaluate_folder
 
     folder, model = model_folder
-    data = tmp_path / "data"
     rng = np.random.default_rng(1)
     for split in ("train", "test"):
         for name in ("ant", "bee", "cat"):
-            (data / split / name).mkdir(parents=True)
-            for i in range(2):
+            for i in range(3):
                 pixels = rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)
-                Image.fromarray(pixels).save(data / split / name / f"{i}.png")
-    result = evaluate_folder(folder, str(data), out=tmp_path / "ev", cache_dir=str(cache_dir))
-    assert result["heads"]["logits"]["count"] == 6
-    assert json.loads((tmp_path / "ev" / "summary.json").read_text())["data"]
+                for root, img in (("full", pixels), ("centre", pixels[16:48, 16:48])):
+                    (tmp_path / root / split / name).mkdir(parents=True, exist_ok=True)
+                    Image.fromarray(img).save(tmp_path / root / split / name / f"{i}.png")
+    cropped = evaluate_folder(folder, str(tmp_path / "full"), cache_dir=str(cache_dir))
+    plain = vitlab.load(folder)
+    plain.pretrained_cfg.pop("crop_pct")
+    vitlab.save(plain, tmp_path / "no-crop")
+    centres = evaluate_folder(tmp_path / "no-crop", str(tmp_path / "centre"), cache_dir=str(cache_dir))
+    squashed = evaluate_folder(tmp_path / "no-crop", str(tmp_path / "full"), cache_dir=str(cache_dir))
+    loss = lambda r: r["heads"]["logits"]["loss"]  # noqa: E731
+    assert cropped["heads"]["logits"]["count"] == 9
+    assert loss(cropped) == pytest.approx(loss(centres), abs=1e-6)
+    assert loss(cropped) != pytest.approx(loss(squashed), abs=1e-4)
