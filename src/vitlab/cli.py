@@ -114,6 +114,24 @@ def cmd_predict(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from .export import export
+    path = export(args.model, args.to, args.out, check=not args.no_check)
+    print(f"{args.model} -> {path}")
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from .train.compare import compare, format_table
+    rows = compare(args.runs, out=args.out)
+    if args.json:
+        print(json.dumps([{k: v for k, v in r.items() if k != "history"} for r in rows], indent=2))
+    else:
+        print(format_table(rows))
+        print(f"curves: {args.out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
     p = argparse.ArgumentParser(prog="vitlab", description="Build, train, distil and understand Vision Transformers.")
@@ -148,12 +166,25 @@ def build_parser() -> argparse.ArgumentParser:
     e.set_defaults(func=cmd_eval)
 
     pr = sub.add_parser("predict", help="top-k classes for image files")
-    pr.add_argument("model", help="model folder (vitlab run, timm or Hugging Face)")
+    pr.add_argument("model", help="model folder (vitlab run, timm or Hugging Face) or hf-hub:ORG/NAME[@REV]")
     pr.add_argument("images", nargs="+", help="image files")
     pr.add_argument("--top-k", type=int, default=5)
     pr.add_argument("--json", action="store_true", help="print JSON")
     pr.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: CUDA when present")
     pr.set_defaults(func=cmd_predict)
+
+    x = sub.add_parser("export", help="write a model as ONNX, a timm Hub folder or a Hugging Face folder")
+    x.add_argument("model", help="anything vitlab.load reads: a model folder, a run folder or hf-hub:ORG/NAME")
+    x.add_argument("--to", required=True, choices=("onnx", "timm", "hf"), help="the format to write")
+    x.add_argument("--out", required=True, help="folder to write")
+    x.add_argument("--no-check", action="store_true", help="ONNX: skip the onnxruntime comparison with PyTorch")
+    x.set_defaults(func=cmd_export)
+
+    c = sub.add_parser("compare", help="a table of run folders and their curves in one figure")
+    c.add_argument("runs", nargs="+", metavar="RUN", help="run folders (finished or not)")
+    c.add_argument("--out", default="compare.png", help="figure to write (default: compare.png here)")
+    c.add_argument("--json", action="store_true", help="print the table as JSON")
+    c.set_defaults(func=cmd_compare)
 
     from .analysis.command import register as register_inspect
     register_inspect(sub)

@@ -1,6 +1,7 @@
 """vitlab.load and vitlab.save: model folders of config.json + model.safetensors.
 
-``load`` reads vitlab's own folders, timm Hub exports and Hugging Face ViT/DeiT folders. It
+``load`` reads vitlab's own folders, timm Hub exports and Hugging Face ViT/DeiT folders, local or
+by Hub id (``hf-hub:org/name[@revision]``, through huggingface_hub's cache). It
 never unpickles: weights come from safetensors (or, for old Hub folders, ``torch.load`` with
 ``weights_only=True``), and every tensor must find its place, shape for shape.
 """
@@ -18,7 +19,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from .fileio import atomic_path, atomic_write_json
-from .interop import hf, timm
+from .interop import hf, hub, timm
 from .models.layers import resample_abs_pos_embed, to_2tuple
 from .models.registry import MODEL_CLASSES, build, create_model, get_spec
 
@@ -68,9 +69,14 @@ def save(model: nn.Module, path: str | os.PathLike, extra: dict[str, Any] | None
     return folder
 
 
+def resolve(path: str | os.PathLike) -> Path:
+    """A local path for a model folder, its config.json, or a Hub id (fetched into huggingface_hub's cache)."""
+    return hub.download(path) if hub.is_hub_id(path) else Path(path)
+
+
 def read_config(path: str | os.PathLike) -> tuple[Path, dict[str, Any]]:
-    """(folder, parsed config.json) for a model folder or its config.json."""
-    p = Path(path)
+    """(folder, parsed config.json) for a model folder, its config.json or a Hub id."""
+    p = resolve(path)
     folder = p.parent if p.name == CONFIG else p
     if not folder.exists():
         raise FileNotFoundError(f"no model at {folder}: expected a folder with {CONFIG} and {WEIGHTS}")
@@ -173,6 +179,7 @@ def load(path: str | os.PathLike, **overrides: Any) -> nn.Module:
         convert = timm.convert_state_dict
     elif hf.is_hf_config(cfg):
         cls_name, args, preprocess = hf.model_args(cfg)
+        preprocess.update(hf.preprocessing(folder))
         arch = None
         convert = lambda s: hf.convert_state_dict(s, cfg)
     else:

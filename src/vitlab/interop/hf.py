@@ -1,7 +1,9 @@
 """Hugging Face transformers ViT and DeiT folders: config.json with ``model_type``, the Hub's key names."""
 from __future__ import annotations
 
+import json
 import re
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -68,8 +70,57 @@ def model_args(cfg: dict[str, Any]) -> tuple[str, dict[str, Any], dict[str, Any]
     )
     preprocess: dict[str, Any] = {}
     if id2label and num_classes:
-        preprocess["label_names"] = [id2label.get(str(i), id2label.get(i, str(i))) for i in range(num_classes)]
+        names = [str(id2label.get(str(i), id2label.get(i, i))) for i in range(num_classes)]
+        if names != default_labels(num_classes):  # transformers' placeholders are no names
+            preprocess["label_names"] = names
     return "VisionTransformer", args, preprocess
+
+
+def default_labels(num_classes: int) -> list[str]:
+    """The names transformers gives classes that have none: LABEL_0, LABEL_1, ..."""
+    return [f"LABEL_{i}" for i in range(num_classes)]
+
+
+# PIL's resampling codes, as image processors store them -> timm's interpolation names
+PIL_RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}
+PREPROCESSOR = "preprocessor_config.json"
+
+
+def _side(size: Any) -> int | None:
+    if isinstance(size, dict):
+        size = size.get("height", size.get("shortest_edge"))
+    return int(size) if isinstance(size, (int, float)) else None
+
+
+def preprocessing(folder: Path) -> dict[str, Any]:
+    """mean, std, interpolation and crop_pct from a folder's preprocessor_config.json (empty when it has none)."""
+    path = Path(folder) / PREPROCESSOR
+    if not path.is_file():
+        return {}
+    try:
+        cfg = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path} is not valid JSON ({e})") from None
+    out: dict[str, Any] = {}
+    if cfg.get("do_normalize", True) and cfg.get("image_mean") is not None and cfg.get("image_std") is not None:
+        out["mean"], out["std"] = tuple(cfg["image_mean"]), tuple(cfg["image_std"])
+    if cfg.get("resample") in PIL_RESAMPLE:
+        out["interpolation"] = PIL_RESAMPLE[cfg["resample"]]
+    resize, crop = _side(cfg.get("size")), _side(cfg.get("crop_size"))
+    if cfg.get("do_center_crop") and resize and crop:
+        out["crop_pct"] = crop / resize
+    elif resize:
+        out["crop_pct"] = 1.0
+    return out
+
+
+def image_processor(model_cfg: dict[str, Any]) -> dict[str, Any]:
+    """A ViTImageProcessor preprocessor_config.json for a model's input size, mean, std and interpolation."""
+    _, h, w = model_cfg["input_size"]
+    resample = {v: k for k, v in PIL_RESAMPLE.items()}.get(model_cfg.get("interpolation", "bicubic"), 3)
+    return {"image_processor_type": "ViTImageProcessor", "do_resize": True, "size": {"height": h, "width": w},
+            "resample": resample, "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
+            "image_mean": list(model_cfg["mean"]), "image_std": list(model_cfg["std"])}
 
 
 _LAYER = re.compile(r"^encoder\.layer\.(\d+)\.(.+)$")
@@ -131,4 +182,110 @@ def convert_state_dict(state: dict[str, torch.Tensor], cfg: dict[str, Any]) -> d
     if unknown:
         raise ValueError(f"tensors with no place in a ViT/DeiT: {', '.join(unknown[:8])}"
                          + (f" and {len(unknown) - 8} more" if len(unknown) > 8 else ""))
+    return out
+
+
+# --- writing: a vitlab ViT/DeiT as a transformers folder --------------------------------------------------------
+
+_HF_ACT_NAMES = {"gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh", "relu": "relu", "silu": "silu",
+                 "quick_gelu": "quick_gelu"}
+_TO_HF_LAYER = {v: k for k, v in _LAYER_KEYS.items()}
+_TO_HF_TOP = {v: k for k, v in _TOP_KEYS.items()}
+
+
+def _size(v: Any) -> int | list[int]:
+    v = list(v) if isinstance(v, (list, tuple)) else [int(v), int(v)]
+    return int(v[0]) if v[0] == v[1] else [int(x) for x in v]
+
+
+def export_config(model: torch.nn.Module, args: dict[str, Any]) -> dict[str, Any]:
+    """transformers' config.json (ViTForImageClassification or DeiTForImageClassificationWithTeacher).
+
+    Raises ValueError naming what transformers' ViT/DeiT cannot express.
+    """
+    cls = type(model).__name__
+    if cls != "VisionTransformer":
+        what = {"HybridVisionTransformer": "a hybrid ViT (its ResNet backbone)", "Cait": "CaiT",
+                "ConVit": "ConViT", "ResNet": "a ResNet"}.get(cls, cls)
+        other = "--to onnx" if cls == "HybridVisionTransformer" else "--to timm or --to onnx"
+        raise ValueError(f"transformers' ViT and DeiT classes cannot express {what}; export it with {other}")
+    a = {"class_token": True, "reg_tokens": 0, "no_embed_class": False, "pos_embed": "learn", "init_values": None,
+         "global_pool": "token", "fc_norm": None, "act_layer": "gelu", "mlp_ratio": 4.0, "qkv_bias": True,
+         "norm_eps": 1e-6, "in_chans": 3, "distilled": False, **args}
+    missing = []
+    if not a["class_token"] or a["global_pool"] != "token":
+        missing.append("pooling other than the class token")
+    if a["reg_tokens"]:
+        missing.append("register tokens")
+    if a["no_embed_class"]:
+        missing.append("no_embed_class")
+    if a["pos_embed"] == "none":
+        missing.append("a model without position embedding")
+    if a["init_values"]:
+        missing.append("LayerScale (init_values)")
+    if a["fc_norm"]:
+        missing.append("fc_norm")
+    if a["act_layer"] not in _HF_ACT_NAMES:
+        missing.append(f"act_layer {a['act_layer']!r}")
+    if model.num_classes <= 0:
+        missing.append("a model without a classifier head (num_classes=0)")
+    dim = model.embed_dim
+    hidden = a["mlp_ratio"] * dim
+    if hidden != int(hidden):
+        missing.append(f"an MLP width of {hidden:g} (mlp_ratio x embed_dim must be whole)")
+    if missing:
+        raise ValueError(f"transformers' ViT/DeiT cannot express {', '.join(missing)}; export with --to timm or onnx")
+    distilled = bool(a["distilled"])
+    names = list((getattr(model, "pretrained_cfg", {}) or {}).get("label_names") or default_labels(model.num_classes))
+    drop = float(a.get("proj_drop_rate", 0.0))
+    return {
+        "architectures": ["DeiTForImageClassificationWithTeacher" if distilled else "ViTForImageClassification"],
+        "model_type": "deit" if distilled else "vit",
+        "hidden_size": dim,
+        "num_hidden_layers": len(model.blocks),
+        "num_attention_heads": model.blocks[0].attn.num_heads,
+        "intermediate_size": int(hidden),
+        "hidden_act": _HF_ACT_NAMES[a["act_layer"]],
+        "hidden_dropout_prob": drop,
+        "attention_probs_dropout_prob": float(a.get("attn_drop_rate", 0.0)),
+        "initializer_range": 0.02,
+        "layer_norm_eps": float(a["norm_eps"]),
+        "image_size": _size(model.patch_embed.img_size),
+        "patch_size": _size(model.patch_embed.patch_size),
+        "num_channels": int(a["in_chans"]),
+        "qkv_bias": bool(a["qkv_bias"]),
+        "encoder_stride": int(model.patch_embed.patch_size[0]),
+        "id2label": {str(i): str(n) for i, n in enumerate(names)},
+        "label2id": {str(n): i for i, n in enumerate(names)},
+        "dtype": "float32",
+    }
+
+
+def export_state_dict(state: dict[str, torch.Tensor], cfg: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """vitlab keys -> the Hub's (``vit.``/``deit.`` prefixed); qkv is split into query, key and value."""
+    distilled = cfg["model_type"] == "deit"
+    base = "deit" if distilled else "vit"
+    heads = {"head": "cls_classifier" if distilled else "classifier", "head_dist": "distillation_classifier"}
+    out: dict[str, torch.Tensor] = {}
+    for key, v in state.items():
+        mod, _, param = key.rpartition(".")
+        if mod in heads:
+            out[f"{heads[mod]}.{param}"] = v
+        elif key == "dist_token":
+            out[f"{base}.embeddings.distillation_token"] = v
+        elif key in _TO_HF_TOP:
+            out[f"{base}.{_TO_HF_TOP[key]}"] = v
+        elif key.startswith("blocks."):
+            _, i, sub = key.split(".", 2)
+            sub_mod, _, param = sub.rpartition(".")
+            prefix = f"{base}.encoder.layer.{i}"
+            if sub_mod == "attn.qkv":
+                for name, part in zip(("query", "key", "value"), v.chunk(3, dim=0)):
+                    out[f"{prefix}.attention.attention.{name}.{param}"] = part.contiguous()
+            elif sub_mod == "attn.proj":
+                out[f"{prefix}.attention.output.dense.{param}"] = v
+            else:
+                out[f"{prefix}.{_TO_HF_LAYER[sub_mod]}.{param}"] = v
+        else:
+            raise ValueError(f"tensor {key!r} has no place in transformers' ViT/DeiT")
     return out

@@ -237,7 +237,7 @@ def resample_abs_pos_embed(posemb: torch.Tensor, new_size: Sequence[int], old_si
                            num_prefix_tokens: int = 1, interpolation: str = "bicubic",
                            antialias: bool = True) -> torch.Tensor:
     """Resample a (1, prefix + h*w, D) position embedding to a new patch grid; prefix tokens kept apart."""
-    new_size = to_2tuple(new_size)
+    new_size = tuple(new_size) if isinstance(new_size, (list, tuple)) else to_2tuple(new_size)  # traced sizes stay
     n_grid = posemb.shape[1] - num_prefix_tokens
     if old_size is None:
         side = math.isqrt(n_grid)

@@ -44,6 +44,7 @@ from .setup import (
 )
 from .state import TrainState, load_checkpoint, save_checkpoint
 from .step import EpochMeter, channels_last_helps, train_step
+from .tensorboard import TensorBoardLog
 
 
 def figures_every(device: torch.device) -> int:
@@ -76,6 +77,7 @@ def _train(r: Recipe, d: Dist, resume: bool, log: Callable[[str], None]) -> dict
                          f"{r.accum_steps} accumulation steps")
     set_fast_math(d.device)
     torch.manual_seed(r.seed)
+    tb = TensorBoardLog(out) if r.log == "tensorboard" and d.is_main else None  # a missing package: before any data
 
     # --- model, data, augmentation, loss ---
     model, data, mean, std = build_model_and_data(r, d, log)
@@ -249,6 +251,8 @@ def _train(r: Recipe, d: Dist, resume: bool, log: Callable[[str], None]) -> dict
             log(epoch_line(row))
             save_checkpoint(out, state)
             write_metrics(out, state.history)
+            if tb is not None:
+                tb.scalars(row["epoch"], row)
         barrier(d)
     bar.close()
 
@@ -285,6 +289,10 @@ def _train(r: Recipe, d: Dist, resume: bool, log: Callable[[str], None]) -> dict
         plot_curves(history, out / "curves.png", title=f"{summary['model']} on {data.name}")
         plot_confusion(m["confusion"], classes, out / "confusion.png",
                        title=f"Confusion matrix, test top-1 {100 * m['top1']:.2f}%")
+        if tb is not None:
+            for name in ("curves", "confusion"):
+                tb.image(name, out / f"{name}.png", len(history))
+            tb.close()
         summary["wall_seconds"] = time.perf_counter() - t_start
         write_summary(out, summary)
     return summary

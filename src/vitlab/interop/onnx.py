@@ -1,0 +1,102 @@
+"""ONNX export: a dynamic batch axis (and dynamic height and width for ``dynamic_img_size`` models).
+
+torch's TorchScript-based exporter (``dynamo=False``, deprecated upstream but present in torch 2.13)
+is used: it needs no onnxscript, and its ``dynamic_axes`` keep the image size symbolic through the
+position-embedding resampling, which ``torch.export`` (``dynamo=True``) specialises to the example's
+size (its graph then fails at any other size). Antialiased bicubic resampling has no
+built-in translation; it maps onto ONNX Resize (cubic, a = -0.5, antialias, exclude_outside),
+which is the same filter.
+"""
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+ONNX_FILE, PREPROCESS_FILE = "model.onnx", "preprocess.json"
+OPSET = 18
+INSTALL_HINT = "pip install 'vitlab[onnx]'"
+
+
+def _bicubic_aa(g, x, output_size, align_corners, *scales):
+    """aten::_upsample_bicubic2d_aa as ONNX Resize: PIL-style cubic (a = -0.5), antialiased, edges renormalised."""
+    shape = g.op("Shape", x)
+    batch_chans = g.op("Slice", shape, g.op("Constant", value_t=torch.tensor([0])),
+                       g.op("Constant", value_t=torch.tensor([2])))
+    size = g.op("Concat", batch_chans, g.op("Cast", output_size, to_i=7), axis_i=0)  # 7: INT64
+    empty = g.op("Constant", value_t=torch.tensor([], dtype=torch.float32))
+    return g.op("Resize", x, empty, empty, size, mode_s="cubic", cubic_coeff_a_f=-0.5, antialias_i=1,
+                exclude_outside_i=1, coordinate_transformation_mode_s="half_pixel")
+
+
+def dynamic_size(model: nn.Module) -> bool:
+    return bool(getattr(model, "dynamic_img_size", False))
+
+
+def example_input(model: nn.Module, batch: int = 2, grow: int = 0) -> torch.Tensor:
+    """A random batch at the model's input size (``grow`` patches taller, for tracing the resampling path)."""
+    c, h, w = model.pretrained_cfg["input_size"]
+    step = getattr(getattr(model, "patch_embed", None), "patch_size", (8, 8))
+    return torch.randn(batch, c, h + grow * step[0], w + grow * step[1])
+
+
+def export_onnx(model: nn.Module, folder: Path, check: bool = True, atol: float = 1e-4) -> Path:
+    """Write folder/model.onnx (input ``images`` (B, C, H, W), output ``logits``) and folder/preprocess.json.
+
+    ``check`` compares onnxruntime's output with PyTorch's at two batch sizes when onnxruntime is installed.
+    """
+    model = model.eval()
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    dynamic = dynamic_size(model)
+    axes: dict[str, dict[int, str]] = {"images": {0: "batch"}, "logits": {0: "batch"}}
+    if dynamic:
+        axes["images"].update({2: "height", 3: "width"})
+    # a traced model keeps the branch its example took: trace a dynamic model off its own size, so that the
+    # position-embedding resampling is in the graph (at the model's own size it resamples to the same grid)
+    x = example_input(model, grow=1 if dynamic else 0)
+    torch.onnx.register_custom_op_symbolic("aten::_upsample_bicubic2d_aa", _bicubic_aa, OPSET)
+    path = folder / ONNX_FILE
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")  # the tracer's notes on Python values it keeps constant
+        torch.onnx.export(model, (x,), str(path), dynamo=False, opset_version=OPSET, input_names=["images"],
+                          output_names=["logits"], dynamic_axes=axes)
+    pre = model.pretrained_cfg
+    info: dict[str, Any] = {"input": "images", "output": "logits", "input_size": list(pre["input_size"]),
+                            "dynamic_img_size": dynamic, "mean": list(pre["mean"]), "std": list(pre["std"]),
+                            "interpolation": pre.get("interpolation", "bicubic"), "crop_pct": pre.get("crop_pct", 1.0),
+                            "label_names": list(pre["label_names"]) if pre.get("label_names") else None}
+    (folder / PREPROCESS_FILE).write_text(json.dumps(info, indent=2) + "\n")
+    if check:
+        try:
+            import onnxruntime  # noqa: F401
+        except ImportError:
+            return path
+        worst = max_difference(model, path)
+        if worst > atol:
+            raise ValueError(f"{path}: onnxruntime differs from PyTorch by {worst:.2e} (tolerance {atol:g})")
+    return path
+
+
+@torch.no_grad()
+def max_difference(model: nn.Module, path: Path, batches: tuple[int, ...] = (1, 3),
+                   sizes: list[tuple[int, int]] | None = None) -> float:
+    """Largest |onnxruntime - PyTorch| over random batches of the given sizes (and image sizes)."""
+    try:
+        import onnxruntime
+    except ImportError:
+        raise ValueError(f"checking an ONNX export needs onnxruntime: {INSTALL_HINT}") from None
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    c, h, w = model.pretrained_cfg["input_size"]
+    worst = 0.0
+    for n in batches:
+        for size in sizes or [(h, w)]:
+            x = torch.randn(n, c, *size)
+            ref = model.eval()(x)
+            out = session.run(None, {"images": x.numpy()})[0]
+            worst = max(worst, float((torch.from_numpy(out) - ref).abs().max()))
+    return worst

@@ -1,0 +1,187 @@
+"""vitlab export: ONNX checked with onnxruntime, timm and transformers folders that load back to the same logits."""
+import json
+
+import pytest
+import torch
+from conftest import PARITY
+from safetensors.torch import load_file
+
+import vitlab
+from vitlab.cli import main
+from vitlab.export import export
+
+# one small model per registered family (ViT, DeiT distilled, ConViT, CaiT, hybrid, ResNet)
+FAMILIES = {
+    "vit": ("vit_nano_patch4_32", dict(depth=2)),
+    "deit_distilled": ("deit_nano_distilled_patch4_32", dict(depth=2)),
+    "convit": ("convit_tiny_patch4_32", dict(depth=3, local_up_to_layer=2)),
+    "cait": ("cait_xxs_patch4_32", dict(depth=2, depth_token_only=1)),
+    "hybrid": ("vit_nano_r18_32", dict(depth=2)),
+    "resnet": ("resnet10_32", {}),
+}
+
+
+def noisy(name, std=0.05, **args):
+    """A model whose every parameter matters (init plus noise), in eval mode."""
+    model = vitlab.create_model(name, **args)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * std)
+    return model.eval()
+
+
+def logits_close(a, b, x, atol=1e-5):
+    with torch.no_grad():
+        return torch.allclose(a(x), b(x), atol=atol)
+
+
+def batch(model, n=2):
+    return torch.randn(n, *model.pretrained_cfg["input_size"])
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_onnx_matches_pytorch_at_two_batch_sizes(tmp_path, family):
+    pytest.importorskip("onnxruntime", reason="onnxruntime is not installed (pip install 'vitlab[onnx]')")
+    from vitlab.interop.onnx import max_difference
+
+    name, args = FAMILIES[family]
+    model = noisy(name, **args)
+    path = export(model, "onnx", tmp_path / "onnx", check=False)
+    assert path.name == "model.onnx"
+    assert max_difference(model, path, batches=(1, 4)) < 1e-4
+    info = json.loads((tmp_path / "onnx" / "preprocess.json").read_text())
+    assert info["input_size"] == list(model.pretrained_cfg["input_size"]) and info["dynamic_img_size"] is False
+
+
+@pytest.mark.parametrize("family", ["vit", "deit_distilled", "cait", "convit", "hybrid"])
+def test_onnx_dynamic_image_size(tmp_path, family):
+    pytest.importorskip("onnxruntime", reason="onnxruntime is not installed (pip install 'vitlab[onnx]')")
+    from vitlab.interop.onnx import max_difference
+
+    name, args = FAMILIES[family]
+    model = noisy(name, dynamic_img_size=True, **args)
+    path = export(model, "onnx", tmp_path / "onnx")  # check=True: the export itself compares at the model's size
+    # the position embedding is resampled inside the graph for other sizes (bicubic with antialias)
+    assert max_difference(model, path, batches=(1, 3), sizes=[(32, 32), (48, 40), (16, 24)]) < 1e-4
+
+
+@pytest.mark.parametrize("family", ["vit", "deit_distilled", "convit", "cait"])
+def test_timm_folder_round_trip(tmp_path, family):
+    name, args = FAMILIES[family]
+    model = noisy(name, **args)
+    folder = export(model, "timm", tmp_path / "timm")
+    cfg = json.loads((folder / "config.json").read_text())
+    assert {"architecture", "num_classes", "model_args", "pretrained_cfg"} <= cfg.keys()
+    assert {"input_size", "mean", "std", "interpolation", "crop_pct", "num_classes", "first_conv",
+            "classifier"} <= cfg["pretrained_cfg"].keys()
+    assert "distilled" not in cfg["model_args"] and "norm_eps" not in cfg["model_args"]
+    assert cfg["architecture"].startswith({"deit_distilled": "deit_", "vit": "vit_", "convit": "convit_",
+                                           "cait": "cait_"}[family])
+    keys = load_file(folder / "model.safetensors").keys()
+    if family == "cait":  # timm's LayerScale names in CaiT
+        assert "blocks.0.gamma_1" in keys and "blocks_token_only.0.gamma_2" in keys
+        assert not any(".ls1." in k for k in keys)
+    back = vitlab.load(folder)
+    assert logits_close(model, back, batch(model))
+    assert back.pretrained_cfg["label_names"] is None or back.pretrained_cfg["label_names"] == \
+        model.pretrained_cfg["label_names"]
+
+
+def test_timm_resnet_and_label_names(tmp_path):
+    model = noisy("resnet18", num_classes=3, img_size=64)
+    model.pretrained_cfg["label_names"] = ["cat", "dog", "owl"]
+    folder = export(model, "timm", tmp_path / "r")
+    cfg = json.loads((folder / "config.json").read_text())
+    assert cfg["architecture"] == "resnet18" and cfg["label_names"] == ["cat", "dog", "owl"]
+    assert cfg["pretrained_cfg"]["first_conv"] == "conv1" and cfg["pretrained_cfg"]["classifier"] == "fc"
+    back = vitlab.load(folder)
+    assert back.pretrained_cfg["label_names"] == ["cat", "dog", "owl"]
+    assert logits_close(model, back, torch.randn(2, 3, 64, 64))
+
+
+@pytest.mark.parametrize("fixture", ["timm_vit_token", "timm_vit_avg_noclass", "timm_vit_layerscale",
+                                     "timm_deit_distilled", "timm_cait", "timm_convit"])
+def test_timm_fixture_exports_timm_keys(tmp_path, fixture):
+    """A timm checkpoint loaded into vitlab and exported again has timm's own tensor names and values."""
+    folder = export(vitlab.load(PARITY / fixture), "timm", tmp_path / "t")
+    ours, theirs = load_file(folder / "model.safetensors"), load_file(PARITY / fixture / "model.safetensors")
+    assert ours.keys() == theirs.keys()
+    assert all(torch.equal(ours[k], theirs[k]) for k in theirs)
+    cfg = json.loads((folder / "config.json").read_text())
+    ref = json.loads((PARITY / fixture / "config.json").read_text())
+    assert cfg["architecture"] == ref["architecture"]
+    for key, value in ref["model_args"].items():
+        assert cfg["model_args"][key] == value, key
+
+
+@pytest.mark.parametrize("family", ["vit", "deit_distilled"])
+def test_hf_folder_round_trip(tmp_path, family):
+    name, args = FAMILIES[family]
+    model = noisy(name, **args)
+    model.pretrained_cfg["label_names"] = [f"class {i}" for i in range(10)]
+    folder = export(model, "hf", tmp_path / "hf")
+    cfg = json.loads((folder / "config.json").read_text())
+    assert cfg["architectures"] == ["DeiTForImageClassificationWithTeacher" if family == "deit_distilled"
+                                    else "ViTForImageClassification"]
+    assert cfg["id2label"]["3"] == "class 3" and cfg["label2id"]["class 3"] == 3
+    assert (folder / "preprocessor_config.json").is_file()
+    back = vitlab.load(folder)
+    assert logits_close(model, back, batch(model))
+    assert back.pretrained_cfg["label_names"] == model.pretrained_cfg["label_names"]
+    assert back.pretrained_cfg["mean"] == pytest.approx(model.pretrained_cfg["mean"])
+
+
+@pytest.mark.parametrize("fixture", ["hf_vit", "hf_deit_distilled"])
+def test_hf_fixture_exports_hub_keys(tmp_path, fixture):
+    folder = export(vitlab.load(PARITY / fixture), "hf", tmp_path / "h")
+    ours, theirs = load_file(folder / "model.safetensors"), load_file(PARITY / fixture / "model.safetensors")
+    theirs = {k: v for k, v in theirs.items() if ".pooler." not in k}
+    assert ours.keys() == theirs.keys()
+    assert all(torch.equal(ours[k], theirs[k]) for k in theirs)
+    cfg = json.loads((folder / "config.json").read_text())
+    ref = json.loads((PARITY / fixture / "config.json").read_text())
+    for key in ("architectures", "model_type", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                "intermediate_size", "hidden_act", "layer_norm_eps", "image_size", "patch_size", "qkv_bias",
+                "id2label"):
+        assert cfg[key] == ref[key], key
+
+
+@pytest.mark.parametrize("family, to, missing", [
+    ("hybrid", "hf", "a hybrid ViT"),
+    ("hybrid", "timm", "timm has no hybrid ViT"),
+    ("cait", "hf", "CaiT"),
+    ("convit", "hf", "ConViT"),
+    ("resnet", "hf", "a ResNet"),
+    ("resnet", "timm", "stem='cifar'"),
+])
+def test_inexpressible_model_names_what_is_missing(tmp_path, family, to, missing):
+    name, args = FAMILIES[family]
+    with pytest.raises(ValueError, match=missing) as err:
+        export(vitlab.create_model(name, **args), to, tmp_path / "x")
+    assert "\n" not in str(err.value)
+    assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("args, missing", [
+    (dict(global_pool="avg", class_token=False), "pooling other than the class token"),
+    (dict(init_values=1e-5), "LayerScale"),
+    (dict(reg_tokens=2), "register tokens"),
+])
+def test_hf_names_missing_vit_features(tmp_path, args, missing):
+    with pytest.raises(ValueError, match=missing):
+        export(vitlab.create_model("vit_nano_patch4_32", **args), "hf", tmp_path / "x")
+
+
+def test_export_cli(tmp_path, capsys):
+    model = noisy("vit_nano_patch4_32", depth=1)
+    vitlab.save(model, tmp_path / "m")
+    assert main(["export", str(tmp_path / "m"), "--to", "timm", "--out", str(tmp_path / "t")]) == 0
+    assert logits_close(model, vitlab.load(tmp_path / "t"), batch(model))
+    assert main(["export", str(tmp_path / "m"), "--to", "hf", "--out", str(tmp_path / "h")]) == 0
+    assert main(["export", str(tmp_path / "m"), "--to", "onnx", "--out", str(tmp_path / "o")]) == 0
+    assert (tmp_path / "o" / "model.onnx").is_file()
+    capsys.readouterr()
+    vitlab.save(vitlab.create_model("vit_nano_r18_32", depth=1), tmp_path / "hybrid")
+    assert main(["export", str(tmp_path / "hybrid"), "--to", "hf", "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("vitlab export: error: ") and "hybrid ViT" in err and err.count("\n") == 1
