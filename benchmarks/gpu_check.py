@@ -81,7 +81,8 @@ def check_cuda_smoke(tmp: Path, device: str, epochs: int) -> str:
                           cwd=ROOT, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
     top = json.loads(proc.stdout)[0]["top"] if proc.returncode == 0 else None
-    if not top or abs(sum(p["probability"] for p in top) - 1) > 0.01:
+    probs = [p["probability"] for p in top] if top else []
+    if not probs or probs != sorted(probs, reverse=True) or not 0 < sum(probs) <= 1 + 1e-3:
         raise RuntimeError(f"predict on the GPU failed or gave no probabilities:\n{proc.stderr[-2000:]}")
     return ", ".join(results) + f"; eval {100 * e['top1']:.1f}%; predict top-1 {top[0]['class']}"
 
