@@ -223,7 +223,7 @@ def test_predict_top_k_with_class_names(tmp_path, cache_dir, capsys):
 ])
 def test_bad_options_fail_clearly(tmp_path, cache_dir, args, message):
     proc = run_cli("train", "--out", tmp_path / "bad", "--epochs", "1", *args, check=False)
-    assert proc.returncode != 0
+    assert proc.returncode == 2
     assert message in proc.stderr, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
 
