@@ -111,18 +111,25 @@ def test_two_process_torchrun_matches_one_process(tmp_path, cache_dir):
     assert json.loads((tmp_path / "two" / "summary.json").read_text())["processes"] == 2
 
 
+def _uci_digits():
+    """(images 0..16, labels) of the digits shipped inside vitlab."""
+    from vitlab.data import sources
+
+    with np.load(Path(sources.__file__).with_name("digits.npz")) as z:
+        return z["images"], z["labels"]
+
+
 def _digit_folder(root: Path, classes, size: int, per_class: int, seed: int = 0):
     """Digits 0..4 as PNG files of another size, under other class names: a new task for transfer."""
-    from sklearn.datasets import load_digits
-    digits = load_digits()
+    images, target = _uci_digits()
     rng = np.random.default_rng(seed)
     for label, name in classes.items():
-        idx = rng.permutation(np.flatnonzero(digits.target == label))
+        idx = rng.permutation(np.flatnonzero(target == label))
         for split, chosen in (("train", idx[:per_class]), ("test", idx[per_class:per_class + 40])):
             folder = root / split / name
             folder.mkdir(parents=True, exist_ok=True)
             for i in chosen:
-                img = Image.fromarray((digits.images[i] * 255 / 16).astype(np.uint8), mode="L")
+                img = Image.fromarray((images[i] * 255 / 16).astype(np.uint8), mode="L")
                 img.resize((size, size), Image.BICUBIC).save(folder / f"{i}.png")
 
 
@@ -169,8 +176,7 @@ def test_predict_top_k_with_class_names(tmp_path, cache_dir, capsys):
     out = tmp_path / "run"
     train(load_recipe(None, model="vit_micro_patch2_8", epochs=2, precision="fp32", out=str(out), threads=1))
     img = tmp_path / "seven.png"
-    from sklearn.datasets import load_digits
-    Image.fromarray((load_digits().images[7] * 255 / 16).astype(np.uint8), mode="L").save(img)
+    Image.fromarray((_uci_digits()[0][7] * 255 / 16).astype(np.uint8), mode="L").save(img)
     assert main(["predict", str(out), str(img), "--top-k", "3", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert len(result) == 1 and len(result[0]["top"]) == 3
