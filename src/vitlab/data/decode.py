@@ -130,6 +130,17 @@ def read_image(path: str | os.PathLike, img_size: int | tuple[int, int] | None =
     return torch.from_numpy(arr.copy()).permute(2, 0, 1).contiguous()
 
 
+def _die_with_parent() -> None:
+    """Make this worker process end when the process that started it does (Linux), e.g. on SIGKILL."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # pragma: no cover - not Linux
+        pass
+
+
 def _decode_rows(job: tuple) -> list[int]:
     """Decode payloads into rows ``start...`` of a (N, C, H, W) uint8 array file; returns the unreadable rows."""
     path, shape, start, payloads, chans, fit = job
@@ -162,7 +173,7 @@ def decode_into(path: Path, shape: tuple[int, int, int, int], payloads: Iterable
     pool = None
     if workers > 1 and n - start >= _POOL_MIN:
         method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
-        pool = ProcessPoolExecutor(workers, mp_context=mp.get_context(method))
+        pool = ProcessPoolExecutor(workers, mp_context=mp.get_context(method), initializer=_die_with_parent)
     jobs: list[tuple[int, Future | tuple]] = []
 
     def finish(job: tuple[int, Future | tuple]) -> None:
