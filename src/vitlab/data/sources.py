@@ -29,6 +29,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..progress import progress_bar
 from .cifar import CIFAR_REMOTES, cifar_variant, find_or_fetch_cifar, load_cifar
 from .decode import Payload, decode_into, default_workers, image_size, read_image
 from .download import ARCHIVE_SUFFIXES, Log, archive_stem, download_url, is_archive
@@ -416,7 +417,9 @@ def _free_bytes(folder: Path) -> int | None:
 
 def _common_size(listing: Listing, log: Log) -> tuple[int, int]:
     """The most common (H, W) of a listing's images, read from their headers."""
-    counts = Counter(s for s in map(image_size, listing.payloads(0)) if s is not None)
+    n = len(listing.labels)
+    with progress_bar(listing.payloads(0), total=n, desc="reading image sizes", unit="img", disable=n < 2000) as bar:
+        counts = Counter(s for s in map(image_size, bar) if s is not None)
     if not counts:
         raise ValueError(f"none of the {len(listing.labels)} images in {listing.where} could be read")
     size = counts.most_common(1)[0][0]
