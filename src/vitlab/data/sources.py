@@ -320,7 +320,8 @@ def _tree_listing(tree, log: Log) -> Listing:
     def payloads(start: int) -> Iterator[Payload]:
         return (tree.files[p] for p, _ in items[start:])
 
-    return Listing(tree.where, classes, labels, n_train, has_test, names, payloads)
+    return Listing(tree.where, classes, labels, n_train, has_test, names, payloads,
+                   lambda row: tree.files[items[row][0]])
 
 
 def _build(src: _Source, header: dict[str, Any], keys: list[str], cache: Path, stored: tuple[int, int] | None,
@@ -375,7 +376,11 @@ def _build(src: _Source, header: dict[str, Any], keys: list[str], cache: Path, s
         n_workers = workers or default_workers()
 
         def fill(rows_file: Path, start: int, done) -> None:
-            decode_into(rows_file, shape, listing.payloads(start), start, fit, n_workers, f"decoding {name}", done)
+            if fill_order is None:
+                payloads = listing.payloads(start)
+            else:
+                payloads = (listing.payload_at(int(r)) for r in fill_order[start:])
+            decode_into(rows_file, shape, payloads, start, fit, n_workers, f"decoding {name}", done)
 
     labels = listing.labels
 
@@ -391,6 +396,9 @@ def _build(src: _Source, header: dict[str, Any], keys: list[str], cache: Path, s
             raise ValueError(f"none of the {listing.n_train} training images in {listing.where} could be read")
         return train, test
 
+    fill_order = None
+    if tensors is None and listing.payload_at is not None and not listing.has_test:
+        fill_order = np.concatenate(arrange(np.ones(len(labels), dtype=bool)))  # decode in split order
     key = keys[0] if listing.has_test else keys[1]
     path = cache / f"{_safe_name(name)}-{key}"
     need = int(np.prod(shape))
@@ -400,7 +408,7 @@ def _build(src: _Source, header: dict[str, Any], keys: list[str], cache: Path, s
                          f"{free / 2**30:.2f} GiB free; free some space or choose another cache_dir "
                          "(VITLAB_CACHE, --cache-dir)")
     header = dict(header, key=key, name=name, classes=list(listing.classes))
-    store, bad = build_store(path, header, shape, labels, fill, arrange, log, listing.names)
+    store, bad = build_store(path, header, shape, labels, fill, arrange, log, listing.names, fill_order)
     if bad:
         names = [listing.names(r) for r in bad]
         log(f"skipped {len(bad)} unreadable files, e.g.: {', '.join(names[:5])}")

@@ -8,8 +8,8 @@ A store is a folder::
 
 ``open_store`` checks all three (a truncated, foreign or out-of-date store is an error that names
 it) and maps the images read-only: a batch is a gather of rows, the pages stay in the OS's cache,
-shared by every process that maps the file. ``build_store`` fills ``<folder>.partial`` (rows in
-source order, the count of finished rows in ``progress.json``), puts the rows in split order and
+shared by every process that maps the file. ``build_store`` fills ``<folder>.partial`` (the count of
+finished rows in ``progress.json``), puts the rows in split order when they are not already and
 renames the folder into place: a killed build continues where it stopped, and a folder with a
 header is always complete. A lock file keeps two processes from building the same store at once.
 """
@@ -129,12 +129,14 @@ Arrange = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
 
 
 def build_store(path: Path, header: dict[str, Any], shape: tuple[int, int, int, int], labels: np.ndarray,
-                fill: Fill, arrange: Arrange, log: Log,
-                names: Callable[[int], str] | None = None) -> tuple[Store, list[int]]:
+                fill: Fill, arrange: Arrange, log: Log, names: Callable[[int], str] | None = None,
+                fill_order: np.ndarray | None = None) -> tuple[Store, list[int]]:
     """Build (or finish building) the store at ``path``; returns it and the source rows that were unreadable.
 
-    ``fill(rows_file, start, done)`` writes rows ``start``..N-1 of ``shape`` in source order into the
-    array file and calls ``done(finished_rows, unreadable_rows)`` as it goes; ``arrange(keep)``
+    ``fill(rows_file, start, done)`` writes rows ``start``..N-1 of ``shape`` into the array file, in
+    source order or, given ``fill_order``, source row ``fill_order[i]`` at row i (the split order, so
+    that no reordering is needed unless images turn out unreadable), and calls
+    ``done(finished_rows, unreadable_rows)`` as it goes (rows of the file); ``arrange(keep)``
     turns the mask of readable rows into (train rows, test rows); ``names(row)`` names an unreadable
     row in the header. ``header`` must hold ``key``,
     which identifies the source and settings (a partial build with another key starts over).
@@ -167,13 +169,16 @@ def build_store(path: Path, header: dict[str, Any], shape: tuple[int, int, int, 
 
         if state["done"] < shape[0]:
             fill(rows_file, state["done"], done)
-        bad = list(state["bad"])
+        at = np.arange(shape[0]) if fill_order is None else np.asarray(fill_order, dtype=np.int64)
+        bad = sorted(int(at[i]) for i in state["bad"])  # source rows
         keep = np.ones(shape[0], dtype=bool)
         keep[bad] = False
         train_rows, test_rows = arrange(keep)
         order = np.concatenate([train_rows, test_rows]).astype(np.int64)
         if not state["arranged"]:
-            _reorder(rows_file, part / IMAGES, shape, order)
+            where = np.empty(shape[0], dtype=np.int64)
+            where[at] = np.arange(shape[0])  # source row -> row of the file
+            _reorder(rows_file, part / IMAGES, shape, where[order])
             state["arranged"] = True
             atomic_write_json(progress_file, state)
         final_shape = (len(order), *shape[1:])

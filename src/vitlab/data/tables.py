@@ -41,6 +41,7 @@ class Listing:
     has_test: bool  # whether rows n_train.. are the source's own test split
     names: Callable[[int], str]  # row -> what to call it in a message
     payloads: Callable[[int], Iterator[Payload]]  # row -> the payloads of that row and the ones after it
+    payload_at: Callable[[int], Payload] | None = None  # row -> its payload, where reading out of order is cheap
 
 
 def _pyarrow():
@@ -192,4 +193,4 @@ def list_table(path: Path, log: Log) -> Listing:
     def payloads(start: int) -> Iterator[Payload]:
         yield from files[start:]
 
-    return Listing(str(path), classes, labels, len(rows), False, names, payloads)
+    return Listing(str(path), classes, labels, len(rows), False, names, payloads, files.__getitem__)
