@@ -449,7 +449,6 @@ def test_inspect_errors(tmp_path):
 
 
 def test_inspect_digits_by_default(tmp_path, cache_dir):
-    pytest.importorskip("sklearn")
     folder = vitlab.save(vitlab.create_model("vit_micro_patch2_8", depth=1), tmp_path / "micro")
     out = tmp_path / "report"
     assert _inspect(folder, "--num-images", 2, "--distance-images", 40, "--batch-size", 16, "--out", out) == 0

@@ -1,4 +1,4 @@
-"""vitlab.data: built-in digits, image folders and archives, CIFAR python batches, downloads and the cache."""
+"""vitlab.data: built-in digits, image folders and archives, CIFAR python batches, downloads and the store cache."""
 from __future__ import annotations
 
 import hashlib
@@ -12,7 +12,18 @@ import pytest
 import torch
 from PIL import Image
 
-from vitlab.data import DATASETS, DataBundle, default_cache_dir, download_url, load_data, read_image, sources
+from vitlab.data import (
+    DATASETS,
+    DataBundle,
+    ImageSet,
+    cifar,
+    decode,
+    default_cache_dir,
+    download_url,
+    load_data,
+    read_image,
+    sources,
+)
 
 # ----------------------------------------------------------------------------------------------
 # helpers
@@ -60,8 +71,21 @@ def assert_same(a: DataBundle, b: DataBundle):
     assert a.classes == b.classes and a.mean == b.mean and a.std == b.std and a.skipped == b.skipped
 
 
+def copy_bundle(b: DataBundle) -> DataBundle:
+    """The bundle with its images copied into memory."""
+    return DataBundle(b.name, ImageSet(b.train.images.clone(), b.train.labels.clone()),
+                      ImageSet(b.test.images.clone(), b.test.labels.clone()), b.classes, b.mean, b.std, b.skipped,
+                      b.source)
+
+
 def all_files(root):
     return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+def shipped_digits():
+    """(images 0..16, labels) of the digits file inside the package."""
+    with np.load(sources.Path(sources.__file__).with_name("digits.npz")) as z:
+        return z["images"], z["labels"]
 
 
 def tar_folder(folder, dest, arcname=None):
@@ -75,8 +99,6 @@ def tar_folder(folder, dest, arcname=None):
 
 
 def test_digits_shapes_split_and_determinism(tmp_path):
-    from sklearn.datasets import load_digits
-
     b, logs = quiet_load("digits", cache_dir=tmp_path)
     assert b.name == "digits" and DATASETS == ("digits", "cifar10", "cifar100")
     assert b.train.images.shape == (1437, 1, 8, 8) and b.test.images.shape == (360, 1, 8, 8)
@@ -87,7 +109,7 @@ def test_digits_shapes_split_and_determinism(tmp_path):
     allowed = {round(k * 255 / 16) for k in range(17)} | {128}
     assert set(torch.unique(b.train.images).tolist()) <= allowed and int(b.train.images.max()) == 255
     # every image lands in exactly one split, with the same per-class counts as the source
-    target = load_digits().target
+    target = shipped_digits()[1]
     counts = np.bincount(target, minlength=10)
     tr, te = np.bincount(b.train.labels, minlength=10), np.bincount(b.test.labels, minlength=10)
     assert (tr + te == counts).all()
@@ -103,6 +125,14 @@ def test_digits_shapes_split_and_determinism(tmp_path):
     other, _ = quiet_load("digits", cache_dir=tmp_path, seed=1)
     assert not torch.equal(other.test.images, b.test.images)
     assert np.array_equal(np.bincount(other.test.labels, minlength=10), te)
+
+
+def test_shipped_digits_are_scikit_learns():
+    datasets = pytest.importorskip("sklearn.datasets")
+    d = datasets.load_digits()
+    images, labels = shipped_digits()
+    assert images.dtype == np.uint8 and images.shape == (1797, 8, 8)
+    assert np.array_equal(images, d.images) and np.array_equal(labels, d.target)
 
 
 def test_digits_resize_and_channels(tmp_path):
@@ -295,11 +325,10 @@ def test_worker_processes_decode_like_the_main_process(tmp_path, monkeypatch):
     root = tmp_path / "many"
     make_folder(root, {"train": {"a": 7, "b": 6}, "test": {"a": 2, "b": 2}})
     (root / "train" / "b" / "zz_bad.png").write_bytes(b"not a png")
-    serial, _ = quiet_load(str(root), cache_dir=tmp_path / "c1")
-    monkeypatch.setattr(sources, "_POOL_MIN", 1)
-    monkeypatch.setattr(sources, "_CHUNK", 3)
-    monkeypatch.setattr(sources.os, "cpu_count", lambda: 2)
-    pooled, _ = quiet_load(str(root), cache_dir=tmp_path / "c2")
+    serial, _ = quiet_load(str(root), cache_dir=tmp_path / "c1", workers=1)
+    monkeypatch.setattr(decode, "_POOL_MIN", 1)
+    monkeypatch.setattr(decode, "_CHUNK", 3)
+    pooled, _ = quiet_load(str(root), cache_dir=tmp_path / "c2", workers=2)
     assert_same(serial, pooled)
     assert pooled.skipped == 1
 
@@ -382,15 +411,16 @@ def test_second_load_comes_from_the_cache(tmp_path, monkeypatch):
     make_folder(root, {"train": {"cat": 3, "dog": 2}, "test": {"cat": 1, "dog": 1}})
     first, logs1 = quiet_load(str(root), cache_dir=tmp_path / "c")
     assert "decoded" in logs1[-1]
-    caches = list((tmp_path / "c").glob("pets-*.safetensors"))
-    assert len(caches) == 1 and not list((tmp_path / "c").glob(".*"))
+    stores = list((tmp_path / "c").glob("pets-*"))
+    assert len(stores) == 1 and sorted(p.name for p in stores[0].iterdir()) == ["header.json", "images.u8",
+                                                                               "labels.npy"]
 
     def no_decoding(*args, **kwargs):
         raise AssertionError("decoded again instead of using the cache")
 
     with monkeypatch.context() as m:
-        m.setattr(sources, "_scan_folder", no_decoding)
-        m.setattr(sources, "_decode_image", no_decoding)
+        m.setattr(sources, "scan_folder", no_decoding)
+        m.setattr(decode, "_decode_image", no_decoding)
         second, logs2 = quiet_load(str(root), cache_dir=tmp_path / "c")
     assert "from cache" in logs2[-1]
     assert_same(first, second)
@@ -401,31 +431,13 @@ def test_second_load_comes_from_the_cache(tmp_path, monkeypatch):
     assert "decoded" in logs3[-1] and len(third.train.labels) == 6
 
 
-def test_interrupted_cache_write_leaves_no_cache(tmp_path, monkeypatch):
+def test_too_little_disk_space_is_said_before_decoding(tmp_path, monkeypatch):
     root = tmp_path / "pets"
     make_folder(root, {"": {"cat": 3, "dog": 3}})
-    real_save = sources.save_file
-
-    def killed(tensors, filename, metadata=None):
-        with open(filename, "wb") as f:
-            f.write(b"half a file")
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(sources, "save_file", killed)
-    with pytest.raises(KeyboardInterrupt):
+    monkeypatch.setattr(sources, "_free_bytes", lambda folder: 100)
+    with pytest.raises(ValueError, match=r"needs 0.00 GiB .* 0.00 GiB free"):
         load_data(str(root), cache_dir=tmp_path / "c", log=lambda s: None)
-    assert all_files(tmp_path / "c") == []
-
-    def disk_full(tensors, filename, metadata=None):
-        raise OSError(28, "No space left on device")
-
-    monkeypatch.setattr(sources, "save_file", disk_full)
-    b, logs = quiet_load(str(root), cache_dir=tmp_path / "c")
-    assert len(b.train.labels) + len(b.test.labels) == 6 and "not cached" in logs[-1]
-    assert all_files(tmp_path / "c") == []
-    monkeypatch.setattr(sources, "save_file", real_save)
-    _, logs = quiet_load(str(root), cache_dir=tmp_path / "c")
-    assert "decoded" in logs[-1]
+    assert not list((tmp_path / "c").glob("pets-*"))
 
 
 def test_own_test_split_shares_the_cache_across_seeds(tmp_path):
@@ -438,14 +450,18 @@ def test_own_test_split_shares_the_cache_across_seeds(tmp_path):
     assert "decoded" in logs[-1]
 
 
-def test_corrupt_cache_file_is_rebuilt(tmp_path):
+def test_truncated_store_in_the_cache_is_reported_and_rebuilt(tmp_path):
     root = tmp_path / "pets"
     make_folder(root, {"": {"cat": 4, "dog": 4}})
     first, _ = quiet_load(str(root), cache_dir=tmp_path / "c")
-    (cache_file,) = (tmp_path / "c").glob("*.safetensors")
-    cache_file.write_bytes(cache_file.read_bytes()[:100])
+    first = copy_bundle(first)  # its images map the file truncated below
+    (store,) = (tmp_path / "c").glob("pets-*")
+    images = store / "images.u8"
+    images.write_bytes(images.read_bytes()[:100])
+    with pytest.raises(ValueError, match=rf"{images} holds 100 bytes.*truncated"):
+        load_data(str(store))  # a store given by name is not rebuilt
     rebuilt, logs = quiet_load(str(root), cache_dir=tmp_path / "c")
-    assert any("unreadable" in line and "rebuilding" in line for line in logs)
+    assert any(str(images) in line and "truncated" in line and "rebuilding" in line for line in logs)
     assert "decoded" in logs[-1]
     assert_same(first, rebuilt)
     _, logs = quiet_load(str(root), cache_dir=tmp_path / "c")
@@ -530,8 +546,8 @@ def _serve_cifar(tmp_path, monkeypatch, md5=None, folder_name="cifar-10-batches-
     written = make_cifar(src / folder_name)
     archive = tar_folder(src / folder_name, src / "cifar-10-python.tar.gz")
     digest = hashlib.md5(archive.read_bytes()).hexdigest()
-    remote = sources._Remote(archive.as_uri(), md5 or digest, "cifar-10-python.tar.gz", "cifar-10-batches-py")
-    monkeypatch.setitem(sources.CIFAR_REMOTES, "cifar10", remote)
+    remote = cifar._Remote(archive.as_uri(), md5 or digest, "cifar-10-python.tar.gz", "cifar-10-batches-py")
+    monkeypatch.setitem(cifar.CIFAR_REMOTES, "cifar10", remote)
     return written
 
 
@@ -567,8 +583,8 @@ def test_cifar_download_refuses_unsafe_archive(tmp_path, monkeypatch):
         tf.add(src / "cifar-10-batches-py", arcname="cifar-10-batches-py")
         _add_bytes(tf, "cifar-10-batches-py/../../evil.txt", b"gotcha")
     digest = hashlib.md5(archive.read_bytes()).hexdigest()
-    remote = sources._Remote(archive.as_uri(), digest, archive.name, "cifar-10-batches-py")
-    monkeypatch.setitem(sources.CIFAR_REMOTES, "cifar10", remote)
+    remote = cifar._Remote(archive.as_uri(), digest, archive.name, "cifar-10-batches-py")
+    monkeypatch.setitem(cifar.CIFAR_REMOTES, "cifar10", remote)
     cache = tmp_path / "a" / "cache"
     with pytest.raises(ValueError, match="refusing to read .*evil.txt"):
         load_data("cifar10", cache_dir=cache, download=True, log=lambda s: None)

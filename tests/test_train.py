@@ -139,18 +139,25 @@ def test_a_batch_larger_than_the_training_set_uses_the_whole_set(tmp_path, cache
     assert any("larger than the 36 training images" in line for line in lines), lines
 
 
+def _uci_digits():
+    """(images 0..16, labels) of the digits shipped inside vitlab."""
+    from vitlab.data import sources
+
+    with np.load(Path(sources.__file__).with_name("digits.npz")) as z:
+        return z["images"], z["labels"]
+
+
 def _digit_folder(root: Path, classes, size: int, per_class: int, seed: int = 0):
     """Digits 0..4 as PNG files of another size, under other class names: a new task for transfer."""
-    from sklearn.datasets import load_digits
-    digits = load_digits()
+    images, target = _uci_digits()
     rng = np.random.default_rng(seed)
     for label, name in classes.items():
-        idx = rng.permutation(np.flatnonzero(digits.target == label))
+        idx = rng.permutation(np.flatnonzero(target == label))
         for split, chosen in (("train", idx[:per_class]), ("test", idx[per_class:per_class + 40])):
             folder = root / split / name
             folder.mkdir(parents=True, exist_ok=True)
             for i in chosen:
-                img = Image.fromarray((digits.images[i] * 255 / 16).astype(np.uint8), mode="L")
+                img = Image.fromarray((images[i] * 255 / 16).astype(np.uint8), mode="L")
                 img.resize((size, size), Image.BICUBIC).save(folder / f"{i}.png")
 
 
@@ -198,8 +205,7 @@ def test_predict_top_k_with_class_names(tmp_path, cache_dir, capsys):
     out = tmp_path / "run"
     train(load_recipe(None, model="vit_micro_patch2_8", epochs=2, precision="fp32", out=str(out), threads=1))
     img = tmp_path / "seven.png"
-    from sklearn.datasets import load_digits
-    Image.fromarray((load_digits().images[7] * 255 / 16).astype(np.uint8), mode="L").save(img)
+    Image.fromarray((_uci_digits()[0][7] * 255 / 16).astype(np.uint8), mode="L").save(img)
     assert main(["predict", str(out), str(img), "--top-k", "3", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert len(result) == 1 and len(result[0]["top"]) == 3
@@ -333,3 +339,22 @@ def test_train_step_resizes_the_augmented_batch(name):
     assert seen == [(16, 16), (24, 24), (32, 32)]
     with torch.no_grad():  # back at the full size, e.g. ConViT's relative positions follow the grid
         assert model.eval()(images.float() / 255).shape == (4, 10)
+
+
+def test_photos_stored_larger_than_the_training_size(tmp_path, cache_dir):
+    """store_size keeps photos at 12 px (shorter side, centre square); training crops 8x8, evaluation resizes and
+    centre-crops; the saved model takes 8x8."""
+    root = tmp_path / "photos"
+    rng = np.random.default_rng(0)
+    for c in range(3):
+        (root / f"class{c}").mkdir(parents=True)
+        for i in range(20):
+            Image.fromarray(rng.integers(0, 255, (16, 20, 3), dtype=np.uint8)).save(root / f"class{c}" / f"{i}.png")
+    lines = []
+    summary = train(load_recipe(None, data=str(root), model="vit_micro_patch2_8", model_args={"in_chans": 3},
+                                store_size=12, crop="rrc", img_size=8, epochs=2, batch_size=16, precision="fp32",
+                                threads=1, out=str(tmp_path / "run")), log=lines.append)
+    assert any("trained at 8x8" in line for line in lines), lines
+    assert summary["num_test"] == 12 and 0 <= summary["top1"] <= 1
+    model = vitlab.load(tmp_path / "run")
+    assert model.pretrained_cfg["input_size"] == [3, 8, 8] or tuple(model.pretrained_cfg["input_size"]) == (3, 8, 8)

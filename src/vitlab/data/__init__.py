@@ -1,4 +1,6 @@
-"""Data sources decoded once into in-memory uint8 tensors, with an on-disk cache."""
+"""Data sources decoded once into a memory-mapped on-disk store, and batched augmentation."""
 from .sources import DATASETS, DataBundle, ImageSet, default_cache_dir, download_url, load_data, read_image
+from .views import eval_view
 
-__all__ = ["DATASETS", "DataBundle", "ImageSet", "default_cache_dir", "download_url", "load_data", "read_image"]
+__all__ = ["DATASETS", "DataBundle", "ImageSet", "default_cache_dir", "download_url", "eval_view", "load_data",
+           "read_image"]

@@ -1,7 +1,7 @@
 """Evaluation: logits of every head over an in-memory split, and the metrics of a confusion matrix."""
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn as nn
@@ -31,11 +31,14 @@ def head_logits(model: nn.Module, x: torch.Tensor, tta: bool = False) -> dict[st
 @torch.no_grad()
 def confusion_counts(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, mean: Sequence[float],
                      std: Sequence[float], num_classes: int, batch_size: int = 256, precision: str = "fp32",
-                     progress=None, tta: bool = False) -> dict[str, dict[str, torch.Tensor]]:
+                     progress=None, tta: bool = False,
+                     view: Callable[[torch.Tensor], torch.Tensor] | None = None) -> dict[str, dict[str, torch.Tensor]]:
     """Per head: confusion matrix (true, predicted), top-5 hits and summed loss over uint8 images.
 
-    The images may live anywhere (host memory, a memory-mapped store, the device); the model runs on
-    its own device, and the counts stay there (nothing is read back per batch).
+    The images may live anywhere (host memory, a memory-mapped store, the device) and are read a
+    batch at a time; ``view`` turns a uint8 batch into what the model sees (e.g. a resize and centre
+    crop of stored photos). The model runs on its own device, and the counts stay there (nothing is
+    read back per batch).
     """
     was_training = model.training
     model.eval()
@@ -44,7 +47,8 @@ def confusion_counts(model: nn.Module, images: torch.Tensor, labels: torch.Tenso
     k = min(5, num_classes)
     for i in range(0, len(images), batch_size):
         n = min(batch_size, len(images) - i)
-        x = normalize(to_device(images.narrow(0, i, n), device), mean, std)
+        batch = to_device(images.narrow(0, i, n), device)
+        x = normalize(view(batch) if view is not None else batch, mean, std)
         y = to_device(labels.narrow(0, i, n), device)
         with autocast(device, precision):
             heads = head_logits(model, x, tta)

@@ -43,6 +43,12 @@ class Recipe(BaseModel):
     download: bool = Field(False, description="download CIFAR if missing (checksums verified)")
     val_fraction: float = Field(0.2, gt=0, lt=1, description="held-out share when the data has no test split")
     cache_dir: str | None = Field(None, description="where decoded data sets are cached")
+    store_size: int | None = Field(None, ge=1, description="photos: store images with the shorter side at this "
+                                   "size (centre square); training crops from them (crop: rrc), evaluation "
+                                   "resizes and centre-crops (crop_pct)")
+    crop_pct: float = Field(0.875, gt=0, le=1, description="evaluation of stored photos: centre crop share "
+                            "(timm/DeiT); a pretrained model's own crop_pct wins")
+    workers: int | None = Field(None, ge=1, description="processes that decode images into the store")
     # schedule
     epochs: int = Field(30, ge=1, description="epochs to train")
     time_budget: float | None = Field(None, gt=0, description="minutes of training: lay the schedule over them")

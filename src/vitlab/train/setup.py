@@ -28,18 +28,20 @@ def build_model_and_data(r: Recipe, d: Dist, log: Callable[[str], None]) -> tupl
     def get_data(img_size, in_chans):
         if d.is_main:
             data = load_data(r.data, img_size=img_size, in_chans=in_chans, cache_dir=r.cache_dir,
-                             download=r.download, val_fraction=r.val_fraction, seed=r.seed, log=log)
+                             download=r.download, val_fraction=r.val_fraction, seed=r.seed, log=log,
+                             store_size=r.store_size, workers=r.workers)
         barrier(d)  # rank 0 decodes and fills the cache; the others then read it
         if not d.is_main:
             data = load_data(r.data, img_size=img_size, in_chans=in_chans, cache_dir=r.cache_dir,
-                             download=False, val_fraction=r.val_fraction, seed=r.seed, log=lambda s: None)
+                             download=False, val_fraction=r.val_fraction, seed=r.seed, log=lambda s: None,
+                             store_size=r.store_size, workers=r.workers)
         return data
 
     if r.init:
         base = vio.load(r.init)
         in_chans = base.pretrained_cfg["input_size"][0]
         data = get_data(r.img_size, in_chans)
-        size = tuple(data.train.images.shape[-2:])
+        size = tuple(data.img_size)
         overrides = dict(r.model_args)
         if "drop_path_rate" in accepted_args(type(base)):
             overrides.setdefault("drop_path_rate", r.drop_path)
@@ -60,7 +62,7 @@ def build_model_and_data(r: Recipe, d: Dist, log: Callable[[str], None]) -> tupl
     data = get_data(img_size, in_chans)
     overrides = dict(r.model_args, num_classes=len(data.classes))
     if "img_size" in accepted_args(spec.cls):
-        overrides["img_size"] = tuple(data.train.images.shape[-2:])
+        overrides["img_size"] = tuple(data.img_size)
     if "drop_path_rate" in accepted_args(spec.cls):
         overrides.setdefault("drop_path_rate", r.drop_path)
     model = create_model(name, **overrides)

@@ -21,6 +21,7 @@ import torch.nn as nn
 
 from .. import io as vio
 from ..data.augment import BatchAugment, repeated_aug_indices
+from ..data.views import eval_view
 from ..progress import Progress, log_line
 from .clock import RunClock
 from .distill import TrainLoss
@@ -97,7 +98,10 @@ def _train(r: Recipe, d: Dist, resume: bool, log: Callable[[str], None]) -> dict
     on_device = r.data_on_device if r.data_on_device is not None else fits_on_device(
         data.train.images.nbytes, d.device)
     feeder = BatchFeeder(data.train.images, data.train.labels, d.device, on_device)
-    img_size = tuple(data.train.images.shape[-2:])
+    img_size = tuple(data.img_size)  # stored photos may be larger: training crops, evaluation resizes and crops
+    stored = tuple(data.train.images.shape[-2:])
+    crop_pct = (model.pretrained_cfg.get("crop_pct") or r.crop_pct) if r.init else r.crop_pct
+    view = (lambda b: eval_view(b, img_size, crop_pct)) if stored != img_size else None
     augment = BatchAugment(r.augment, img_size, mean, std, len(classes)).to(d.device)
     teacher = None
     if r.teacher:
@@ -139,6 +143,7 @@ def _train(r: Recipe, d: Dist, resume: bool, log: Callable[[str], None]) -> dict
     n_params = sum(p.numel() for p in model.parameters())
     log(f"model {getattr(model, 'arch', None) or type(model).__name__} ({n_params / 1e6:.2f}M parameters) on "
         f"{d.device}, {n_train} training images {tuple(data.train.images.shape[1:])}"
+        f"{f' trained at {img_size[0]}x{img_size[1]}' if view is not None else ''}"
         f"{' (on the device)' if d.device.type == 'cuda' and feeder.on_device else ''}, {len(classes)} classes, "
         f"batch {batch_size}{f' over {d.world} processes' if d.enabled else ''}"
         f"{f' in {r.accum_steps} micro-batches' if r.accum_steps > 1 else ''}, {precision}, "
@@ -150,10 +155,14 @@ def _train(r: Recipe, d: Dist, resume: bool, log: Callable[[str], None]) -> dict
                    bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}{postfix}]")
 
     def evaluate(m: nn.Module) -> dict[str, dict]:
-        """Metrics per head on the test split, each rank on its shard, summed on the device."""
-        idx = torch.arange(d.rank, len(data.test.images), d.world)
-        counts = confusion_counts(m, data.test.images[idx], data.test.labels[idx], mean, std, len(classes),
-                                  batch_size=max(batch_size // d.world, 256), precision=precision, tta=r.tta)
+        """Metrics per head on the test split, each rank on its contiguous shard (a view, read batch by batch),
+        summed on the device."""
+        n_test = len(data.test.images)
+        start, stop_ = n_test * d.rank // d.world, n_test * (d.rank + 1) // d.world
+        counts = confusion_counts(m, data.test.images.narrow(0, start, stop_ - start),
+                                  data.test.labels.narrow(0, start, stop_ - start), mean, std, len(classes),
+                                  batch_size=max(batch_size // d.world, 256), precision=precision, tta=r.tta,
+                                  view=view)
         for c in counts.values():
             for k in c:
                 c[k] = all_reduce_sum(c[k], d)
