@@ -96,34 +96,36 @@ def curve_fractions(num_patches: int, steps: int) -> list[int]:
 
 
 @torch.no_grad()
-def _probabilities(model: nn.Module, images: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    return model(images).float().softmax(dim=-1).gather(1, target[:, None])[:, 0]
+def _logits(model: nn.Module, batches: Sequence[torch.Tensor], chunk: int) -> torch.Tensor:
+    """(len(batches), B, classes): the model on several perturbed copies of a batch, ``chunk`` images per pass."""
+    x = torch.cat(list(batches))
+    out = torch.cat([model(x[i:i + chunk]).float() for i in range(0, len(x), chunk)])
+    return out.view(len(batches), len(batches[0]), -1)
 
 
 @torch.no_grad()
 def deletion_insertion(model: nn.Module, images: torch.Tensor, order: torch.Tensor, target: torch.Tensor,
                        counts: Sequence[int], grid_size: tuple[int, int], deleted: torch.Tensor,
-                       inserted_into: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                       inserted_into: torch.Tensor, chunk: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
     """(deletion, insertion) curves (B, len(counts)): the target class's probability with the first k patches of
     order replaced by ``deleted``, and with only the first k patches of the image shown over ``inserted_into``."""
-    dele, ins = [], []
-    for k in counts:
-        mask = patch_mask(order, k, grid_size, images.shape[-2:])
-        dele.append(_probabilities(model, torch.where(mask, deleted, images), target))
-        ins.append(_probabilities(model, torch.where(mask, images, inserted_into), target))
-    return torch.stack(dele, dim=1), torch.stack(ins, dim=1)
+    masks = [patch_mask(order, k, grid_size, images.shape[-2:]) for k in counts]
+    perturbed = [torch.where(m, deleted, images) for m in masks]
+    perturbed += [torch.where(m, images, inserted_into) for m in masks]
+    probs = _logits(model, perturbed, chunk).softmax(dim=-1)  # (2 S, B, classes)
+    p = probs.gather(2, target.view(1, -1, 1).expand(len(perturbed), -1, 1))[..., 0].T  # (B, 2 S)
+    return p[:, :len(counts)], p[:, len(counts):]
 
 
 @torch.no_grad()
 def perturbation_hits(model: nn.Module, images: torch.Tensor, order: torch.Tensor, labels: torch.Tensor,
-                      fractions: Sequence[float], grid_size: tuple[int, int], removed: torch.Tensor) -> torch.Tensor:
+                      fractions: Sequence[float], grid_size: tuple[int, int], removed: torch.Tensor,
+                      chunk: int = 256) -> torch.Tensor:
     """(len(fractions), B) bool: is the top-1 prediction right after removing the first floor(f * N) patches."""
     N = order.shape[1]
-    hits = []
-    for f in fractions:
-        mask = patch_mask(order, int(f * N), grid_size, images.shape[-2:])
-        hits.append(model(torch.where(mask, removed, images)).argmax(dim=-1) == labels)
-    return torch.stack(hits)
+    perturbed = [torch.where(patch_mask(order, int(f * N), grid_size, images.shape[-2:]), removed, images)
+                 for f in fractions]
+    return _logits(model, perturbed, chunk).argmax(dim=-1) == labels.view(1, -1)
 
 
 def faithfulness(model: nn.Module, images: torch.Tensor, labels: torch.Tensor | Sequence[int] | None = None, *,
@@ -167,6 +169,7 @@ def faithfulness(model: nn.Module, images: torch.Tensor, labels: torch.Tensor | 
     if 0.0 not in fractions:
         fractions = [0.0] + fractions
     generator = torch.Generator().manual_seed(seed)
+    chunk = max(4 * batch_size, 64)  # images per forward pass of the perturbed copies
     keys = [method_key(m, t) for m, t in methods] + ["random"]
     sums = {k: {"deletion": 0.0, "insertion": 0.0, "positive": 0.0, "negative": 0.0} for k in keys}
     starts = list(range(0, len(images), batch_size))
@@ -197,11 +200,11 @@ def faithfulness(model: nn.Module, images: torch.Tensor, labels: torch.Tensor | 
             xs = [k / N for k in counts]
             batch_images = [{} for _ in range(B)]
             for key, order in orders.items():
-                dele, ins = deletion_insertion(model, x, order, pred, counts, grid, deleted, inserted_into)
+                dele, ins = deletion_insertion(model, x, order, pred, counts, grid, deleted, inserted_into, chunk)
                 d_auc, i_auc = trapezoid(xs, dele), trapezoid(xs, ins)
-                pos = perturbation_hits(model, x, order, y, fractions, grid, removed).double()  # (S, B)
+                pos = perturbation_hits(model, x, order, y, fractions, grid, removed, chunk).double()  # (S, B)
                 neg = pos if key == "random" else \
-                    perturbation_hits(model, x, order.flip(1), y, fractions, grid, removed).double()
+                    perturbation_hits(model, x, order.flip(1), y, fractions, grid, removed, chunk).double()
                 acc = sums[key]
                 acc["deletion"] += float(d_auc.sum())
                 acc["insertion"] += float(i_auc.sum())
