@@ -223,3 +223,47 @@ def test_baselines_and_masks():
 def test_faithfulness_of_a_resnet_fails_clearly():
     with pytest.raises(ValueError, match="has no attention"):
         faithfulness(vitlab.create_model("resnet10_32", widths=(8, 8, 8, 8)), torch.randn(1, 3, 32, 32))
+
+
+# ---------------------------------------------------------------------------------------------
+# sanity check and head importance
+
+
+def test_parameter_randomisation_cascade():
+    from vitlab.analysis.sanity import parameter_randomisation, randomisation_stages
+
+    model = tiny("cait")
+    assert [s for s, _ in randomisation_stages(model)] == ["head", "blocks_token_only.0", "blocks.1", "blocks.0",
+                                                           "embeddings"]
+    x = torch.randn(3, 3, 32, 32)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    r = parameter_randomisation(model, x, [("rollout", "cls"), ("relevance", "cls")])
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # the model is untouched
+    assert set(r["correlation"]) == {"rollout", "relevance"} and len(r["correlation"]["rollout"]) == 5
+    assert all(-1 <= c <= 1 for cs in r["correlation"].values() for c in cs)
+    assert r["correlation"]["rollout"][0] == pytest.approx(1.0)  # rollout never looks at the head
+    assert r["class_agnostic"] == ["rollout"]
+    everything = parameter_randomisation(model, x, [("rollout", "cls")], threshold=-1.0)
+    assert everything["flagged"] == ["rollout"]
+    assert parameter_randomisation(model, x, [("rollout", "cls")], threshold=1.01)["flagged"] == []
+
+
+def test_head_importance_is_zero_for_a_head_the_block_ignores():
+    from vitlab.analysis.sanity import head_importance
+
+    model = tiny("vit")  # 2 blocks, 2 heads of 16 channels
+    with torch.no_grad():
+        model.blocks[0].attn.proj.weight[:, :16] = 0  # block 0 drops head 0's output
+    x = torch.randn(4, 3, 32, 32)
+    imp, names = head_importance(model, x, batch_size=3)
+    assert names == ["blocks.0", "blocks.1"] and imp.shape == (2, 2)
+    assert imp[0, 0].abs() < 1e-5 and imp[0, 1].abs() > 1e-4 and imp[1].abs().min() > 1e-4
+    # by hand for block 1, head 1: zero its value path through the output projection instead
+    with torch.no_grad():
+        logits = model(x)
+        t = logits.argmax(-1)
+        w = model.blocks[1].attn.proj.weight.clone()
+        model.blocks[1].attn.proj.weight[:, 16:] = 0
+        drop = (logits.gather(1, t[:, None]) - model(x).gather(1, t[:, None])).mean()
+        model.blocks[1].attn.proj.weight.copy_(w)
+    assert imp[1, 1].item() == pytest.approx(drop.item(), abs=1e-5)

@@ -1,9 +1,10 @@
 """The attention explorer of report.html: every block's and head's attention and the explanation maps of a few
 images, embedded compactly in the page, drawn by a little inline JavaScript (no server, no CDN, works offline).
 
-Encoding: per image, each block's attention (heads, queries, keys) is stored row by row as uint8, each row
-divided by its maximum (row maxima kept as float32, so head means are exact up to the rounding), the whole
-image zlib-compressed and base64-encoded; the page inflates it with the browser's DecompressionStream.
+Encoding: per image, each block's attention (heads, queries, keys) is stored row by row in 4 bits (two values a
+byte; or 8 bits), each row divided by its maximum (row maxima kept as float32, so head means are exact up to
+the rounding), the whole image zlib-compressed and base64-encoded; the page inflates it with the browser's
+DecompressionStream.
 Explanation maps are uint8 per patch. The figure PNGs are embedded as data: URLs.
 """
 from __future__ import annotations
@@ -36,13 +37,23 @@ def png_data_url(image: np.ndarray, scale: int = 1) -> str:
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-def encode_attention(maps: Sequence[AttentionMap], index: int) -> str:
-    """One image's attention of every block: row-max-scaled uint8 rows + float32 row maxima, zlib, base64."""
+BITS = (4, 8)
+
+
+def encode_attention(maps: Sequence[AttentionMap], index: int, bits: int = 4) -> str:
+    """One image's attention of every block: row-max-scaled rows in 4 or 8 bits (4: two per byte, high nibble
+    first, padded to whole bytes per block) + float32 row maxima, zlib, base64."""
+    if bits not in BITS:
+        raise ValueError(f"bits must be one of {BITS}, got {bits}")
+    levels = 2 ** bits - 1
     parts = []
     for m in maps:
         a = m.attn[index].float().clamp(min=0).cpu().numpy()  # (heads, Q, K)
         top = a.max(axis=-1, keepdims=True)  # (heads, Q, 1)
-        q = np.rint(a / np.maximum(top, 1e-30) * 255).astype(np.uint8)
+        q = np.rint(a / np.maximum(top, 1e-30) * levels).astype(np.uint8).reshape(-1)
+        if bits == 4:
+            q = np.append(q, np.uint8(0)) if len(q) % 2 else q
+            q = (q[0::2] << 4) | q[1::2]
         parts += [q.tobytes(), top.astype("<f4").tobytes()]
     return base64.b64encode(zlib.compress(b"".join(parts), 9)).decode("ascii")
 
@@ -55,7 +66,7 @@ def encode_map(values: torch.Tensor) -> str:
 
 def explorer_data(maps: Sequence[AttentionMap], display: np.ndarray, names: Sequence[str], captions: Sequence[str],
                   methods: dict[str, tuple[str, torch.Tensor]], scores: dict[str, list[dict]] | None = None,
-                  summary: dict[str, dict] | None = None, max_images: int | None = None) -> dict:
+                  summary: dict[str, dict] | None = None, max_images: int | None = None, bits: int = 4) -> dict:
     """The explorer's JSON: images, block layout, encoded attention and maps, per-image and set faithfulness.
 
     methods: key -> (label, maps (B, grid_h, grid_w) in [0, 1]); scores: key -> per image
@@ -66,12 +77,12 @@ def explorer_data(maps: Sequence[AttentionMap], display: np.ndarray, names: Sequ
     scale = max(1, 256 // max(H, W))
     gh, gw = maps[-1].grid_size
     return {
-        "grid": [gh, gw], "image_size": [H, W],
+        "grid": [gh, gw], "image_size": [H, W], "bits": bits,
         "images": [{"name": names[i], "caption": captions[i], "src": png_data_url(display[i], scale)}
                    for i in range(B)],
         "blocks": [{"name": m.name, "kind": m.kind, "heads": m.num_heads, "queries": m.attn.shape[2],
                     "keys": m.attn.shape[3], "prefix": list(m.prefix_tokens)} for m in maps],
-        "attention": [encode_attention(maps, i) for i in range(B)],
+        "attention": [encode_attention(maps, i, bits) for i in range(B)],
         "methods": [{"key": k, "label": label, "maps": [encode_map(v[i]) for i in range(B)],
                      "scores": (scores or {}).get(k, [None] * B)[:B], "summary": (summary or {}).get(k)}
                     for k, (label, v) in methods.items()],
@@ -112,8 +123,9 @@ EXPLORER_JS = r"""
     const buf = await new Response(stream).arrayBuffer();
     let off = 0;
     const blocks = D.blocks.map((b) => {
-      const n = b.heads * b.queries * b.keys, q = new Uint8Array(buf, off, n);
-      off += n;
+      const n = b.heads * b.queries * b.keys, bytes = D.bits === 4 ? Math.ceil(n / 2) : n;
+      const q = new Uint8Array(buf, off, bytes);
+      off += bytes;
       const top = new Float32Array(buf.slice(off, off + 4 * b.heads * b.queries));
       off += 4 * b.heads * b.queries;
       return { q: q, top: top };
@@ -121,12 +133,15 @@ EXPLORER_JS = r"""
     cache[image] = blocks;
     return blocks;
   }
+  function level(q, i) {  // the i-th quantised value, 0 .. 1
+    return D.bits === 4 ? ((i & 1) ? q[i >> 1] & 15 : q[i >> 1] >> 4) / 15 : q[i] / 255;
+  }
   function row(blk, data, head, query) {  // attention of one query row over the patch keys (length N)
     const P = blk.keys - N, K = blk.keys, out = new Float32Array(N);
     const heads = head === "mean" ? [...Array(blk.heads).keys()] : [Number(head)];
     for (const h of heads) {
-      const r = h * blk.queries + query, scale = data.top[r] / 255 / heads.length;
-      for (let j = 0; j < N; j++) out[j] += data.q[r * K + P + j] * scale;
+      const r = h * blk.queries + query, scale = data.top[r] / heads.length;
+      for (let j = 0; j < N; j++) out[j] += level(data.q, r * K + P + j) * scale;
     }
     return out;
   }
