@@ -1,4 +1,5 @@
 """vitlab.analysis: relevance, raw attention, faithfulness (deletion/insertion, perturbation test)."""
+import numpy as np
 import pytest
 import torch
 from test_analysis import TINY, tiny
@@ -267,3 +268,27 @@ def test_head_importance_is_zero_for_a_head_the_block_ignores():
         drop = (logits.gather(1, t[:, None]) - model(x).gather(1, t[:, None])).mean()
         model.blocks[1].attn.proj.weight.copy_(w)
     assert imp[1, 1].item() == pytest.approx(drop.item(), abs=1e-5)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_explorer_attention_encoding_round_trips(bits):
+    import base64
+    import zlib
+
+    from vitlab.analysis.interactive import encode_attention
+
+    g = torch.Generator().manual_seed(6)
+    a = torch.rand(1, 3, 5, 5, generator=g).softmax(-1)  # heads 3, 5 tokens: 75 values, odd
+    maps = [AttentionMap("blocks.0", "mhsa", a, ("cls",), (2, 2))]
+    raw = zlib.decompress(base64.b64decode(encode_attention(maps, 0, bits)))
+    n = a.numel()
+    size = n if bits == 8 else (n + 1) // 2
+    q = np.frombuffer(raw[:size], dtype=np.uint8)
+    if bits == 4:
+        q = np.stack([q >> 4, q & 15], axis=1).reshape(-1)[:n]
+    top = np.frombuffer(raw[size:], dtype="<f4").reshape(3, 5, 1)
+    assert len(raw) == size + 4 * 15
+    decoded = q.reshape(3, 5, 5) / (2 ** bits - 1) * top
+    assert np.abs(decoded - a[0].numpy()).max() <= top.max() / (2 ** bits - 1) / 2 + 1e-6
+    with pytest.raises(ValueError, match="bits"):
+        encode_attention(maps, 0, 2)
