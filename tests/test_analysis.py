@@ -1,5 +1,7 @@
 """vitlab.analysis: attention capture, rollout, distances, embeddings, figures and `vitlab inspect`."""
 import argparse
+import base64
+import json
 import math
 import re
 from pathlib import Path
@@ -370,12 +372,17 @@ def _images(folder: Path, n: int = 2) -> list[Path]:
 
 
 def _check_report(out: Path, expected: set[str]) -> str:
+    """report.html is self-contained: every figure is an embedded PNG (also written next to it), nothing external."""
     html = (out / "report.html").read_text()
-    srcs = re.findall(r'<img[^>]*\ssrc="([^"]+)"', html)
-    assert srcs, "the report shows no image"
-    for src in srcs:
-        assert (out / src).is_file() and (out / src).stat().st_size > 0, src
-    assert expected <= set(srcs), expected - set(srcs)
+    imgs = re.findall(r'<img src="data:image/png;base64,([^"]+)" data-file="([^"]+)"', html)
+    assert imgs, "the report shows no image"
+    for data, name in imgs:
+        assert base64.b64decode(data) == (out / name).read_bytes(), name
+    assert expected <= {name for _, name in imgs}, expected - {name for _, name in imgs}
+    assert not re.search(r'(src|href)="(?!data:)', html), "the report links to another file"
+    assert "http://" not in html and "https://" not in html
+    faith = json.loads((out / "faithfulness.json").read_text())
+    assert {"raw_attention", "rollout", "grad_rollout", "relevance", "random"} <= set(faith["methods"])
     return html
 
 
@@ -403,7 +410,8 @@ def test_inspect_a_training_run_folder(tmp_path, cache_dir):
     out = tmp_path / "report"
     assert _inspect(run, "--data", tmp_path / "shapes", "--num-images", 3, "--out", out) == 0
     html = _check_report(out, {"attention_heads_0.png", "rollout.png", "attention_distance.png",
-                               "position_similarity.png", "embedding_filters.png"})
+                               "position_similarity.png", "embedding_filters.png", "faithfulness.png",
+                               "randomisation.png", "head_importance.png"})
     assert "blue" in html and "red" in html  # class names from the run
 
 

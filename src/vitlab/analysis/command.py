@@ -27,9 +27,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``inspect`` sub-command to a ``vitlab`` sub-parser set."""
     p = subparsers.add_parser(
         "inspect", help="the ViT paper's analyses of a model: attention, rollout, distances, embeddings",
-        description="Write figures (attention per block and head, attention rollout, mean attention distance, "
-                    "position-embedding similarity, patch-filter components, ConViT gates, CaiT class attention) "
-                    "and one report.html for a model.")
+        description="Write figures (attention per block and head, raw attention, rollout, gradient rollout and "
+                    "relevance maps with their faithfulness scores, a parameter-randomisation sanity check, head "
+                    "importance, mean attention distance, position-embedding similarity, patch-filter components, "
+                    "ConViT gates, CaiT class attention), faithfulness.json and one self-contained, interactive "
+                    "report.html for a model.")
     p.add_argument("model", help="a model folder vitlab.load reads: vitlab (config.json + model.safetensors, "
                                  "e.g. a training run), timm or Hugging Face")
     src = p.add_mutually_exclusive_group()
@@ -39,6 +41,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--num-images", type=int, default=8, help="images shown in the figures (default 8)")
     p.add_argument("--distance-images", type=int, default=512,
                    help="images of --data the mean attention distance averages over (default 512)")
+    p.add_argument("--faithfulness-images", type=int, default=0, metavar="N",
+                   help="measure deletion/insertion and the perturbation test over the first N images of --data's "
+                        "test split, against their labels, with a progress bar (default 0: the shown images only)")
+    p.add_argument("--curve-steps", type=int, default=16,
+                   help="points of the deletion and insertion curves after the first (default 16)")
+    p.add_argument("--explorer-images", type=int, default=4,
+                   help="images embedded in report.html's interactive attention explorer (default 4)")
     p.add_argument("--out", default=None, help="output folder (default: inspect_<model folder name>)")
     p.add_argument("--head-fusion", choices=HEAD_FUSIONS, default="mean", help="how rollout fuses heads")
     p.add_argument("--discard-ratio", type=float, default=0.9,
@@ -61,6 +70,14 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--discard-ratio must lie in [0, 1), got {args.discard_ratio}")
     if args.batch_size < 1:
         raise ValueError(f"--batch-size must be at least 1, got {args.batch_size}")
+    if args.faithfulness_images < 0:
+        raise ValueError(f"--faithfulness-images must be 0 or more, got {args.faithfulness_images}")
+    if args.faithfulness_images and not args.data:
+        raise ValueError("--faithfulness-images needs --data SET: the perturbation test runs over a test split")
+    if args.curve_steps < 1:
+        raise ValueError(f"--curve-steps must be at least 1, got {args.curve_steps}")
+    if args.explorer_images < 1:
+        raise ValueError(f"--explorer-images must be at least 1, got {args.explorer_images}")
     model = load(args.model)
     try:
         attention_modules(model)
@@ -70,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     input_size = tuple(int(s) for s in cfg["input_size"])
     mean, std = cfg["mean"], cfg["std"]
 
-    labels = class_names = None
+    labels = class_names = faith_set = faith_labels = None
     if args.images:
         C, H, W = input_size
         dist_set = torch.stack([read_image(f, (H, W), C) for f in args.images])
@@ -83,8 +100,14 @@ def run(args: argparse.Namespace) -> int:
                 raise ValueError(f"{args.model} takes {'x'.join(map(str, input_size))} images: give --images FILE... "
                                  "or --data SET (digits, cifar10, an image folder or a .tar.gz)")
             source = "digits"  # the embedded 8x8 digits fit a 1-channel 8x8 model
-        dist_set, all_labels, class_names = _load_test_split(source, input_size, args)
-        dist_set, all_labels = dist_set[:args.distance_images], all_labels[:args.distance_images]
+        test_images, all_labels, class_names = _load_test_split(source, input_size, args)
+        if args.faithfulness_images:
+            if args.faithfulness_images > len(test_images):
+                raise ValueError(f"--faithfulness-images {args.faithfulness_images} is more than the "
+                                 f"{len(test_images)} test images of {source!r}")
+            faith_set = normalize(test_images[:args.faithfulness_images], mean, std)
+            faith_labels = all_labels[:args.faithfulness_images].tolist()
+        dist_set, all_labels = test_images[:args.distance_images], all_labels[:args.distance_images]
         shown, labels = dist_set[:args.num_images], all_labels[:args.num_images].tolist()
         names = [f"{Path(str(source)).name} test #{i}" for i in range(len(shown))]  # short, for figure titles
     if class_names is not None and len(class_names) != model.num_classes:
@@ -93,7 +116,10 @@ def run(args: argparse.Namespace) -> int:
     report = inspect_model(model, normalize(shown, mean, std), out, image_names=names, labels=labels,
                            class_names=class_names, distance_images=normalize(dist_set, mean, std),
                            head_fusion=args.head_fusion, discard_ratio=args.discard_ratio, batch_size=args.batch_size,
+                           faithfulness_images=faith_set, faithfulness_labels=faith_labels,
+                           curve_steps=args.curve_steps, explorer_images=args.explorer_images,
                            title=f"vitlab inspect: {Path(args.model).resolve().name}"
                                  + (f" ({model.arch})" if getattr(model, "arch", None) else ""))
-    print(f"vitlab inspect: wrote {report} and {len(list(out.glob('*.png')))} figures")
+    print(f"vitlab inspect: wrote {report} ({report.stat().st_size / 1e6:.1f} MB, self-contained), "
+          f"{out / 'faithfulness.json'} and {len(list(out.glob('*.png')))} figures")
     return 0

@@ -113,8 +113,10 @@ def plot_attention_heads(maps: Sequence[AttentionMap], index: int = 0, image: np
 
 
 def plot_rollout(images: np.ndarray, masks: dict[str, torch.Tensor], captions: Sequence[str],
-                 alpha: float = 0.5, cmap: str = "jet", title: str = "Attention rollout") -> Figure:
-    """Input images (top row) and each rollout mask overlaid on them (one row per entry of masks)."""
+                 alpha: float = 0.5, cmap: str = "jet", title: str = "Attention rollout",
+                 scores: dict[str, Sequence[str]] | None = None) -> Figure:
+    """Input images (top row) and each mask overlaid on them (one row per entry of masks); scores: per mask label,
+    one short text per image shown under its panel (e.g. its deletion and insertion AUC)."""
     B, H, W = images.shape[:3]
     rows = 1 + len(masks)
     fig = new_figure(1.7 * B + 1.4, 1.75 * rows + 0.9)
@@ -127,6 +129,9 @@ def plot_rollout(images: np.ndarray, masks: dict[str, torch.Tensor], captions: S
             _show_image(axes[r, i], images[i])
             axes[r, i].imshow(mask[i].float().cpu().numpy(), cmap=cmap, alpha=alpha, vmin=0, vmax=1,
                               extent=extent, interpolation="bilinear")
+            label = list(masks)[r - 1]
+            if scores and label in scores:
+                axes[r, i].set_xlabel(scores[label][i], fontsize=6)
     axes[0, 0].set_ylabel("input", fontsize=9)
     for r, label in enumerate(masks, start=1):
         axes[r, 0].set_ylabel(label, fontsize=9)
@@ -297,4 +302,89 @@ def plot_class_attention(maps: Sequence[AttentionMap], images: np.ndarray, indic
     fig.supxlabel("input, then head (each panel: the patch grid)", fontsize=9)
     fig.colorbar(ScalarMappable(Normalize(0, 1), "inferno"), ax=axes[:, 1:].ravel().tolist(), shrink=0.7,
                  label="attention / panel maximum")
+    return fig
+
+
+def plot_faithfulness(result: dict, title: str = "Faithfulness") -> Figure:
+    """Mean deletion and insertion curves and the positive/negative perturbation accuracy of every method."""
+    methods = result["methods"]
+    proto = result["protocol"]
+    fig = new_figure(11.0, 7.6)
+    axes = fig.subplots(2, 2, squeeze=False)
+    xs = proto["deletion_insertion"]["x"]
+    fr = proto["perturbation"]["fractions"]
+    panels = [(axes[0, 0], "deletion_curve", xs, "deletion (lower area is better)", "deletion_auc"),
+              (axes[0, 1], "insertion_curve", xs, "insertion (higher area is better)", "insertion_auc"),
+              (axes[1, 0], "positive_accuracy", fr, "positive perturbation (lower is better)", "positive_auc"),
+              (axes[1, 1], "negative_accuracy", fr, "negative perturbation (higher is better)", "negative_auc")]
+    for ax, field, x, heading, auc in panels:
+        for key, m in methods.items():
+            style = dict(color="gray", linestyle="--") if key == "random" else {}
+            ax.plot(x, m[field], marker=".", label=f"{m['label']} ({m[auc]:.3g})", **style)
+        ax.set_title(heading, fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6)
+    for ax in axes[0]:
+        ax.set_xlabel("fraction of patches removed / inserted")
+        ax.set_ylabel("probability of the predicted class")
+    for ax in axes[1]:
+        ax.set_xlabel("fraction of patches removed")
+        ax.set_ylabel(f"top-1 accuracy (%, {proto['perturbation']['accuracy_against']})")
+    fig.suptitle(f"{title} ({proto['images']} images; AUC in the legend)")
+    return fig
+
+
+def plot_randomisation(result: dict, labels: dict[str, str] | None = None,
+                       title: str = "Model-parameter randomisation test") -> Figure:
+    """Mean rank correlation of each method's map with the trained model's as weights are randomised top down."""
+    stages = result["stages"]
+    fig = new_figure(max(6.4, 0.55 * len(stages) + 3.5), 4.6)
+    ax = fig.add_subplot()
+    x = np.arange(len(stages))
+    for key, c in result["correlation"].items():
+        flag = " [flagged: does not change]" if key in result["flagged"] else ""
+        ax.plot(x, c, marker="o", label=(labels or {}).get(key, key) + flag)
+    ax.axhline(result["threshold"], color="gray", linestyle="--", linewidth=1, label="flag threshold")
+    ax.set_xticks(x, [f"+ {s}" for s in stages], rotation=45, ha="right", fontsize=7)
+    ax.set_xlabel("randomised so far (cumulative, from the top)")
+    ax.set_ylabel("Spearman rank correlation with the trained model's map")
+    ax.set_ylim(-1.05, 1.05)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    ax.set_title(f"{title}\n({result['images']} images; a faithful map decorrelates)", fontsize=10)
+    return fig
+
+
+def plot_head_importance(importance: torch.Tensor, names: Sequence[str], distances: torch.Tensor | None = None,
+                         distance_names: Sequence[str] = (), title: str = "Head importance") -> Figure:
+    """Layers x heads: the target logit's drop when each head is zeroed, beside each head's mean attention distance."""
+    L, H = importance.shape
+    panels = 1 if distances is None else 2
+    fig = new_figure(0.5 * H * panels + 5.0, 0.42 * L + 2.6)
+    axes = fig.subplots(1, panels, squeeze=False)[0]
+    imp = importance.float().cpu().numpy()
+    lim = float(np.abs(imp).max()) or 1.0
+    im = axes[0].imshow(imp, cmap="RdBu_r", vmin=-lim, vmax=lim, aspect="auto")
+    if L * H <= 200:
+        for r in range(L):
+            for h in range(H):
+                axes[0].text(h, r, f"{imp[r, h]:.2f}", ha="center", va="center", fontsize=6)
+    axes[0].set_xticks(range(H))
+    axes[0].set_yticks(range(L), list(names), fontsize=7)
+    axes[0].set_xlabel("head")
+    axes[0].set_ylabel("block")
+    axes[0].set_title("drop of the target logit when the head is zeroed", fontsize=9)
+    fig.colorbar(im, ax=axes[0], label="logit drop (positive: the head helps)")
+    if distances is not None:
+        d = np.full((L, H), np.nan)
+        for row, name in zip(distances.float().cpu().numpy(), distance_names):
+            if name in names:
+                d[list(names).index(name), :len(row)] = row
+        im2 = axes[1].imshow(d, cmap="viridis", aspect="auto")
+        axes[1].set_xticks(range(H))
+        axes[1].set_yticks(range(L), list(names), fontsize=7)
+        axes[1].set_xlabel("head")
+        axes[1].set_title("mean attention distance (pixels; blank: class attention)", fontsize=9)
+        fig.colorbar(im2, ax=axes[1], label="pixels")
+    fig.suptitle(title)
     return fig

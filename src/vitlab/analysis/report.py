@@ -1,6 +1,7 @@
 """One report for one model: every applicable analysis as a PNG, and report.html that explains them."""
 from __future__ import annotations
 
+import base64
 import html
 import json
 from collections.abc import Sequence
@@ -21,7 +22,10 @@ from .distance import (
     positional_attention_distance,
 )
 from .embeddings import filter_components, position_similarity
-from .rollout import grad_rollout, rollout
+from .faithfulness import faithfulness, method_key, method_label
+from .interactive import EXPLORER_CSS, explorer_data, explorer_html
+from .rollout import explain, explanation_methods
+from .sanity import head_importance, parameter_randomisation
 
 
 @dataclass
@@ -79,9 +83,27 @@ def _caption_attention(family_has_cls: bool) -> str:
             "attends everywhere, a single bright cell one that attends to one patch.")
 
 
+def _figure_src(out_dir: Path, file: str) -> str:
+    """A figure next to report.html as a data: URL, so that the report is one self-contained file."""
+    return "data:image/png;base64," + base64.b64encode((Path(out_dir) / file).read_bytes()).decode("ascii")
+
+
+def faithfulness_table(result: dict) -> str:
+    """An HTML table: one row per method, its mean deletion/insertion AUC and perturbation AUCs."""
+    e = html.escape
+    rows = "\n".join(
+        f"<tr><td>{e(m['label'])}</td><td>{m['deletion_auc']:.3f}</td><td>{m['insertion_auc']:.3f}</td>"
+        f"<td>{m['positive_auc']:.2f}</td><td>{m['negative_auc']:.2f}</td></tr>" for m in result["methods"].values())
+    return ("<table><tr><th>method</th><th>deletion AUC &darr;</th><th>insertion AUC &uarr;</th>"
+            "<th>positive perturbation AUC &darr;</th><th>negative perturbation AUC &uarr;</th></tr>"
+            f"{rows}</table>")
+
+
 def write_report(out_dir: Path, title: str, header: Sequence[tuple[str, str]], predictions: list[dict],
-                 sections: Sequence[Section], notes: Sequence[str]) -> Path:
-    """Write report.html next to the figures; image links are relative file names."""
+                 sections: Sequence[Section], notes: Sequence[str], tables: Sequence[tuple[str, str]] = (),
+                 explorer: str = "") -> Path:
+    """Write report.html, one self-contained file: the figures (also left next to it as PNGs) are embedded as
+    data: URLs; tables are (heading, HTML table) pairs; explorer is the interactive section's HTML."""
     e = html.escape
     rows = "\n".join(f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in header)
     pred_rows = []
@@ -90,8 +112,9 @@ def write_report(out_dir: Path, title: str, header: Sequence[tuple[str, str]], p
         pred_rows.append(f"<tr><td>{p['index']}</td><td>{e(p['name'])}</td><td>{e(p.get('label') or '')}</td>"
                          f"<td>{top}</td></tr>")
     figs = "\n".join(
-        f'<section><h2>{e(s.title)}</h2><figure><img src="{e(s.file)}" alt="{e(s.title)}">'
-        f"<figcaption>{e(s.caption)}</figcaption></figure></section>" for s in sections)
+        f'<section><h2>{e(s.title)}</h2><figure><img src="{_figure_src(out_dir, s.file)}" data-file="{e(s.file)}" '
+        f'alt="{e(s.title)}"><figcaption>{e(s.caption)}</figcaption></figure></section>' for s in sections)
+    table_html = "\n".join(f"<section><h2>{e(heading)}</h2>{table}</section>" for heading, table in tables)
     note_items = "\n".join(f"<li>{e(n)}</li>" for n in notes)
     page = f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{e(title)}</title>
@@ -102,12 +125,15 @@ th, td {{ border: 1px solid #ccc; padding: 0.3em 0.7em; text-align: left; vertic
 th {{ background: #f3f3f3; }}
 figure {{ margin: 0 0 2em; }} img {{ max-width: 100%; border: 1px solid #ddd; }}
 figcaption {{ color: #444; margin-top: 0.4em; line-height: 1.4; }}
+{EXPLORER_CSS}
 </style></head><body>
 <h1>{e(title)}</h1>
 <table>{rows}</table>
 <h2>Predictions on the shown images (top 5)</h2>
 <table><tr><th>#</th><th>image</th><th>true label</th><th>top-5 predictions</th></tr>
 {chr(10).join(pred_rows)}</table>
+{explorer}
+{table_html}
 {figs}
 <h2>Notes</h2><ul>{note_items}</ul>
 </body></html>
@@ -121,10 +147,16 @@ def inspect_model(model: nn.Module, images: torch.Tensor, out_dir: str | Path, *
                   image_names: Sequence[str] | None = None, labels: Sequence[int] | None = None,
                   class_names: Sequence[str] | None = None, distance_images: torch.Tensor | None = None,
                   head_fusion: str = "mean", discard_ratio: float = 0.9, batch_size: int = 64,
-                  max_head_figures: int = 4, title: str | None = None) -> Path:
-    """Run every applicable analysis on normalised images (B, C, H, W); write the PNGs and report.html to out_dir.
+                  max_head_figures: int = 4, title: str | None = None,
+                  faithfulness_images: torch.Tensor | None = None, faithfulness_labels: Sequence[int] | None = None,
+                  curve_steps: int = 16, sanity_images: int = 4, importance_images: int = 64,
+                  explorer_images: int = 4) -> Path:
+    """Run every applicable analysis on normalised images (B, C, H, W); write the PNGs, faithfulness.json,
+    analysis.json and report.html (self-contained, with the interactive explorer) to out_dir.
 
-    distance_images (default: images) are the set the mean attention distance is averaged over.
+    distance_images (default: images) are the set the mean attention distance and head importance
+    are averaged over; faithfulness_images (default: images) with their labels (default: the
+    shown labels, else the model's own prediction) the set the faithfulness scores are measured on.
     Returns the path of report.html. A model without attention (ResNet) raises ValueError.
     """
     attention_modules(model)  # fails early, and clearly, for a CNN
@@ -170,26 +202,76 @@ def inspect_model(model: nn.Module, images: torch.Tensor, out_dir: str | Path, *
     if B > n_heads_figs:
         notes.append(f"Per-head attention figures are drawn for the first {n_heads_figs} of the {B} images.")
 
-    # rollout
-    masks = {}
+    # explanation maps and their faithfulness
+    pred = top.indices[:, 0]
+    pairs = explanation_methods(model)
     token_label = "class token" if has_cls else "mean of patch queries"
-    masks[f"rollout\n({token_label})"] = rollout(maps, head_fusion=head_fusion, discard_ratio=discard_ratio)
-    if "dist" in prefix:
-        masks["rollout\n(distillation token)"] = rollout(maps, head_fusion=head_fusion, discard_ratio=discard_ratio,
-                                                         token="dist")
-    masks["grad rollout\n(predicted class)"] = grad_rollout(model, images, top.indices[:, 0],
-                                                            discard_ratio=discard_ratio)
+    maps_by_key = {method_key(m, t): explain(model, images, m, pred, token=t, head_fusion=head_fusion,
+                                             discard_ratio=discard_ratio) for m, t in pairs}
+    fset = images if faithfulness_images is None else faithfulness_images.to(device)
+    flabels = labels if faithfulness_images is None else faithfulness_labels
+    faith = faithfulness(model, fset, None if flabels is None else torch.as_tensor(list(flabels)),
+                         methods=pairs, batch_size=batch_size, curve_steps=curve_steps, head_fusion=head_fusion,
+                         discard_ratio=discard_ratio, keep_images=B if faithfulness_images is None else 0)
+    if faithfulness_images is not None:  # the shown images' own curves, for the figure and the explorer
+        faith["images"] = faithfulness(model, images, methods=pairs, batch_size=batch_size, curve_steps=curve_steps,
+                                       head_fusion=head_fusion, discard_ratio=discard_ratio, keep_images=B,
+                                       progress=False)["images"]
+    (out / "faithfulness.json").write_text(json.dumps(faith, indent=1) + "\n", encoding="utf-8")
+    per_image = {k: [img["methods"][k] for img in faith["images"]] for k in maps_by_key}
+    row_label = {k: method_label(k).replace(" (", "\n(", 1) for k in maps_by_key}
+    masks = {row_label[k]: v for k, v in maps_by_key.items()}
+    scores = {row_label[k]: [f"del {s['deletion_auc']:.2f} / ins {s['insertion_auc']:.2f}" for s in per_image[k]]
+              for k in maps_by_key}
     captions = [f"{names[i]}\n{p['top'][0][0]} ({p['top'][0][1]:.0%})" for i, p in enumerate(predictions)]
-    add(plots.plot_rollout(display, masks, captions, title="Attention rollout"), "rollout.png", "Attention rollout",
-        f"Attention rollout (Abnar & Zuidema 2020) traces how much each input patch contributes to the "
-        f"{token_label} at the output: per block the heads are fused by their {head_fusion}, the lowest "
-        f"{discard_ratio:.0%} of each row is dropped (never the class token's attention to itself), the identity "
-        "is added for the residual connection, and the blocks' matrices are multiplied. Red (jet) marks the "
-        "most relevant patches, blue the least; each map is scaled to its own maximum. The grad-rollout row "
-        "weights every attention map by its gradient with respect to the predicted class's score and keeps the "
-        "positive part, so it is class-specific."
-        + (" The distillation-token row reads the same rollout from DeiT's distillation token." if "dist" in prefix
+    add(plots.plot_rollout(display, masks, captions, title="Attention rollout and relevance", scores=scores),
+        "rollout.png", "Attention rollout and relevance",
+        f"Four ways to ask which patches the prediction rests on, for the {token_label}: the last block's "
+        "attention (heads averaged; the baseline), attention rollout (Abnar & Zuidema 2020: per block the heads "
+        f"are fused by their {head_fusion}, the lowest {discard_ratio:.0%} of each row dropped (never the class "
+        "token's attention to itself), the identity added for the residual connection and the blocks' matrices "
+        "multiplied), gradient rollout (each map weighted by its gradient with respect to the predicted class's "
+        "logit, positive part, then rolled out) and the relevance of Chefer, Gur & Wolf (ICCV 2021: R = I, then "
+        "per block R += mean over heads of (gradient x attention)^+ @ R, no renormalisation). Rollout and raw "
+        "attention are the same for every class; the gradient methods explain the predicted class. Red (jet) "
+        "marks the most relevant patches; each map is scaled to its own range. Under each map: its deletion and "
+        "insertion AUC on that image (see Faithfulness)."
+        + (" The distillation-token rows read the same methods from DeiT's distillation token." if "dist" in prefix
            else ""))
+    summary["faithfulness"] = {k: {m: v[m] for m in ("deletion_auc", "insertion_auc", "positive_auc",
+                                                      "negative_auc")} for k, v in faith["methods"].items()}
+    proto = faith["protocol"]
+    di = proto["deletion_insertion"]
+    add(plots.plot_faithfulness(faith), "faithfulness.png", "Faithfulness",
+        f"Over {proto['images']} image(s). Deletion/insertion (RISE, Petsiuk et al. 2018): the probability of the "
+        f"class predicted on the intact image as patches are replaced by the '{di['deletion_baseline']}' "
+        f"baseline (deletion) or revealed over a '{di['insertion_baseline']}' copy (insertion; blur sigma "
+        f"{di['blur_sigma_px']:.1f} px), "
+        "most relevant first; a faithful map gives a low deletion and a high insertion area. Positive/negative "
+        "perturbation (Chefer et al. 2021): top-1 accuracy "
+        f"({proto['perturbation']['accuracy_against']}) after blacking out 10%..90% of the patches, the most "
+        "(positive: lower is better) or least (negative: higher is better) relevant first; AUC by the trapezoid "
+        "rule with the unperturbed point. The dashed line is a random patch order. Every parameter is in "
+        "faithfulness.json.")
+
+    # sanity check: cascading parameter randomisation
+    sanity_set = images[:sanity_images]
+    sanity = parameter_randomisation(model, sanity_set, pairs, head_fusion=head_fusion, discard_ratio=discard_ratio)
+    summary["randomisation"] = sanity
+    labels_by_key = {k: method_label(k) for k in maps_by_key}
+    add(plots.plot_randomisation(sanity, labels_by_key), "randomisation.png", "Sanity check: parameter randomisation",
+        f"The model-parameter randomisation test (Adebayo et al. 2018) on {len(sanity_set)} image(s): the weights are "
+        "re-drawn at random from the top down (the classifier head first, then each block from the last, then the "
+        "embeddings), and each method's map is compared with the trained model's by Spearman rank correlation. "
+        "A map that explains the model loses its shape; one that stays similar once every block is random "
+        f"(correlation >= {sanity['threshold']}) reflects the input more than the model and is flagged.")
+    for k in sanity["flagged"]:
+        notes.append(f"Sanity check: {labels_by_key[k]} does not change when the model's weights are randomised "
+                     f"(rank correlation {sanity['correlation'][k][-2]:.2f} with every block random): it is flagged "
+                     "as not explaining the model.")
+    agnostic = [labels_by_key[k] for k in sanity["class_agnostic"]]
+    if agnostic:
+        notes.append("Class-agnostic (unchanged when the classifier head is randomised): " + ", ".join(agnostic) + ".")
 
     # mean attention distance
     dist_set = images if distance_images is None else distance_images.to(device)
@@ -205,6 +287,17 @@ def inspect_model(model: nn.Module, images: torch.Tensor, out_dir: str | Path, *
         "left out. One dot per head; the dashed line is the distance of uniform attention. Low dots are local "
         "heads (like convolutions), high dots global ones; trained ViTs mix both in early layers and become "
         "global with depth.")
+
+    # per-head importance, beside the heads' mean attention distance
+    imp_set = dist_set[:importance_images]
+    importance, block_names = head_importance(model, imp_set, batch_size=batch_size)
+    summary["head_importance"] = {n: r.tolist() for n, r in zip(block_names, importance)}
+    add(plots.plot_head_importance(importance, block_names, distances, [n for n, _ in layer_kinds]),
+        "head_importance.png", "Head importance",
+        f"For each block and head, how much the logit of the predicted class drops when that head's attention is "
+        f"zeroed (so it adds nothing to its block's output), mean over {len(imp_set)} image(s); red: the head "
+        "helps the prediction, blue: removing it raises the logit. Right: the same heads' mean attention "
+        "distance, to see whether the heads that matter are local or global.")
 
     # position embedding similarity
     if getattr(model, "pos_embed", None) is not None:
@@ -263,4 +356,11 @@ def inspect_model(model: nn.Module, images: torch.Tensor, out_dir: str | Path, *
     (out / "analysis.json").write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
     header = model_header(model, class_names)
     title = title or f"vitlab inspect: {getattr(model, 'arch', None) or type(model).__name__}"
-    return write_report(out, title, header, predictions, sections, notes)
+    methods = {k: (method_label(k), v) for k, v in maps_by_key.items()}
+    data = explorer_data(maps, display, names, [f"{names[i]}: predicted {p['top'][0][0]} ({p['top'][0][1]:.0%})"
+                                                + (f", true {p['label']}" if p.get("label") else "")
+                                                for i, p in enumerate(predictions)],
+                         methods, per_image, {k: v for k, v in faith["methods"].items() if k in methods},
+                         max_images=explorer_images)
+    tables = [(f"Faithfulness over {proto['images']} image(s) (faithfulness.json)", faithfulness_table(faith))]
+    return write_report(out, title, header, predictions, sections, notes, tables, explorer_html(data))

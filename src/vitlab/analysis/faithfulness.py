@@ -1,0 +1,273 @@
+"""Is a map faithful? Deletion and insertion curves (RISE) and the perturbation test of Chefer et al. (CVPR 2021).
+
+Both remove (or add) whole patches of the model's grid in the order a map ranks them:
+
+- deletion / insertion (Petsiuk et al. 2018): the probability of the class predicted on the
+  intact image as patches are removed (replaced by the deletion baseline) or inserted into the
+  insertion baseline, most relevant first, at ``curve_steps`` + 1 evenly spaced fractions from 0
+  to 1; the area under each curve by the trapezoid rule over x in [0, 1]. A faithful map has a
+  low deletion and a high insertion AUC.
+- positive / negative perturbation (Chefer, Gur & Wolf 2021): the top-1 accuracy over a set
+  after removing floor(f * N) patches, f = 0.1 .. 0.9, the most (positive) or least (negative)
+  relevant first, the removed pixels set to 0 (black) before normalisation as in the authors'
+  code; the AUC by the trapezoid rule over f = 0, 0.1, .., 0.9, the unperturbed accuracy (%)
+  included. A faithful map has a low positive and a high negative AUC.
+
+A random patch order is the baseline every method should beat.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..progress import progress_bar
+from .rollout import METHOD_LABELS, explain, explanation_methods
+
+BASELINES = ("black", "mean", "blur")
+PERTURBATION_STEPS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+
+
+def method_key(method: str, token: str = "cls") -> str:
+    """The name a (method, token) pair has in faithfulness.json: e.g. 'relevance', 'relevance_dist'."""
+    return method if token == "cls" else f"{method}_{token}"
+
+
+def method_label(key: str) -> str:
+    """A readable name for a key of method_key (or 'random')."""
+    if key == "random":
+        return "random order"
+    method = key.removesuffix("_dist")
+    return METHOD_LABELS.get(method, method) + (" (distillation token)" if key.endswith("_dist") else "")
+
+
+def baseline_images(images: torch.Tensor, kind: str, mean: Sequence[float], std: Sequence[float],
+                    blur_sigma: float = 4.0) -> torch.Tensor:
+    """What 'removed' pixels become, for normalised images (B, C, H, W): 'black' (pixel value 0), 'mean' (0 after
+    normalisation: the data set's mean colour) or 'blur' (a Gaussian blur of the image, sigma in pixels)."""
+    if kind == "black":
+        m = torch.as_tensor(mean, dtype=images.dtype, device=images.device).view(1, -1, 1, 1)
+        s = torch.as_tensor(std, dtype=images.dtype, device=images.device).view(1, -1, 1, 1)
+        return ((0 - m) / s).expand_as(images)
+    if kind == "mean":
+        return torch.zeros_like(images)
+    if kind == "blur":
+        if blur_sigma <= 0:
+            raise ValueError(f"blur_sigma must be positive, got {blur_sigma}")
+        return gaussian_blur(images, blur_sigma)
+    raise ValueError(f"baseline {kind!r} is not one of {BASELINES}")
+
+
+def gaussian_blur(images: torch.Tensor, sigma: float) -> torch.Tensor:
+    """A separable Gaussian blur of (B, C, H, W) images, kernel about +-2 sigma, reflected borders."""
+    pad = min(int(2 * sigma + 0.5), images.shape[-1] - 1, images.shape[-2] - 1)  # reflection needs pad < side
+    k = 2 * pad + 1
+    t = torch.arange(k, dtype=images.dtype, device=images.device) - pad
+    g = torch.exp(-0.5 * (t / sigma) ** 2)
+    g = g / g.sum()
+    c = images.shape[1]
+    x = images
+    for kernel, padding in ((g.view(1, 1, 1, k), (pad, pad, 0, 0)), (g.view(1, 1, k, 1), (0, 0, pad, pad))):
+        x = F.pad(x, padding, mode="reflect")
+        x = F.conv2d(x, kernel.expand(c, 1, *kernel.shape[-2:]), groups=c)
+    return x
+
+
+def relevance_order(maps: torch.Tensor) -> torch.Tensor:
+    """(B, grid_h, grid_w) maps -> (B, N) patch indices, most relevant first (ties keep grid order)."""
+    return maps.flatten(1).float().argsort(dim=1, descending=True, stable=True)
+
+
+def random_order(batch: int, num_patches: int, generator: torch.Generator | None = None) -> torch.Tensor:
+    """(B, N) a random permutation of the patches per image."""
+    return torch.stack([torch.randperm(num_patches, generator=generator) for _ in range(batch)])
+
+
+def patch_mask(order: torch.Tensor, k: int, grid_size: tuple[int, int], image_size: tuple[int, int]) -> torch.Tensor:
+    """(B, 1, H, W) bool: True on the pixels of the first k patches of each order (B, N)."""
+    B, N = order.shape
+    mask = torch.zeros(B, N, device=order.device)
+    if k > 0:
+        mask.scatter_(1, order[:, :k], 1.0)
+    mask = mask.view(B, 1, *grid_size)
+    return F.interpolate(mask, size=tuple(image_size), mode="nearest") > 0.5
+
+
+def trapezoid(xs: Sequence[float], ys: torch.Tensor) -> torch.Tensor:
+    """Area under ys (..., len(xs)) over the points xs, by the trapezoid rule."""
+    return torch.trapezoid(ys.double(), torch.as_tensor(xs, dtype=torch.float64, device=ys.device), dim=-1)
+
+
+def curve_fractions(num_patches: int, steps: int) -> list[int]:
+    """Patch counts 0 .. N at ``steps`` + 1 evenly spaced points (rounded), for deletion and insertion."""
+    if steps < 1:
+        raise ValueError(f"curve steps must be at least 1, got {steps}")
+    steps = min(steps, num_patches)
+    return [round(i * num_patches / steps) for i in range(steps + 1)]
+
+
+@torch.no_grad()
+def _logits(model: nn.Module, batches: Sequence[torch.Tensor], chunk: int) -> torch.Tensor:
+    """(len(batches), B, classes): the model on several perturbed copies of a batch, ``chunk`` images per pass."""
+    x = torch.cat(list(batches))
+    out = torch.cat([model(x[i:i + chunk]).float() for i in range(0, len(x), chunk)])
+    return out.view(len(batches), len(batches[0]), -1)
+
+
+@torch.no_grad()
+def deletion_insertion(model: nn.Module, images: torch.Tensor, order: torch.Tensor, target: torch.Tensor,
+                       counts: Sequence[int], grid_size: tuple[int, int], deleted: torch.Tensor,
+                       inserted_into: torch.Tensor, chunk: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
+    """(deletion, insertion) curves (B, len(counts)): the target class's probability with the first k patches of
+    order replaced by ``deleted``, and with only the first k patches of the image shown over ``inserted_into``."""
+    masks = [patch_mask(order, k, grid_size, images.shape[-2:]) for k in counts]
+    perturbed = [torch.where(m, deleted, images) for m in masks]
+    perturbed += [torch.where(m, images, inserted_into) for m in masks]
+    probs = _logits(model, perturbed, chunk).softmax(dim=-1)  # (2 S, B, classes)
+    p = probs.gather(2, target.view(1, -1, 1).expand(len(perturbed), -1, 1))[..., 0].T  # (B, 2 S)
+    return p[:, :len(counts)], p[:, len(counts):]
+
+
+@torch.no_grad()
+def perturbation_hits(model: nn.Module, images: torch.Tensor, order: torch.Tensor, labels: torch.Tensor,
+                      fractions: Sequence[float], grid_size: tuple[int, int], removed: torch.Tensor,
+                      chunk: int = 256) -> torch.Tensor:
+    """(len(fractions), B) bool: is the top-1 prediction right after removing the first floor(f * N) patches."""
+    N = order.shape[1]
+    perturbed = [torch.where(patch_mask(order, int(f * N), grid_size, images.shape[-2:]), removed, images)
+                 for f in fractions]
+    return _logits(model, perturbed, chunk).argmax(dim=-1) == labels.view(1, -1)
+
+
+def faithfulness(model: nn.Module, images: torch.Tensor, labels: torch.Tensor | Sequence[int] | None = None, *,
+                 methods: Sequence[tuple[str, str]] | None = None, batch_size: int = 64, curve_steps: int = 16,
+                 deletion_baseline: str = "mean", insertion_baseline: str = "blur",
+                 perturbation_baseline: str = "black", blur_sigma: float | None = None,
+                 perturbation_steps: Sequence[float] = PERTURBATION_STEPS, head_fusion: str = "mean",
+                 discard_ratio: float = 0.0, keep_images: int = 8, seed: int = 0,
+                 progress: bool | None = None) -> dict:
+    """Deletion/insertion AUCs and the positive/negative perturbation test of each method over normalised images.
+
+    methods: (method, token) pairs (default: all that apply, see explanation_methods); maps are
+    computed for the class predicted on each intact image. labels: the true classes for the
+    perturbation test's accuracy (default: the intact prediction, so it starts at 100%).
+    Returns a JSON-ready dict: ``protocol`` (every parameter), ``methods`` (key -> mean AUCs and
+    mean curves, plus 'random', a random patch order) and ``images`` (per-image curves and AUCs
+    of the first keep_images images). progress: a bar; None shows one for more than one batch.
+    """
+    from .capture import attention_modules
+
+    attention_modules(model)
+    if len(images) == 0:
+        raise ValueError("faithfulness needs at least one image")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+    if sorted(perturbation_steps) != list(perturbation_steps) or not all(0 <= f < 1 for f in perturbation_steps):
+        raise ValueError(f"perturbation steps must rise within [0, 1), got {list(perturbation_steps)}")
+    for name, kind in (("deletion", deletion_baseline), ("insertion", insertion_baseline),
+                       ("perturbation", perturbation_baseline)):
+        if kind not in BASELINES:
+            raise ValueError(f"{name} baseline {kind!r} is not one of {BASELINES}")
+    methods = list(methods or explanation_methods(model))
+    cfg = getattr(model, "pretrained_cfg", None) or {}
+    C, H, W = images.shape[1:]
+    mean, std = cfg.get("mean", (0.5,) * C), cfg.get("std", (0.5,) * C)
+    sigma = float(blur_sigma if blur_sigma is not None else max(H, W) / 8)
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    fractions = list(perturbation_steps)
+    if 0.0 not in fractions:
+        fractions = [0.0] + fractions
+    generator = torch.Generator().manual_seed(seed)
+    chunk = max(4 * batch_size, 64)  # images per forward pass of the perturbed copies
+    keys = [method_key(m, t) for m, t in methods] + ["random"]
+    sums = {k: {"deletion": 0.0, "insertion": 0.0, "positive": 0.0, "negative": 0.0} for k in keys}
+    starts = list(range(0, len(images), batch_size))
+    show = len(starts) > 1 if progress is None else progress
+    per_image: list[dict] = []
+    grid = None
+    counts = None
+    total = 0
+    bar = progress_bar(total=len(images), desc="faithfulness", unit="img", disable=not show)
+    try:
+        for s in starts:
+            x = images[s:s + batch_size].to(device)
+            B = len(x)
+            with torch.no_grad():
+                pred = model(x).argmax(dim=-1)  # (B,) the class every map explains
+            y = pred if labels is None else torch.as_tensor(labels[s:s + batch_size], device=device).long()
+            deleted = baseline_images(x, deletion_baseline, mean, std, sigma)
+            inserted_into = baseline_images(x, insertion_baseline, mean, std, sigma)
+            removed = baseline_images(x, perturbation_baseline, mean, std, sigma)
+            orders = {}
+            for (method, token), key in zip(methods, keys):
+                m = explain(model, x, method, pred, token=token, head_fusion=head_fusion, discard_ratio=discard_ratio)
+                grid = tuple(m.shape[-2:])
+                orders[key] = relevance_order(m).to(device)
+            N = grid[0] * grid[1]
+            orders["random"] = random_order(B, N, generator).to(device)
+            counts = curve_fractions(N, curve_steps)
+            xs = [k / N for k in counts]
+            batch_images = [{} for _ in range(B)]
+            for key, order in orders.items():
+                dele, ins = deletion_insertion(model, x, order, pred, counts, grid, deleted, inserted_into, chunk)
+                d_auc, i_auc = trapezoid(xs, dele), trapezoid(xs, ins)
+                pos = perturbation_hits(model, x, order, y, fractions, grid, removed, chunk).double()  # (S, B)
+                neg = pos if key == "random" else \
+                    perturbation_hits(model, x, order.flip(1), y, fractions, grid, removed, chunk).double()
+                acc = sums[key]
+                acc["deletion"] += float(d_auc.sum())
+                acc["insertion"] += float(i_auc.sum())
+                acc["deletion_curve"] = acc.get("deletion_curve", 0) + dele.double().sum(0)
+                acc["insertion_curve"] = acc.get("insertion_curve", 0) + ins.double().sum(0)
+                acc["positive_hits"] = acc.get("positive_hits", 0) + pos.sum(1)
+                acc["negative_hits"] = acc.get("negative_hits", 0) + neg.sum(1)
+                for i in range(B):
+                    batch_images[i][key] = {"deletion_auc": float(d_auc[i]), "insertion_auc": float(i_auc[i]),
+                                            "deletion_curve": dele[i].tolist(), "insertion_curve": ins[i].tolist()}
+            for i in range(B):
+                if len(per_image) < keep_images:
+                    per_image.append({"index": s + i, "predicted": int(pred[i]), "methods": batch_images[i]})
+            total += B
+            bar.update(B)
+    finally:
+        bar.close()
+        model.train(was_training)
+    results = {}
+    for key in keys:
+        acc = sums[key]
+        pos_acc = (acc["positive_hits"] / total * 100).tolist()
+        neg_acc = (acc["negative_hits"] / total * 100).tolist()
+        results[key] = {
+            "label": method_label(key),
+            "deletion_auc": acc["deletion"] / total, "insertion_auc": acc["insertion"] / total,
+            "positive_auc": float(trapezoid(fractions, torch.tensor(pos_acc))),
+            "negative_auc": float(trapezoid(fractions, torch.tensor(neg_acc))),
+            "deletion_curve": (acc["deletion_curve"] / total).tolist(),
+            "insertion_curve": (acc["insertion_curve"] / total).tolist(),
+            "positive_accuracy": pos_acc, "negative_accuracy": neg_acc}
+    N = grid[0] * grid[1]
+    protocol = {
+        "images": total, "grid": list(grid), "patches": N, "unit": "patch of the model's token grid",
+        "map_class": "the class predicted on the intact image",
+        "deletion_insertion": {
+            "reference": "Petsiuk et al. 2018 (RISE)", "score": "softmax probability of the predicted class",
+            "order": "most relevant patch first", "patch_counts": counts, "x": [k / N for k in counts],
+            "deletion_baseline": deletion_baseline, "insertion_baseline": insertion_baseline,
+            "blur_sigma_px": sigma, "auc": "trapezoid rule over x in [0, 1]; deletion: lower is better, "
+                                          "insertion: higher is better"},
+        "perturbation": {
+            "reference": "Chefer, Gur & Wolf 2021 (CVPR), pertubation_eval_from_hdf5.py",
+            "fractions": fractions, "patches_removed": [int(f * N) for f in fractions],
+            "removed_value": perturbation_baseline + (" (pixel value 0 before normalisation)"
+                                                      if perturbation_baseline == "black" else ""),
+            "accuracy_against": "true labels" if labels is not None else "the intact prediction",
+            "positive": "most relevant removed first (lower AUC is better)",
+            "negative": "least relevant removed first (higher AUC is better)",
+            "auc": "trapezoid rule over the fractions (unperturbed point included), accuracy in %"},
+        "random": f"a random patch order per image (seed {seed}); positive = negative",
+        "head_fusion": head_fusion, "discard_ratio": discard_ratio}
+    return {"protocol": protocol, "methods": results, "images": per_image}

@@ -1,0 +1,139 @@
+"""Checks on the explanations and the heads: the model-parameter randomisation test and per-head importance.
+
+Randomisation (Adebayo et al. 2018, cascading): re-initialise the weights from the top down,
+the classifier head first, then one block after another from the last, then the embeddings, and
+after each stage compare every method's map with the one of the trained model by Spearman's
+rank correlation (mean over images). A map that depends on what the model learnt decorrelates;
+one that stays similar once every block is random explains the input, not the model, and is
+flagged.
+
+Head importance (as in Michel et al. 2019): the drop of the target class's logit when one
+head's attention is zeroed (so the head adds nothing to its block's output), mean over images.
+"""
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from .capture import attention_modules, capture_attention
+from .faithfulness import method_key
+from .rollout import explain, explanation_methods
+
+FLAG_THRESHOLD = 0.5  # mean rank correlation at or above which a map "did not change"
+
+
+def randomisation_stages(model: nn.Module) -> list[tuple[str, list[str]]]:
+    """(label, module names) of the cascade, top first: the head(s), each block from the last, the embeddings."""
+    stages = [("head", [n for n in ("head", "head_dist") if isinstance(getattr(model, n, None), nn.Module)])]
+    for name, _, _ in reversed(attention_modules(model)):
+        stages.append((name, [name]))
+    embed = [n for n in ("patch_embed", "pos_embed", "cls_token", "dist_token", "reg_token")
+             if getattr(model, n, None) is not None]
+    stages.append(("embeddings", embed))
+    return stages
+
+
+@torch.no_grad()
+def reinitialise(model: nn.Module, names: Sequence[str], generator: torch.Generator) -> None:
+    """Draw fresh random weights for the named submodules or parameters: N(0, 0.02) everywhere, except
+    normalisation layers, which go back to weight 1 and bias 0."""
+    for name in names:
+        target = getattr(model, name, None) if "." not in name else model.get_submodule(name)
+        if isinstance(target, nn.Parameter):
+            target.copy_(torch.randn(target.shape, generator=generator) * 0.02)
+            continue
+        if not isinstance(target, nn.Module):  # a buffer (e.g. a fixed sin-cos position embedding): nothing learnt
+            continue
+        for module in target.modules():
+            norm = isinstance(module, (nn.LayerNorm, nn.GroupNorm, nn.BatchNorm2d))
+            for pname, p in module.named_parameters(recurse=False):
+                if norm:
+                    p.fill_(1.0 if pname == "weight" else 0.0)
+                else:
+                    p.copy_(torch.randn(p.shape, generator=generator) * 0.02)
+            if isinstance(module, nn.BatchNorm2d) and module.running_mean is not None:
+                module.reset_running_stats()
+
+
+def _ranks(x: np.ndarray) -> np.ndarray:
+    """Ranks 0..n-1 of x, ties sharing their mean rank (as Spearman's rho needs)."""
+    order = np.argsort(x, kind="stable")
+    ranks = np.empty(len(x))
+    ranks[order] = np.arange(len(x))
+    _, groups = np.unique(x, return_inverse=True)
+    return (np.bincount(groups, ranks) / np.bincount(groups))[groups]
+
+
+def _rank_correlation(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Mean Spearman correlation between matching maps of (B, h, w) a and b; a constant map counts as 0."""
+    rhos = []
+    for x, y in zip(a.flatten(1).double().cpu().numpy(), b.flatten(1).double().cpu().numpy()):
+        rho = float(np.corrcoef(_ranks(x), _ranks(y))[0, 1]) if x.std() > 0 and y.std() > 0 else 0.0
+        rhos.append(rho)
+    return sum(rhos) / len(rhos)
+
+
+def parameter_randomisation(model: nn.Module, images: torch.Tensor, methods: Sequence[tuple[str, str]] | None = None,
+                            *, head_fusion: str = "mean", discard_ratio: float = 0.0, seed: int = 0,
+                            threshold: float = FLAG_THRESHOLD) -> dict:
+    """Cascading randomisation test on normalised images (B, C, H, W): a JSON-ready dict with ``stages`` (labels,
+    top first), ``correlation`` (method key -> mean Spearman rho after each stage), ``flagged`` (methods whose
+    rho stays >= threshold once every block is random) and ``class_agnostic`` (rho still 1 after the head).
+
+    The maps explain the class the trained model predicts, at every stage. The model is not changed.
+    """
+    methods = list(methods or explanation_methods(model))
+    with torch.no_grad():
+        target = model.eval()(images).argmax(dim=-1)
+    kw = dict(head_fusion=head_fusion, discard_ratio=discard_ratio)
+    original = {method_key(m, t): explain(model, images, m, target, token=t, **kw) for m, t in methods}
+    randomised = copy.deepcopy(model).eval()
+    generator = torch.Generator().manual_seed(seed)
+    stages = randomisation_stages(model)
+    corr: dict[str, list[float]] = {k: [] for k in original}
+    for _, names in stages:
+        reinitialise(randomised, names, generator)
+        for (m, t), key in zip(methods, original):
+            corr[key].append(_rank_correlation(original[key], explain(randomised, images, m, target, token=t, **kw)))
+    last_block = len(stages) - 2  # the stage after which every block is random
+    return {"stages": [label for label, _ in stages], "correlation": corr, "threshold": threshold,
+            "flagged": [k for k, c in corr.items() if c[last_block] >= threshold],
+            "class_agnostic": [k for k, c in corr.items() if c[0] > 0.999],
+            "images": len(images), "seed": seed}
+
+
+@torch.no_grad()
+def head_importance(model: nn.Module, images: torch.Tensor, target_class: Sequence[int] | torch.Tensor | None = None,
+                    batch_size: int = 64) -> tuple[torch.Tensor, list[str]]:
+    """(blocks, heads) drop of the target logit when each head's attention is zeroed, mean over images; and the
+    block names. target_class: one class per image (default: the class predicted on the intact image)."""
+    modules = attention_modules(model)
+    model.eval()
+    drops = None
+    for s in range(0, len(images), batch_size):
+        x = images[s:s + batch_size]
+        logits = model(x)
+        t = logits.argmax(-1) if target_class is None else torch.as_tensor(target_class[s:s + batch_size]).long()
+        base = logits.gather(1, t[:, None])[:, 0]
+        rows = []
+        for _, _, module in modules:
+            row = []
+            for h in range(module.num_heads):
+                def zero_head(mod, inputs, out, h=h):  # out: (B, heads, Q, K)
+                    out = out.clone()
+                    out[:, h] = 0
+                    return out
+                with capture_attention(model):  # the slow path, so that attn_map is called
+                    handle = module.attn_map.register_forward_hook(zero_head)
+                    try:
+                        row.append((base - model(x).gather(1, t[:, None])[:, 0]).sum())
+                    finally:
+                        handle.remove()
+            rows.append(torch.stack(row))
+        batch = torch.stack(rows)
+        drops = batch if drops is None else drops + batch
+    return (drops / len(images)).float(), [name for name, _, _ in modules]
