@@ -84,7 +84,12 @@ def check_cuda_smoke(tmp: Path, device: str, epochs: int) -> str:
     probs = [p["probability"] for p in top] if top else []
     if not probs or probs != sorted(probs, reverse=True) or not 0 < sum(probs) <= 1 + 1e-3:
         raise RuntimeError(f"predict on the GPU failed or gave no probabilities:\n{proc.stderr[-2000:]}")
-    return ", ".join(results) + f"; eval {100 * e['top1']:.1f}%; predict top-1 {top[0]['class']}"
+    run(vitlab_cmd("inspect", str(tmp / "smoke-bf16"), "--data", "digits", "--device", device, "--num-images", "4",
+                   "--distance-images", "64", "--faithfulness-images", "64", "--cache-dir", str(tmp / "cache"),
+                   "--out", str(tmp / "smoke-inspect")), 900)
+    if not (tmp / "smoke-inspect" / "report.html").is_file():
+        raise RuntimeError("inspect on the GPU wrote no report.html")
+    return ", ".join(results) + f"; eval {100 * e['top1']:.1f}%; predict top-1 {top[0]['class']}; inspect ok"
 
 
 def check_torchrun(tmp: Path, device: str) -> str:

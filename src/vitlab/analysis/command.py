@@ -55,6 +55,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-size", type=int, default=64, help="images per forward pass (default 64)")
     p.add_argument("--cache-dir", default=None, help="where --data sets are cached")
     p.add_argument("--download", action="store_true", help="let --data download a missing data set")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: CUDA when present")
     p.set_defaults(func=run)
 
 
@@ -78,7 +79,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--curve-steps must be at least 1, got {args.curve_steps}")
     if args.explorer_images < 1:
         raise ValueError(f"--explorer-images must be at least 1, got {args.explorer_images}")
-    model = load(args.model)
+    from ..devices import resolve_device
+    model = load(args.model).to(resolve_device(args.device))
     try:
         attention_modules(model)
     except ValueError as e:

@@ -44,7 +44,7 @@ def display_images(images: torch.Tensor, mean: Sequence[float], std: Sequence[fl
     mean_t = torch.as_tensor(mean, dtype=torch.float32).view(1, -1, 1, 1)
     std_t = torch.as_tensor(std, dtype=torch.float32).view(1, -1, 1, 1)
     x = images.detach().float().cpu() * std_t + mean_t
-    return x.clamp(0, 1).permute(0, 2, 3, 1).numpy()
+    return x.clamp(0, 1).permute(0, 2, 3, 1).cpu().numpy()
 
 
 def _show_image(ax, img: np.ndarray) -> None:
@@ -77,7 +77,7 @@ def query_attention(m: AttentionMap, index: int) -> tuple[np.ndarray, str]:
         row, what = a[:, 0, P:], "class token"
     else:
         row, what = a[:, P:, P:].mean(dim=1), "mean of patch queries"
-    return row.reshape(-1, *m.grid_size).numpy(), what
+    return row.reshape(-1, *m.grid_size).cpu().numpy(), what
 
 
 def plot_attention_heads(maps: Sequence[AttentionMap], index: int = 0, image: np.ndarray | None = None,
@@ -205,9 +205,9 @@ def plot_embedding_filters(components: torch.Tensor, variance: torch.Tensor | No
         c = comp[i]
         c = (c - c.min()) / (c.max() - c.min()).clamp_min(1e-12)  # (C, ph, pw) in [0, 1]
         if C == 3:
-            ax.imshow(c.permute(1, 2, 0).numpy(), interpolation="nearest")
+            ax.imshow(c.permute(1, 2, 0).cpu().numpy(), interpolation="nearest")
         else:
-            ax.imshow(c.mean(dim=0).numpy(), cmap="gray", vmin=0, vmax=1, interpolation="nearest")
+            ax.imshow(c.mean(dim=0).cpu().numpy(), cmap="gray", vmin=0, vmax=1, interpolation="nearest")
         ax.set_xticks([])
         ax.set_yticks([])
         label = f"PC {i + 1}" + (f" ({float(variance[i]):.0%})" if variance is not None else "")
@@ -295,7 +295,7 @@ def plot_class_attention(maps: Sequence[AttentionMap], images: np.ndarray, indic
         _show_image(axes[r, 0], images[i])
         axes[r, 0].set_ylabel(f"image {i}\n{m.name}", fontsize=7)
         for h in range(H):
-            patches = a[h, m.num_prefix:].reshape(m.grid_size).numpy()
+            patches = a[h, m.num_prefix:].reshape(m.grid_size).cpu().numpy()
             _panel(axes[r, h + 1], _relative(patches))
             axes[r, h + 1].set_title(f"head {h} (self {float(a[h, 0]):.2f})", fontsize=7)
     fig.suptitle(f"{title}\n(the class token's attention to the patches; self = its weight on itself)", fontsize=10)
