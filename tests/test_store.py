@@ -154,8 +154,8 @@ def test_storage_size_apart_from_training_size(tmp_path):
     squashed, _ = quiet(str(root), cache_dir=tmp_path / "c", img_size=12, val_fraction=0.25)
     assert squashed.stored_size == squashed.img_size == (12, 12) and (squashed.train.images == 30).any()
     # training: random resized crops of the stored images at the training size
-    aug = BatchAugment(AugmentConfig(crop="rrc", auto_augment="none", random_erasing=0.0, mixup_alpha=0.0,
-                                     cutmix_alpha=0.0), b.img_size, b.mean, b.std, len(b.classes))
+    aug = BatchAugment(AugmentConfig(crop="rrc", auto_augment="none", random_erasing=0.0, mixup=0.0,
+                                     cutmix=0.0), b.img_size, b.mean, b.std, len(b.classes))
     x, y = aug(b.train.images[torch.arange(4)], b.train.labels[:4])
     assert x.shape == (4, 3, 12, 12) and y.shape == (4, 2)
     # evaluation: resize the shorter side to 12 / 0.875 = 13 and take the centre 12x12
