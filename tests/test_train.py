@@ -124,13 +124,18 @@ def test_torchrun_under_a_time_budget_keeps_replicas_identical(tmp_path, cache_d
     assert summary["train_seconds"] <= 0.15 * 60 + 1
 
 
-def test_a_batch_larger_than_the_training_set_uses_the_whole_set(tmp_path, cache_dir):
-    root = tmp_path / "tiny"
+def _noise_folder(root: Path, per_class: int, shape: tuple[int, int, int], classes: int = 3) -> Path:
+    """An image folder of random-noise PNGs: root/class<i>/<n>.png."""
     rng = np.random.default_rng(0)
-    for c in range(3):
+    for c in range(classes):
         (root / f"class{c}").mkdir(parents=True)
-        for i in range(15):
-            Image.fromarray(rng.integers(0, 255, (8, 8, 3), dtype=np.uint8)).save(root / f"class{c}" / f"{i}.png")
+        for i in range(per_class):
+            Image.fromarray(rng.integers(0, 255, shape, dtype=np.uint8)).save(root / f"class{c}" / f"{i}.png")
+    return root
+
+
+def test_a_batch_larger_than_the_training_set_uses_the_whole_set(tmp_path, cache_dir):
+    root = _noise_folder(tmp_path / "tiny", per_class=15, shape=(8, 8, 3))
     lines = []
     summary = train(load_recipe(None, data=str(root), model="vit_micro_patch2_8", model_args={"in_chans": 3},
                                 epochs=2, batch_size=128, precision="fp32", threads=1, out=str(tmp_path / "run")),
@@ -344,12 +349,7 @@ def test_train_step_resizes_the_augmented_batch(name):
 def test_photos_stored_larger_than_the_training_size(tmp_path, cache_dir):
     """store_size keeps photos at 12 px (shorter side, centre square); training crops 8x8, evaluation resizes and
     centre-crops; the saved model takes 8x8."""
-    root = tmp_path / "photos"
-    rng = np.random.default_rng(0)
-    for c in range(3):
-        (root / f"class{c}").mkdir(parents=True)
-        for i in range(20):
-            Image.fromarray(rng.integers(0, 255, (16, 20, 3), dtype=np.uint8)).save(root / f"class{c}" / f"{i}.png")
+    root = _noise_folder(tmp_path / "photos", per_class=20, shape=(16, 20, 3))
     lines = []
     summary = train(load_recipe(None, data=str(root), model="vit_micro_patch2_8", model_args={"in_chans": 3},
                                 store_size=12, crop="rrc", img_size=8, epochs=2, batch_size=16, precision="fp32",

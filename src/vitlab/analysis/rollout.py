@@ -107,6 +107,16 @@ def rollout_from_fused(maps: Sequence[AttentionMap], fused: Sequence[torch.Tenso
     return mask.reshape(B, gh, gw)
 
 
+def _maps(maps_or_model: Sequence[AttentionMap] | nn.Module, images: torch.Tensor | None,
+          caller: str) -> list[AttentionMap]:
+    """Captured maps as given, or captured from a model on normalised images."""
+    if isinstance(maps_or_model, nn.Module):
+        if images is None:
+            raise ValueError(f"{caller}(model, images): images are needed when a model is given")
+        return attention_maps(maps_or_model, images)
+    return list(maps_or_model)
+
+
 def rollout(maps_or_model: Sequence[AttentionMap] | nn.Module, images: torch.Tensor | None = None,
             head_fusion: str = "mean", discard_ratio: float = 0.0, token: str = "cls") -> torch.Tensor:
     """Attention rollout of the chosen token ('cls' or 'dist') to the patches, (B, grid_h, grid_w), max 1.
@@ -114,12 +124,7 @@ def rollout(maps_or_model: Sequence[AttentionMap] | nn.Module, images: torch.Ten
     Takes captured maps, or a model and normalised images (B, C, H, W). A model without a class
     token (global average pooling) gives the mean over the patch queries instead.
     """
-    if isinstance(maps_or_model, nn.Module):
-        if images is None:
-            raise ValueError("rollout(model, images): images are needed when a model is given")
-        maps = attention_maps(maps_or_model, images)
-    else:
-        maps = list(maps_or_model)
+    maps = _maps(maps_or_model, images, "rollout")
     return rollout_from_fused(maps, [fuse_heads(m.attn, head_fusion) for m in maps], token, discard_ratio)
 
 
@@ -230,12 +235,7 @@ def raw_attention(maps_or_model: Sequence[AttentionMap] | nn.Module, images: tor
     The baseline of Chefer et al.: no propagation through depth. Without a class token, the mean
     over the patch queries.
     """
-    if isinstance(maps_or_model, nn.Module):
-        if images is None:
-            raise ValueError("raw_attention(model, images): images are needed when a model is given")
-        maps = attention_maps(maps_or_model, images)
-    else:
-        maps = list(maps_or_model)
+    maps = _maps(maps_or_model, images, "raw_attention")
     if not maps:
         raise ValueError("raw_attention needs at least one attention map")
     m = maps[-1]
