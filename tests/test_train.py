@@ -204,6 +204,9 @@ def test_time_budget_ends_in_time(tmp_path, cache_dir):
     assert summary["wall_seconds"] < summary["train_seconds"] + 60  # data, set-up and the final save come on top
     assert wall < summary["wall_seconds"] + 30  # and interpreter start and imports
     assert summary["epochs"] >= 1 and "test top-1" in proc.stdout
+    rows = [json.loads(line) for line in (tmp_path / "tb" / "metrics.jsonl").read_text().splitlines()]
+    assert summary["epochs"] == len(rows) and all(r["images_per_second"] > 0 for r in rows)  # no empty epoch
+    assert all(a["step"] < b["step"] for a, b in zip(rows, rows[1:]))
 
 
 def test_predict_top_k_with_class_names(tmp_path, cache_dir, capsys):

@@ -132,6 +132,24 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_study(args: argparse.Namespace) -> int:
+    from .train.study import STUDIES, run_study
+    if args.list or not args.name:
+        for name, s in STUDIES.items():
+            print(f"{name:<11} {s.claim} ({s.source})")
+        return 0 if args.list else 2
+    try:
+        seeds = [int(s) for s in args.seeds.split(",")]
+    except ValueError:
+        raise ValueError(f"--seeds {args.seeds!r} is not valid; accepted: integers >= 0 separated by commas, "
+                         "e.g. 0,1") from None
+    result = run_study(args.name, out=args.out, data=args.data, budget=args.budget, epochs=args.epochs,
+                       seeds=seeds, jobs=args.jobs, threads=args.threads, quick=args.quick, cache_dir=args.cache_dir)
+    print((Path(args.out) / f"{args.name}.md").read_text())
+    print(f"table: {Path(args.out) / (args.name + '.md')}  figure: {Path(args.out) / (args.name + '.png')}")
+    return 0 if result else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
     p = argparse.ArgumentParser(prog="vitlab", description="Build, train, distil and understand Vision Transformers.")
@@ -186,6 +204,22 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--json", action="store_true", help="print the table as JSON")
     c.set_defaults(func=cmd_compare)
 
+    st = sub.add_parser("study", help="a paper's claim as runs that differ in one factor: table, figure, answer",
+                        description="Train every arm of a study (skipping finished ones, resuming unfinished "
+                        "ones) and write OUT/NAME.md, .json and .png.")
+    st.add_argument("name", nargs="?", help="pos-embed, data-scale, hybrid, distill or locality (--list)")
+    st.add_argument("--list", action="store_true", help="list the studies and their claims")
+    st.add_argument("--data", default="cifar10", help="data set (default cifar10; a .tar.gz or folder works)")
+    st.add_argument("--budget", type=float, default=5.0, help="minutes of training per run (default 5)")
+    st.add_argument("--epochs", type=int, help="epochs per run instead of a time budget")
+    st.add_argument("--seeds", default="0", help="seeds, comma-separated (default 0)")
+    st.add_argument("--jobs", type=int, default=1, help="runs trained side by side, each on cores/jobs threads")
+    st.add_argument("--threads", type=int, help="CPU threads per run (default: cores / jobs)")
+    st.add_argument("--out", default="studies", help="folder for the runs and the results (default studies)")
+    st.add_argument("--cache-dir", help="where decoded data sets are cached")
+    st.add_argument("--quick", action="store_true", help="smoke run: digits, one epoch at 16x16 per run")
+    st.set_defaults(func=cmd_study)
+
     from .analysis.command import register as register_inspect
     register_inspect(sub)
     return p
@@ -199,6 +233,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return args.func(args)
+    except RuntimeError as e:
+        if args.command != "study":
+            raise
+        print(f"vitlab study: error: {e}", file=sys.stderr)
+        return 1
     except (ValueError, FileNotFoundError) as e:
         print(f"vitlab {args.command}: error: {e}", file=sys.stderr)
         return 2

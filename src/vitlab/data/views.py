@@ -46,3 +46,24 @@ def eval_view(images: torch.Tensor, size: int | tuple[int, int], crop_pct: float
         raise ValueError(f"cannot crop {h}x{w} from images resized to {ho}x{wo}")
     top, left = int(round((ho - h) / 2.0)), int(round((wo - w) / 2.0))
     return x[:, :, top:top + h, left:left + w].contiguous()
+
+
+def stratified_subset(labels: torch.Tensor, fraction: float, seed: int = 0) -> torch.Tensor:
+    """Sorted indices of ``fraction`` of the images, the same share of every class.
+
+    Each class's images are shuffled once by ``seed`` and the first round(fraction x count) kept
+    (at least one), so smaller fractions are subsets of larger ones and every run asking for the
+    same fraction gets the same images, whatever its own seed.
+    """
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
+        raise ValueError(f"fraction must be a number in (0, 1], got {fraction!r}")
+    labels = torch.as_tensor(labels)
+    if fraction == 1:
+        return torch.arange(len(labels))
+    g = torch.Generator().manual_seed(seed)
+    keep = []
+    for c in torch.unique(labels):
+        members = torch.nonzero(labels == c).flatten()
+        order = members[torch.randperm(len(members), generator=g)]
+        keep.append(order[:max(1, round(fraction * len(members)))])
+    return torch.cat(keep).sort().values

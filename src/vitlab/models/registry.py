@@ -89,6 +89,8 @@ register("deit_small_distilled_patch4_32", VisionTransformer, CIFAR_MEAN, CIFAR_
          patch_size=4, embed_dim=384, depth=9, num_heads=6, distilled=True)
 register("convit_tiny_patch4_32", ConVit, CIFAR_MEAN, CIFAR_STD, **_CIFAR,
          patch_size=4, embed_dim=48, depth=9, num_heads=4, local_up_to_layer=6, locality_strength=1.0)
+register("convit_nano_patch4_32", ConVit, CIFAR_MEAN, CIFAR_STD, **_CIFAR,  # vit_nano's size: 4 x 32 = 128 wide
+         patch_size=4, embed_dim=32, depth=4, num_heads=4, local_up_to_layer=3, locality_strength=1.0)
 register("convit_small_patch4_32", ConVit, CIFAR_MEAN, CIFAR_STD, **_CIFAR,
          patch_size=4, embed_dim=48, depth=9, num_heads=9, local_up_to_layer=6, locality_strength=1.0)
 register("cait_xxs_patch4_32", Cait, CIFAR_MEAN, CIFAR_STD, **_CIFAR,

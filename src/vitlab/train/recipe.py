@@ -42,6 +42,8 @@ class Recipe(BaseModel):
     data: str = Field("digits", description="digits (embedded), cifar10, cifar100, an image folder or a .tar.gz")
     download: bool = Field(False, description="download CIFAR if missing (checksums verified)")
     val_fraction: float = Field(0.2, gt=0, lt=1, description="held-out share when the data has no test split")
+    train_fraction: float = Field(1.0, gt=0, le=1, description="train on this share of the training split, the "
+                                  "same share of every class (nested: 5% lies inside 10%; the test split is whole)")
     cache_dir: str | None = Field(None, description="where decoded data sets are cached")
     store_size: int | None = Field(None, ge=1, description="photos: store images with the shorter side at this "
                                    "size (centre square); training crops from them (crop: rrc), evaluation "

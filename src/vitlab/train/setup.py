@@ -10,7 +10,8 @@ import torch.nn as nn
 
 from .. import io as vio
 from ..data.augment import BatchAugment
-from ..data.sources import DataBundle, load_data
+from ..data.sources import DataBundle, ImageSet, load_data
+from ..data.views import stratified_subset
 from ..models.registry import accepted_args, create_model, get_spec
 from .distributed import Dist, barrier, broadcast_flag
 from .recipe import Recipe
@@ -35,6 +36,11 @@ def build_model_and_data(r: Recipe, d: Dist, log: Callable[[str], None]) -> tupl
             data = load_data(r.data, img_size=img_size, in_chans=in_chans, cache_dir=r.cache_dir,
                              download=False, val_fraction=r.val_fraction, seed=r.seed, log=lambda s: None,
                              store_size=r.store_size, workers=r.workers)
+        if r.train_fraction < 1:
+            keep = stratified_subset(data.train.labels, r.train_fraction)
+            log(f"training on {len(keep)} of {len(data.train.labels)} images ({100 * r.train_fraction:g}% of "
+                "every class)")
+            data.train = ImageSet(data.train.images[keep], data.train.labels[keep])
         return data
 
     if r.init:

@@ -189,6 +189,7 @@ def _train(r: Recipe, d: Dist, resume: bool, log: Callable[[str], None]) -> dict
         epoch_t0 = time.perf_counter()
         clock.start()
         lr = r.lr
+        steps_before = state.step
         for i, (images, labels) in enumerate(feeder.batches(batches)):
             p = clock.progress(state.step)
             if budget is not None and p >= 1:
@@ -218,6 +219,8 @@ def _train(r: Recipe, d: Dist, resume: bool, log: Callable[[str], None]) -> dict
             else:
                 bar.update(1)
         epoch_seconds = time.perf_counter() - epoch_t0
+        if stop and state.step == steps_before:  # the budget ran out before this epoch's first step: no epoch
+            break
         totals = meter.totals(d)
         state.nonfinite += int(totals["nonfinite"])
         row = {"epoch": epoch + 1, "step": state.step, "train_loss": totals["loss"], "train_acc": totals["acc"],
@@ -242,6 +245,8 @@ def _train(r: Recipe, d: Dist, resume: bool, log: Callable[[str], None]) -> dict
                     metrics, score = {**ema_metrics, "ema": True}, row["ema_test_top1"]
             final_metrics = metrics
             clock.keep_back(2.0 * (time.perf_counter() - t_eval) + 3.0)
+            # the reserve for the end may have grown past what is left: then this evaluation was the last
+            last = last or (budget is not None and clock.progress(state.step) >= 1)
             if state.plateau.step(score) and r.plateau_patience:
                 log(f"no improvement for {r.plateau_patience} evaluations: lr scale now {state.plateau.scale:g}")
             if score > state.best:

@@ -1,0 +1,130 @@
+"""Studies: stratified nested subsets, every study end to end in quick mode, resume, and the guards."""
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from vitlab.cli import main
+from vitlab.data.views import stratified_subset
+from vitlab.train.recipe import load_recipe
+from vitlab.train.study import STUDIES, run_study
+
+
+def test_stratified_subset_keeps_each_class_share_and_nests():
+    labels = torch.tensor([0] * 100 + [1] * 40 + [2] * 60)
+    small, large = stratified_subset(labels, 0.1), stratified_subset(labels, 0.25)
+    assert torch.bincount(labels[small]).tolist() == [10, 4, 6]
+    assert torch.bincount(labels[large]).tolist() == [25, 10, 15]
+    assert set(small.tolist()) <= set(large.tolist())  # 10% lies inside 25%
+    assert torch.equal(small, stratified_subset(labels, 0.1))  # the same images every time
+    assert not torch.equal(small, stratified_subset(labels, 0.1, seed=1))
+    assert torch.equal(stratified_subset(labels, 1.0), torch.arange(200))
+    assert len(stratified_subset(torch.tensor([0, 1, 1]), 0.01)) == 2  # never an empty class
+    with pytest.raises(ValueError, match=r"fraction must be a number in \(0, 1\]"):
+        stratified_subset(labels, 0)
+
+
+def test_train_fraction_is_checked():
+    with pytest.raises(ValueError, match="train_fraction=1.5 is not valid; accepted: a number > 0 and <= 1"):
+        load_recipe(None, train_fraction=1.5)
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory):
+    """Every study once in quick mode (digits, one epoch at 16x16 per run), all in one folder."""
+    out = tmp_path_factory.mktemp("studies")
+    results = {name: run_study(name, out=out, quick=True, log=lambda s: None) for name in STUDIES}
+    return out, results
+
+
+def test_every_study_writes_its_table_figure_and_answer(quick):
+    out, results = quick
+    for name, study in STUDIES.items():
+        assert (out / f"{name}.png").stat().st_size > 10_000
+        table = (out / f"{name}.md").read_text()
+        saved = json.loads((out / f"{name}.json").read_text())
+        assert saved["answer"] == results[name]["answer"] and saved["answer"] in table
+        assert [r["label"] for r in saved["rows"]] == [a.label for a in study.arms]
+        for row in saved["rows"]:
+            assert row["label"] in table
+            assert 0 <= row["top1_mean"] <= 1 and row["epochs"] == 1
+
+
+def test_data_scale_trains_on_nested_stratified_shares(quick):
+    out, results = quick
+    rows = {r["label"]: r for r in results["data-scale"]["rows"]}
+    sizes = [rows[f"ViT {p}%"]["train_images"] for p in (5, 10, 25, 50, 100)]
+    # quick mode trains on a fifth of each arm's share of the 1,437 training digits
+    assert sizes == sorted(sizes) and len(set(sizes)) == 5
+    assert all(abs(n - 0.2 * f * 1437) <= 10 for n, f in zip(sizes, (0.05, 0.1, 0.25, 0.5, 1.0)))
+    assert rows["ResNet 5%"]["train_images"] == rows["ConViT 5%"]["train_images"] == sizes[0]
+
+
+def test_studies_share_runs_and_a_rerun_trains_nothing(quick):
+    out, results = quick
+    # locality's arms are data-scale's ViT and ConViT arms: the same run folders
+    scale_runs = {f for r in results["data-scale"]["rows"] for f in r["runs"]}
+    assert {f for r in results["locality"]["rows"] for f in r["runs"]} <= scale_runs
+    # the hybrid's patch-token arm is pos-embed's learned 1D arm and data-scale's ViT on the whole set
+    assert results["hybrid"]["rows"][0]["runs"] == results["pos-embed"]["rows"][0]["runs"] == \
+        next(r["runs"] for r in results["data-scale"]["rows"] if r["label"] == "ViT 100%")
+    before = {p: p.stat().st_mtime_ns for p in (out / "runs").glob("*/summary.json")}
+    said = []
+    run_study("distill", out=out, quick=True, log=said.append)
+    assert "4 runs, 4 done, 0 to train" in said[0]
+    # every run trained once: pos-embed 3, data-scale 4 more ViT + 5 ResNet + 5 ConViT, the hybrid, and the
+    # distillation's 3 students (its teacher is data-scale's ResNet on the whole set: the same recipe)
+    assert len(list((out / "runs").glob("*/summary.json"))) == 3 + 4 + 5 + 5 + 1 + 3
+    assert before == {p: p.stat().st_mtime_ns for p in (out / "runs").glob("*/summary.json")}
+
+
+def test_distill_reports_both_heads_and_trains_the_teacher_first(quick):
+    out, results = quick
+    rows = {r["label"]: r for r in results["distill"]["rows"]}
+    assert rows["teacher (ResNet)"]["teacher"] and rows["teacher (ResNet)"]["cls_mean"] is None
+    for arm in ("no teacher", "soft", "hard"):
+        assert 0 <= rows[arm]["cls_mean"] <= 1 and 0 <= rows[arm]["dist_mean"] <= 1
+    teacher_folder = rows["teacher (ResNet)"]["runs"][0]
+    for arm in ("soft", "hard"):
+        summary = json.loads((Path(rows[arm]["runs"][0]) / "summary.json").read_text())
+        assert summary["teacher"] == teacher_folder and summary["distill"] == arm
+
+
+def test_an_unfinished_arm_is_finished_from_its_checkpoint(quick, tmp_path):
+    out, _ = quick
+    copy = tmp_path / "studies"
+    shutil.copytree(out, copy)
+    arm = next((copy / "runs").glob("vit_nano_patch4_32-seed0"))
+    old = json.loads((arm / "summary.json").read_text())
+    (arm / "summary.json").unlink()  # as if killed after the last epoch's checkpoint
+    said = []
+    result = run_study("hybrid", out=copy, quick=True, log=said.append)
+    assert "2 runs, 1 done, 1 to train" in said[0]
+    new = json.loads((arm / "summary.json").read_text())
+    assert new["top1"] == old["top1"] == result["rows"][0]["top1_mean"]
+
+
+def test_a_folder_of_another_budget_is_refused(quick):
+    out, _ = quick
+    with pytest.raises(ValueError, match="holds another run .*epochs: 1 there, 2 now.*another --out"):
+        run_study("hybrid", out=out, epochs=2, data="digits", log=lambda s: None)
+
+
+def test_parallel_arms_run_in_child_processes(tmp_path):
+    result = run_study("hybrid", out=tmp_path, quick=True, jobs=2, log=lambda s: None)
+    assert len(result["rows"]) == 2 and result["runs_at_a_time"] == 2 and result["threads_per_run"] >= 1
+    for row in result["rows"]:
+        assert Path(row["runs"][0]).with_suffix(".log").is_file()
+
+
+def test_cli_lists_studies_and_names_a_wrong_one(capsys):
+    assert main(["study", "--list"]) == 0
+    listed = capsys.readouterr().out
+    assert all(name in listed for name in STUDIES)
+    assert main(["study", "pos-embeds", "--quick"]) == 2
+    err = capsys.readouterr().err
+    assert "no study 'pos-embeds'; accepted: pos-embed, data-scale, hybrid, distill, locality" in err
+    assert main(["study", "hybrid", "--seeds", "a"]) == 2
+    assert "--seeds 'a' is not valid" in capsys.readouterr().err
