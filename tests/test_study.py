@@ -128,3 +128,13 @@ def test_cli_lists_studies_and_names_a_wrong_one(capsys):
     assert "no study 'pos-embeds'; accepted: pos-embed, data-scale, hybrid, distill, locality" in err
     assert main(["study", "hybrid", "--seeds", "a"]) == 2
     assert "--seeds 'a' is not valid" in capsys.readouterr().err
+
+
+def test_balanced_order_takes_the_classes_in_turn():
+    from vitlab.data.views import balanced_order
+    labels = torch.tensor([0] * 50 + [1] * 30 + [2] * 20)  # sorted by class, as image folders are
+    order = balanced_order(labels)
+    assert sorted(order.tolist()) == list(range(100))
+    assert torch.bincount(labels[order[:30]]).tolist() == [10, 10, 10]  # any prefix is balanced
+    assert torch.bincount(labels[order[:60]]).tolist() == [20, 20, 20]
+    assert torch.equal(order, balanced_order(labels)) and not torch.equal(order, balanced_order(labels, seed=1))

@@ -9,6 +9,7 @@ import torch
 
 from ..data.augment import normalize
 from ..data.sources import read_image
+from ..data.views import balanced_order
 from .rollout import HEAD_FUSIONS
 
 
@@ -42,7 +43,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--distance-images", type=int, default=512,
                    help="images of --data the mean attention distance averages over (default 512)")
     p.add_argument("--faithfulness-images", type=int, default=0, metavar="N",
-                   help="measure deletion/insertion and the perturbation test over the first N images of --data's "
+                   help="measure deletion/insertion and the perturbation test over N images of --data's "
                         "test split, against their labels, with a progress bar (default 0: the shown images only)")
     p.add_argument("--curve-steps", type=int, default=16,
                    help="points of the deletion and insertion curves after the first (default 16)")
@@ -103,15 +104,19 @@ def run(args: argparse.Namespace) -> int:
                                  "or --data SET (digits, cifar10, an image folder or a .tar.gz)")
             source = "digits"  # the embedded 8x8 digits fit a 1-channel 8x8 model
         test_images, all_labels, class_names = _load_test_split(source, input_size, args)
+        if args.faithfulness_images > len(test_images):
+            raise ValueError(f"--faithfulness-images {args.faithfulness_images} is more than the "
+                             f"{len(test_images)} test images of {source!r}")
+        # test splits are often sorted by class: take the images with the classes in turn (a seeded order)
+        pick = balanced_order(all_labels)[:max(args.faithfulness_images, args.distance_images, args.num_images)]
+        rows, where = pick.sort()  # read the rows in file order (a mapped store), then put them in pick's order
+        test_images, all_labels = test_images[rows][torch.argsort(where)], all_labels[pick]
         if args.faithfulness_images:
-            if args.faithfulness_images > len(test_images):
-                raise ValueError(f"--faithfulness-images {args.faithfulness_images} is more than the "
-                                 f"{len(test_images)} test images of {source!r}")
             faith_set = normalize(test_images[:args.faithfulness_images], mean, std)
             faith_labels = all_labels[:args.faithfulness_images].tolist()
         dist_set, all_labels = test_images[:args.distance_images], all_labels[:args.distance_images]
         shown, labels = dist_set[:args.num_images], all_labels[:args.num_images].tolist()
-        names = [f"{Path(str(source)).name} test #{i}" for i in range(len(shown))]  # short, for figure titles
+        names = [f"{Path(str(source)).name} test #{int(i)}" for i in pick[:len(shown)]]  # short, for figure titles
     if class_names is not None and len(class_names) != model.num_classes:
         class_names = None  # the data set's classes are not the model's
     out = Path(args.out) if args.out else Path(f"inspect_{Path(args.model).resolve().name}")

@@ -67,3 +67,20 @@ def stratified_subset(labels: torch.Tensor, fraction: float, seed: int = 0) -> t
         order = members[torch.randperm(len(members), generator=g)]
         keep.append(order[:max(1, round(fraction * len(members)))])
     return torch.cat(keep).sort().values
+
+
+def balanced_order(labels: torch.Tensor, seed: int = 0) -> torch.Tensor:
+    """A permutation of the images whose every prefix holds the classes in (nearly) equal shares.
+
+    Each class's images are shuffled by ``seed`` and the classes then take turns, so "the first N
+    images" of a split sorted by class (as image folders and archives are) are not all of one class.
+    """
+    labels = torch.as_tensor(labels)
+    g = torch.Generator().manual_seed(seed)
+    classes = torch.unique(labels)
+    rank = torch.empty(len(labels), dtype=torch.long)
+    for c in classes:
+        members = torch.nonzero(labels == c).flatten()
+        rank[members[torch.randperm(len(members), generator=g)]] = torch.arange(len(members))
+    position = torch.searchsorted(classes, labels)
+    return torch.argsort(rank * len(classes) + position)

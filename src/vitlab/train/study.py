@@ -8,7 +8,8 @@ and ``data-scale``) train it once. The study then writes ``OUT/NAME.json`` (ever
 
 Budget: ``--budget MIN`` minutes of training per arm (equal compute in wall-clock terms), or
 ``--epochs N``. ``--jobs N`` trains N arms side by side, each on cores/N threads (or ``--threads``),
-which keeps the arms' conditions equal. ``--quick`` is a smoke run on the embedded digits (a fifth of them, one epoch at 16x16).
+which keeps the arms' conditions equal. ``--quick`` is a smoke run on the embedded digits (a fifth of them,
+one epoch at 16x16).
 """
 from __future__ import annotations
 
