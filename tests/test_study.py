@@ -116,7 +116,8 @@ def test_parallel_arms_run_in_child_processes(tmp_path):
     result = run_study("hybrid", out=tmp_path, quick=True, jobs=2, log=lambda s: None)
     assert len(result["rows"]) == 2 and result["runs_at_a_time"] == 2 and result["threads_per_run"] >= 1
     for row in result["rows"]:
-        assert Path(row["runs"][0]).with_suffix(".log").is_file()
+        folder = Path(row["runs"][0])
+        assert (folder.parent / (folder.name + ".log")).is_file() and not list(folder.parent.glob("*.lock"))
 
 
 def test_cli_lists_studies_and_names_a_wrong_one(capsys):
@@ -138,3 +139,23 @@ def test_balanced_order_takes_the_classes_in_turn():
     assert torch.bincount(labels[order[:30]]).tolist() == [10, 10, 10]  # any prefix is balanced
     assert torch.bincount(labels[order[:60]]).tolist() == [20, 20, 20]
     assert torch.equal(order, balanced_order(labels)) and not torch.equal(order, balanced_order(labels, seed=1))
+
+
+def test_a_run_trained_by_another_live_process_is_waited_for(tmp_path):
+    import os
+    import threading
+
+    from vitlab.train.study import _claim
+    folder = tmp_path / "runs" / "resnet-train_fraction=0.05-seed0"
+    folder.mkdir(parents=True)
+    lock = tmp_path / "runs" / "resnet-train_fraction=0.05-seed0.lock"
+    lock.write_text(str(os.getpid()))  # a live process (this one) trains it
+    said = []
+    finish = threading.Timer(0.5, lambda: ((folder / "summary.json").write_text("{}"), lock.unlink()))
+    finish.start()
+    assert _claim(folder, said.append) is False  # waited, then found it finished
+    assert "being trained by process" in said[0]
+    other = tmp_path / "runs" / "resnet-train_fraction=0.1-seed0"  # its own lock, not 0.05's
+    other_lock = tmp_path / "runs" / "resnet-train_fraction=0.1-seed0.lock"
+    other_lock.write_text("999999999")  # left by a process that is gone: taken over
+    assert _claim(other, said.append) is True and other_lock.read_text() == str(os.getpid())

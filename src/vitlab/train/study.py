@@ -67,23 +67,44 @@ class Study:
     notes: list[str] = field(default_factory=list)
 
 
+def _row(rows, label):
+    return next(r for r in rows if r["label"] == label)
+
+
 def _points(rows, label):
-    return next(r for r in rows if r["label"] == label)["top1_mean"]
+    return _row(rows, label)["top1_mean"]
 
 
 def _gap_text(a: float, b: float) -> str:
     return f"{100 * (a - b):+.1f} points"
 
 
+def _clear(rows, a: str, b: str) -> bool:
+    """Is the gap between two arms' means larger than either arm's spread over seeds?"""
+    ra, rb = _row(rows, a), _row(rows, b)
+    spread = max(ra["top1_spread"] or 0.0, rb["top1_spread"] or 0.0)
+    return abs(ra["top1_mean"] - rb["top1_mean"]) > spread
+
+
+def _versus(rows, a: str, b: str) -> str:
+    """'a vs b: +x.x points (clear|within the seeds' spread)'."""
+    gap = _gap_text(_points(rows, a), _points(rows, b))
+    seeds = len(_row(rows, a)["top1"])
+    how = "" if seeds < 2 else (", clear of the seeds' spread" if _clear(rows, a, b) else
+                                ", within the seeds' spread")
+    return f"{a} vs {b}: {gap}{how}"
+
+
 def _answer_pos_embed(rows) -> str:
-    none, learn, sincos = (_points(rows, k) for k in ("none", "learned 1D", "fixed 2D sin-cos"))
-    worse = none < min(learn, sincos)
-    return (f"no position embedding vs the better of the two: {_gap_text(none, max(learn, sincos))}; "
-            f"learned 1D vs fixed 2D sin-cos: {_gap_text(learn, sincos)}. "
-            + ("Agrees: no position embedding is the worst" if worse else
-               "Does not agree: no position embedding is not the worst here")
-            + (" and 1D and 2D are within 1 point." if abs(learn - sincos) <= 0.01 else
-               f"; 1D and 2D differ by {100 * abs(learn - sincos):.1f} points."))
+    none, learn, sincos = "none", "learned 1D", "fixed 2D sin-cos"
+    worst = _points(rows, none) < min(_points(rows, learn), _points(rows, sincos))
+    clearly = worst and _clear(rows, none, learn) and _clear(rows, none, sincos)
+    alike = not _clear(rows, learn, sincos)
+    return (f"{_versus(rows, none, learn)}; {_versus(rows, none, sincos)}; {_versus(rows, learn, sincos)}. "
+            + ("No position embedding is clearly the worst, as the paper says" if clearly else
+               "No position embedding is not clearly worse than both embeddings here")
+            + ("; 1D and 2D hardly differ, as the paper says." if alike else
+               "; 1D and 2D do differ here, unlike the paper's long schedules."))
 
 
 def _by_group(rows) -> dict[str, dict[int, float]]:
@@ -110,18 +131,22 @@ def _answer_data_scale(rows) -> str:
 
 
 def _answer_hybrid(rows) -> str:
-    patch, cnn = _points(rows, "patch tokens"), _points(rows, "CNN tokens (hybrid)")
-    return (f"CNN tokens vs patch tokens at the same budget: {_gap_text(cnn, patch)}. "
-            + ("Agrees: the hybrid is better for this small model." if cnn > patch else
-               "Does not agree: the hybrid is not better here."))
+    patch, cnn = "patch tokens", "CNN tokens (hybrid)"
+    better = _points(rows, cnn) > _points(rows, patch)
+    return (f"{_versus(rows, cnn, patch)}. "
+            + ("Agrees: the hybrid is better for this small model" if better and _clear(rows, cnn, patch) else
+               "The hybrid is ahead, but not clearly" if better else "Does not agree: the hybrid is not better here")
+            + ".")
 
 
 def _answer_distill(rows) -> str:
-    alone, soft, hard = (_points(rows, k) for k in ("no teacher", "soft", "hard"))
-    order = "hard > soft > none" if hard > soft > alone else "other than the paper's"
-    return (f"soft vs no teacher {_gap_text(soft, alone)}, hard vs no teacher {_gap_text(hard, alone)}, hard vs "
-            f"soft {_gap_text(hard, soft)}: the order is {order}. "
-            + ("Agrees with DeiT Table 3." if hard > soft > alone else "Does not fully agree with DeiT Table 3."))
+    alone, soft, hard = "no teacher", "soft", "hard"
+    p = {k: _points(rows, k) for k in (alone, soft, hard)}
+    order = " > ".join(sorted(p, key=p.get, reverse=True))
+    agrees = p[hard] > p[soft] > p[alone]
+    return (f"{_versus(rows, soft, alone)}; {_versus(rows, hard, alone)}; {_versus(rows, hard, soft)}. "
+            f"Order: {order}. " + ("The same order as DeiT Table 3." if agrees else
+                                   "Not the order of DeiT Table 3 (hard > soft > no teacher)."))
 
 
 def _answer_locality(rows) -> str:
@@ -217,10 +242,48 @@ def _check_same(folder: Path, recipe: Recipe) -> None:
 def _child_command(folder: Path, recipe: Recipe) -> list[str]:
     if (folder / "config.yaml").is_file():
         return [sys.executable, "-m", "vitlab", "train", "--resume", str(folder)]
-    spec = folder.with_suffix(".yaml")
+    spec = _beside(folder, ".yaml")
     values = {k: v for k, v in recipe.to_dict().items() if k != "out"}
     spec.write_text(yaml.safe_dump(values, sort_keys=False))
     return [sys.executable, "-m", "vitlab", "train", "--config", str(spec), "--out", str(folder)]
+
+
+def _beside(folder: Path, ext: str) -> Path:
+    """A file next to a run folder: NAME.log, NAME.yaml, NAME.lock (names hold dots: 'train_fraction=0.05')."""
+    return folder.parent / (folder.name + ext)
+
+
+def _claim(folder: Path, log: Callable[[str], None]) -> bool:
+    """Take ``folder``'s lock (``NAME.lock`` beside it, holding this process id) before training it. If another
+    live process holds it (a second study that shares the run), wait for that process to finish; returns
+    False when the run was finished meanwhile, True when this process now owns it."""
+    lock = _beside(folder, ".lock")
+    waited = False
+    while True:
+        if (folder / "summary.json").is_file():
+            return False
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            try:
+                owner = int(lock.read_text() or 0)
+                os.kill(owner, 0)
+            except (ValueError, ProcessLookupError, FileNotFoundError):
+                lock.unlink(missing_ok=True)  # left by a process that is gone
+                continue
+            except PermissionError:
+                pass  # alive, another user's
+            if not waited:
+                log(f"{folder.name} is being trained by process {owner}: waiting for it")
+                waited = True
+            time.sleep(5)
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write(str(os.getpid()))
+        if (folder / "summary.json").is_file():  # finished between the check and the lock
+            lock.unlink(missing_ok=True)
+            return False
+        return True
 
 
 def _train_arms(jobs: list[tuple[str, Recipe]], parallel: int, log: Callable[[str], None], bar) -> None:
@@ -229,37 +292,42 @@ def _train_arms(jobs: list[tuple[str, Recipe]], parallel: int, log: Callable[[st
     if parallel == 1:
         from .trainer import train
         for name, recipe in jobs:
-            if (Path(recipe.out) / "summary.json").is_file():  # finished meanwhile by another study
-                bar.update(1)
-                continue
-            log(f"training {name} -> {recipe.out}")
-            train(recipe, resume=(Path(recipe.out) / "config.yaml").is_file(), log=lambda s: None)
+            folder = Path(recipe.out)
+            folder.parent.mkdir(parents=True, exist_ok=True)
+            if _claim(folder, log):  # else finished meanwhile by another study
+                log(f"training {name} -> {folder}")
+                try:
+                    train(recipe, resume=(folder / "config.yaml").is_file(), log=lambda s: None)
+                finally:
+                    _beside(folder, ".lock").unlink(missing_ok=True)
             bar.update(1)
         return
     pending = list(jobs)
-    running: list[tuple[str, Path, subprocess.Popen, Any]] = []
+    running: list[tuple[str, Path, subprocess.Popen, Any]] = []  # name, run folder, child, its log's handle
     failed = []
     while pending or running:
         while pending and len(running) < parallel:
             name, recipe = pending.pop(0)
             folder = Path(recipe.out)
-            if (folder / "summary.json").is_file():  # finished meanwhile by another study
+            folder.parent.mkdir(parents=True, exist_ok=True)
+            if not _claim(folder, log):  # finished meanwhile by another study
                 bar.update(1)
                 continue
-            folder.parent.mkdir(parents=True, exist_ok=True)
-            logfile = folder.with_suffix(".log")
+            logfile = _beside(folder, ".log")
             handle = open(logfile, "a")
             env = {**os.environ, "PYTHONUNBUFFERED": "1"}
             proc = subprocess.Popen(_child_command(folder, recipe), stdout=handle, stderr=subprocess.STDOUT, env=env)
-            running.append((name, logfile, proc, handle))
+            running.append((name, folder, proc, handle))
             log(f"training {name} -> {folder} (log: {logfile})")
         time.sleep(0.5)
         for item in list(running):
-            name, logfile, proc, handle = item
+            name, folder, proc, handle = item
             if proc.poll() is None:
                 continue
             handle.close()
             running.remove(item)
+            _beside(folder, ".lock").unlink(missing_ok=True)
+            logfile = _beside(folder, ".log")
             bar.update(1)
             if proc.returncode != 0:
                 tail = logfile.read_text().strip().splitlines()[-1:] if logfile.is_file() else []
@@ -418,7 +486,7 @@ def plot_study(result: dict[str, Any], study: Study, path: Path) -> Path:
         ax.set(ylabel="test top-1 (%)")
         low = min(100 * min(r["top1"].values()) for r in rows)
         ax.set_ylim(max(0.0, low - 10), None)
-    ax.set_title(f"{result['study']}: {result['budget']} on {result['data']}")
+    ax.set_title(f"{result['study']}: {result['budget']} on {Path(str(result['data'])).name}")
     ax.grid(alpha=0.3)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
