@@ -49,6 +49,8 @@ def main() -> None:
     p.add_argument("--teacher-epochs", type=int, default=30)
     p.add_argument("--seeds", default="0,1")
     p.add_argument("--lrs", default="5e-3,1e-3", help="student learning rates (5e-3 is the digits default)")
+    p.add_argument("--teacher-widths", default="32,64,128,256", help="the ResNet's stage widths (timm's: 64-512)")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads per run")
     p.add_argument("--out", default=None, help="folder for the runs (default: a temporary folder)")
     args = p.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
@@ -58,8 +60,9 @@ def main() -> None:
 
     teacher_dir = root / "teacher"
     if not (teacher_dir / "summary.json").is_file():
-        train(load_recipe(None, data="digits", model=TEACHER, epochs=args.teacher_epochs, out=str(teacher_dir)),
-              log=quiet)
+        widths = [int(w) for w in args.teacher_widths.split(",")]
+        train(load_recipe(None, data="digits", model=TEACHER, model_args={"widths": widths},
+                          epochs=args.teacher_epochs, out=str(teacher_dir), threads=args.threads), log=quiet)
     teacher_top1 = json.loads((teacher_dir / "summary.json").read_text())["top1"]
     agree = teacher_agreement(teacher_dir)
     print(f"teacher {TEACHER}: test top-1 {100 * teacher_top1:.2f}%, agrees with the label on "
@@ -73,11 +76,12 @@ def main() -> None:
                 if not (out / "summary.json").is_file():
                     extra = {"teacher": str(teacher_dir), "distill": "hard"} if arm == "hard" else {}
                     train(load_recipe(None, data="digits", model=STUDENT, epochs=args.epochs, lr=lr, seed=seed,
-                                      out=str(out), **extra), log=quiet)
+                                      out=str(out), threads=args.threads, **extra), log=quiet)
                 s = json.loads((out / "summary.json").read_text())
                 last = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()][-1]
                 rows.append({"lr": lr, "arm": arm, "seed": seed, "top1": s["top1"], "cls": s["heads"]["cls"],
                              "dist": s["heads"]["dist"], "loss": last["train_loss"]})
+                print(f"lr {lr:g} {arm} seed {seed}: top-1 {100 * s['top1']:.2f}%", flush=True)
 
     print(f"\n{STUDENT}, {args.epochs} epochs, default digits recipe (batch 32), runs in {root}\n")
     print("| lr | teacher | seed | top-1 | class head | distillation head | last train loss |")
