@@ -1,4 +1,5 @@
 """The recipe: each option declared once, coerced and checked before any data is read; the CLI made from it."""
+import argparse
 import dataclasses
 import subprocess
 import sys
@@ -116,3 +117,18 @@ def test_non_finite_loss_policy():
         check_finite(21, "fp16", 20, 10)
     with pytest.raises(FloatingPointError, match="diverged"):
         check_finite(1, "bf16", 20, 10)
+
+
+def test_every_command_prints_its_help(capsys):
+    """--help formats every option's text (argparse reads '%' as a format: '5% lies' once broke `train --help`)."""
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    assert {"train", "study", "inspect"} <= set(commands)
+    for name in [None, *commands]:
+        with pytest.raises(SystemExit) as e:
+            parser.parse_args(([name] if name else []) + ["--help"])
+        assert e.value.code == 0
+        out = capsys.readouterr().out
+        assert out.startswith("usage: vitlab")
+        if name == "train":
+            assert "5% lies inside 10%" in out

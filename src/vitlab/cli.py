@@ -35,7 +35,7 @@ def add_recipe_options(parser: argparse.ArgumentParser) -> None:
 
     def add(name: str, annotation, help_: str, default) -> None:
         flag = "--" + name.replace("_", "-")
-        text = f"{help_} [{accepted(name)}; default {default!r}]"
+        text = f"{help_} [{accepted(name)}; default {default!r}]".replace("%", "%%")  # argparse formats help with %
         if is_bool(annotation):
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=text)
         elif "tuple" in str(annotation):
