@@ -14,14 +14,10 @@ from ..data.sources import DataBundle, ImageSet, load_data
 from ..data.views import stratified_subset
 from ..models.registry import accepted_args, create_model, get_spec
 from .distributed import Dist, barrier, broadcast_flag
-from .recipe import Recipe
+from .recipe import Recipe, default_model
 from .step import autocast
 
 HEAD_NAMES = ("head", "head_dist", "fc")
-
-
-def default_model(data: str) -> str:
-    return "vit_micro_patch2_8" if data == "digits" else "vit_tiny_patch4_32"
 
 
 def build_model_and_data(r: Recipe, d: Dist, log: Callable[[str], None]) -> tuple[nn.Module, DataBundle, tuple, tuple]:
