@@ -209,6 +209,20 @@ def test_time_budget_ends_in_time(tmp_path, cache_dir):
     assert all(a["step"] < b["step"] for a, b in zip(rows, rows[1:]))
 
 
+def test_time_budget_keeps_back_the_final_evaluation_before_any_evaluation(tmp_path, cache_dir):
+    """Evaluated only at the end, a budget run still keeps back the time of that evaluation (timed on one batch)."""
+    lines = []
+    summary = train(load_recipe(None, model="vit_micro_patch2_8", batch_size=64, precision="fp32", threads=1,
+                                time_budget=0.2, eval_every=1000, out=str(tmp_path / "run")), log=lines.append)
+    kept = [line for line in lines if line.startswith("kept back")]
+    assert len(kept) == 1, lines
+    reserve = float(kept[0].split()[2])
+    assert reserve >= 3.0
+    assert 12 - reserve - 2 <= summary["train_seconds"] <= 12 - reserve + 1, (summary["train_seconds"], reserve)
+    rows = metrics(tmp_path / "run")
+    assert [("test_top1" in r) for r in rows] == [False] * (len(rows) - 1) + [True]
+
+
 def test_predict_top_k_with_class_names(tmp_path, cache_dir, capsys):
     out = tmp_path / "run"
     train(load_recipe(None, model="vit_micro_patch2_8", epochs=2, precision="fp32", out=str(out), threads=1))
