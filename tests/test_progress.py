@@ -34,6 +34,20 @@ def test_log_file_prints_again_after_the_interval():
     assert len(bar_lines) >= 10
 
 
+def test_log_file_prints_the_final_state_once():
+    """When the last update already printed the final count, closing does not print it again."""
+    out = io.StringIO()
+    with Progress(total=3, file=out, desc="runs", mininterval=0) as bar:
+        for _ in range(3):
+            bar.update(1)
+    finals = [line for line in out.getvalue().splitlines() if "3/3" in line]
+    assert len(finals) == 1, out.getvalue()
+    out = io.StringIO()
+    with Progress(total=3, file=out, desc="runs", mininterval=3600) as bar:  # a final state not yet printed
+        bar.update(3)
+    assert sum("3/3" in line for line in out.getvalue().splitlines()) == 1
+
+
 def test_terminal_keeps_the_live_bar():
     out = FakeTerminal()
     with Progress(total=5, file=out, desc="t", mininterval=0) as bar:

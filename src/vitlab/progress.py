@@ -50,6 +50,8 @@ class Progress(tqdm):
             kwargs.setdefault("ncols", 100)
             file = _Lines(file)
         self._line_t = -float("inf")
+        self._line_n: float | None = None  # the count of the last line printed
+        self._closing = False
         super().__init__(*args, file=file, **kwargs)
 
     def display(self, msg: str | None = None, pos: int | None = None) -> bool:
@@ -57,9 +59,15 @@ class Progress(tqdm):
             return super().display(msg, pos)
         if msg == "":  # a request to clear the bar: nothing to clear in a log
             return False
+        if self._closing and msg is None and self.n == self._line_n:  # the final state is already the last line
+            return True
         self.fp.write(self.__str__() if msg is None else msg)
-        self._line_t = time.time()
+        self._line_t, self._line_n = time.time(), self.n
         return True
+
+    def close(self) -> None:
+        self._closing = True
+        super().close()
 
     def clear(self, nolock: bool = False) -> None:
         if not self.lines:
