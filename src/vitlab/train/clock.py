@@ -37,5 +37,6 @@ class RunClock:
         return broadcast_value(self.seconds() / max(self.budget - self.reserve, 1e-9), self.d)
 
     def keep_back(self, seconds: float) -> None:
-        """Reserve at least ``seconds`` of the budget for the end of the run (final evaluation, saving)."""
-        self.reserve = max(self.reserve, seconds)
+        """Reserve enough of the budget for an end of the run (final evaluation, saving) measured or estimated at
+        ``seconds``: twice that plus 3 s, never less than already reserved."""
+        self.reserve = max(self.reserve, 2.0 * seconds + 3.0)

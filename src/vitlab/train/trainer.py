@@ -177,8 +177,8 @@ def _train(r: Recipe, d: Dist, resume: bool, log: Callable[[str], None]) -> dict
         t_probe = time.perf_counter()
         evaluate(model, limit=eval_batch)  # every rank: it sums over them; its metrics are read back (a device sync)
         shard = len(data.test.images) // d.world
-        clock.keep_back((2.0 if state.ema is not None else 1.0) * 2.0 * (time.perf_counter() - t_probe)
-                        * shard / min(eval_batch, shard) + 3.0)
+        clock.keep_back((2.0 if state.ema is not None else 1.0) * (time.perf_counter() - t_probe)
+                        * shard / min(eval_batch, shard))
         log(f"kept back {clock.reserve:.0f} s of the budget for the final evaluation")
 
     # --- the loop ---
@@ -257,7 +257,7 @@ def _train(r: Recipe, d: Dist, resume: bool, log: Callable[[str], None]) -> dict
                 if row["ema_test_top1"] > score:
                     metrics, score = {**ema_metrics, "ema": True}, row["ema_test_top1"]
             final_metrics = metrics
-            clock.keep_back(2.0 * (time.perf_counter() - t_eval) + 3.0)
+            clock.keep_back(time.perf_counter() - t_eval)
             # the reserve for the end may have grown past what is left: then this evaluation was the last
             last = last or (budget is not None and clock.progress(state.step) >= 1)
             if state.plateau.step(score) and r.plateau_patience:
