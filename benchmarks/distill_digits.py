@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from vitlab import io as vio
+from vitlab import checkpoint
 from vitlab.data.augment import BatchAugment
 from vitlab.data.sources import load_data
 from vitlab.train import load_recipe, train
@@ -29,7 +29,7 @@ STUDENT, TEACHER = "deit_nano_distilled_patch4_32", "resnet10_32"
 def teacher_agreement(teacher_dir: Path, batches: int = 40, seed: int = 0) -> float:
     """Share of augmented training images (digits recipe) whose teacher argmax equals the label."""
     r = load_recipe(None, data="digits", model=STUDENT)
-    teacher = vio.load(teacher_dir).eval()
+    teacher = checkpoint.load(teacher_dir).eval()
     data = load_data("digits", img_size=32, in_chans=3, seed=0)
     augment = BatchAugment(r.augment, (32, 32), data.mean, data.std, len(data.classes))
     torch.manual_seed(seed)

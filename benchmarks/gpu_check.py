@@ -35,11 +35,15 @@ def vitlab_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "vitlab", *args]
 
 
+def tree_env(**env: str) -> dict[str, str]:
+    """The environment with the tree's src first on the path (and whatever PYTHONPATH already held)."""
+    return {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""),
+            "PYTHONUNBUFFERED": "1", **env}
+
+
 def run(cmd: list[str], timeout: float, **env: str) -> str:
     """Run a command from the project root with src on the path; raise with its output's tail when it fails."""
-    full_env = {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""),
-                "PYTHONUNBUFFERED": "1", **env}
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=full_env)
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=tree_env(**env))
     if proc.returncode != 0:
         raise RuntimeError(f"`{' '.join(cmd)}` exited {proc.returncode}:\n{(proc.stdout + proc.stderr)[-3000:]}")
     return proc.stdout + proc.stderr
@@ -79,7 +83,7 @@ def check_cuda_smoke(tmp: Path, device: str, epochs: int) -> str:
     Image.new("L", (8, 8), 128).save(img)
     proc = subprocess.run(vitlab_cmd("predict", str(tmp / "smoke-bf16"), str(img), "--json", "--device", device),
                           cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+                          env=tree_env())
     top = json.loads(proc.stdout)[0]["top"] if proc.returncode == 0 else None
     probs = [p["probability"] for p in top] if top else []
     if not probs or probs != sorted(probs, reverse=True) or not 0 < sum(probs) <= 1 + 1e-3:

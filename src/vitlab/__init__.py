@@ -1,5 +1,5 @@
 """vitlab: build, train, distil and understand Vision Transformers."""
-from .io import load, save
+from .checkpoint import load, save
 from .models import create_model, list_models
 
 __version__ = "0.1.0"

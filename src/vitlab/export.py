@@ -16,9 +16,9 @@ from typing import Any
 from safetensors.torch import save_file
 from torch import nn
 
-from .fileio import atomic_path, atomic_write_json
+from .atomic import atomic_path, atomic_write_json
+from .checkpoint import CONFIG, WEIGHTS, current_args, load
 from .interop import hf, timm
-from .io import CONFIG, WEIGHTS, current_args, load
 from .models.registry import MODEL_CLASSES, get_spec
 
 FORMATS = ("onnx", "timm", "hf")

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..fileio import atomic_path, atomic_write_json
+from ..atomic import atomic_path, atomic_write_json
 from .download import Log
 
 STORE_FORMAT = 1

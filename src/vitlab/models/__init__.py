@@ -1,9 +1,9 @@
 """The ViT family: ViT/DeiT, ConViT, CaiT, hybrid ViT, and ResNet teachers."""
 from .cait import Cait
-from .cnn import ResNet
 from .convit import ConVit
 from .hybrid import HybridVisionTransformer
 from .registry import create_model, list_models
+from .resnet import ResNet
 from .vit import VisionTransformer
 
 __all__ = ["Cait", "ConVit", "HybridVisionTransformer", "ResNet", "VisionTransformer", "create_model", "list_models"]

@@ -8,8 +8,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .cnn import ResNet, resnet_reduction
 from .layers import to_2tuple
+from .resnet import ResNet, resnet_reduction
 from .vit import VisionTransformer
 
 

@@ -9,9 +9,9 @@ from typing import Any
 from torch import nn
 
 from .cait import Cait
-from .cnn import ResNet
 from .convit import ConVit
 from .hybrid import HybridVisionTransformer
+from .resnet import ResNet
 from .vit import VisionTransformer
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)

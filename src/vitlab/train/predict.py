@@ -11,11 +11,11 @@ import numpy as np
 import torch
 from PIL import Image
 
-from .. import io as vio
+from .. import checkpoint
+from ..atomic import atomic_write_json
 from ..data.augment import normalize
 from ..data.sources import load_data, read_image
 from ..devices import resolve_device, to_device
-from ..fileio import atomic_write_json
 from .evaluate import evaluate_model, head_logits
 
 PIL_FILTERS = {"nearest": Image.Resampling.NEAREST, "bilinear": Image.Resampling.BILINEAR,
@@ -81,7 +81,7 @@ def evaluate_folder(model_path: str | os.PathLike, data: str, out: str | os.Path
     fp32, bf16, fp16 or auto (bf16 on a GPU that has it, else fp32).
     """
     dev = resolve_device(device)
-    model = vio.load(model_path).to(dev)
+    model = checkpoint.load(model_path).to(dev)
     c, h, w = model.pretrained_cfg["input_size"]
     # a pretrained crop_pct: decode at size / crop_pct, then keep the centre (the data set's own resampling)
     scaled = scale_size((h, w), model.pretrained_cfg.get("crop_pct"))
@@ -130,7 +130,7 @@ def predict_files(model_path: str | os.PathLike, images: Sequence[str | os.PathL
     centre crop), mean and std.
     """
     dev = resolve_device(device)
-    model = vio.load(model_path).to(dev)
+    model = checkpoint.load(model_path).to(dev)
     cfg = model.pretrained_cfg
     c, h, w = cfg["input_size"]
     names = _class_names(model)

@@ -8,7 +8,7 @@ from typing import Any
 
 import yaml
 
-from ..fileio import atomic_write_bytes, atomic_write_json
+from ..atomic import atomic_write_bytes, atomic_write_json
 from .recipe import Recipe
 from .state import CHECKPOINT
 

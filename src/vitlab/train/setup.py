@@ -8,7 +8,7 @@ from collections.abc import Callable
 import torch
 import torch.nn as nn
 
-from .. import io as vio
+from .. import checkpoint
 from ..data.augment import BatchAugment
 from ..data.sources import DataBundle, ImageSet, load_data
 from ..data.views import stratified_subset
@@ -40,7 +40,7 @@ def build_model_and_data(r: Recipe, d: Dist, log: Callable[[str], None]) -> tupl
         return data
 
     if r.init:
-        base = vio.load(r.init)
+        base = checkpoint.load(r.init)
         in_chans = base.pretrained_cfg["input_size"][0]
         data = get_data(r.img_size, in_chans)
         size = tuple(data.img_size)
@@ -50,7 +50,7 @@ def build_model_and_data(r: Recipe, d: Dist, log: Callable[[str], None]) -> tupl
         if getattr(base, "patch_embed", None) is not None and tuple(base.patch_embed.img_size) != size:
             overrides["img_size"] = size
             log(f"resampling the position embedding from {tuple(base.patch_embed.img_size)} to {size}")
-        model = vio.load(r.init, **overrides)
+        model = checkpoint.load(r.init, **overrides)
         if model.pretrained_cfg.get("label_names") != list(data.classes) or model.num_classes != len(data.classes):
             model.reset_classifier(len(data.classes))
             log(f"new head(s) for {len(data.classes)} classes")

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from ..fileio import atomic_path
+from ..atomic import atomic_path
 from .schedule import Plateau
 
 CHECKPOINT = "checkpoint.pt"

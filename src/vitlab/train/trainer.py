@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from .. import io as vio
+from .. import checkpoint
 from ..data.augment import BatchAugment, repeated_aug_indices
 from ..data.views import eval_view
 from ..progress import Progress, log_line
@@ -105,7 +105,7 @@ def _train(r: Recipe, d: Dist, resume: bool, log: Callable[[str], None]) -> dict
     augment = BatchAugment(r.augment, img_size, mean, std, len(classes)).to(d.device)
     teacher = None
     if r.teacher:
-        teacher = vio.load(r.teacher).to(d.device)
+        teacher = checkpoint.load(r.teacher).to(d.device)
         if teacher.num_classes != len(classes):
             raise ValueError(f"teacher {r.teacher} predicts {teacher.num_classes} classes, the data has {len(classes)}")
         log(f"teacher: {r.teacher} ({type(teacher).__name__}), {r.distill} distillation")
@@ -312,7 +312,7 @@ def _train(r: Recipe, d: Dist, resume: bool, log: Callable[[str], None]) -> dict
         if r.freeze_backbone:
             for p in final_model.parameters():
                 p.requires_grad = True
-        vio.save(final_model, out)
+        checkpoint.save(final_model, out)
         plot_curves(history, out / "curves.png", title=f"{summary['model']} on {data.name}")
         plot_confusion(m["confusion"], classes, out / "confusion.png",
                        title=f"Confusion matrix, test top-1 {100 * m['top1']:.2f}%")

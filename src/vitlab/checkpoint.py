@@ -18,7 +18,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from .fileio import atomic_path, atomic_write_json
+from .atomic import atomic_path, atomic_write_json
 from .interop import hf, hub, timm
 from .models.layers import resample_abs_pos_embed, to_2tuple
 from .models.registry import MODEL_CLASSES, build, create_model, get_spec
