@@ -2,6 +2,10 @@
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 
 def warmup_cosine(progress: float, lr: float, min_lr: float, warmup: float) -> float:
@@ -53,3 +57,9 @@ class Plateau:
 
     def load_state_dict(self, state: dict) -> None:
         self.best, self.bad, self.scale = state["best"], state["bad"], state["scale"]
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    """Set every parameter group's learning rate to ``lr`` times its ``lr_scale`` (1 where it has none)."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr * group.get("lr_scale", 1.0)
