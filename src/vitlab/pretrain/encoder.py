@@ -1,0 +1,62 @@
+"""What the pre-training objectives share: the families they apply to, the encoder's unused parts set aside,
+and the split of an objective into its encoder (a plain model) and the rest (the decoder state)."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..models.vit import VisionTransformer
+
+# Why an objective does not run a family, by (method, class name); (None, class name) for both methods.
+UNSUPPORTED = {
+    ("mae", "ConVit"): "its GPSA layers attend over relative offsets on the full patch grid, "
+                       "which the visible patches alone do not form",
+    ("mpp", "ConVit"): "its class token joins only after the GPSA blocks; MPP runs ViT and DeiT encoders",
+    (None, "HybridVisionTransformer"): "its CNN stem mixes neighbouring patches before they become tokens, "
+                                       "so a hidden or corrupted patch reaches the encoder through its neighbours",
+    (None, "Cait"): "the objectives run the ViT/DeiT forward (prefix tokens, one stack of blocks), "
+                    "not CaiT's self-attention then class-attention stages",
+    (None, "ResNet"): "a convolutional network has no patch tokens to hide",
+}
+
+
+def check_encoder(model: nn.Module, method: str) -> None:
+    """Raise a one-line ValueError unless ``method`` ('mae' or 'mpp') applies to the model's family."""
+    if type(model) is VisionTransformer:
+        return
+    name = type(model).__name__
+    reason = UNSUPPORTED.get((method, name)) or UNSUPPORTED.get((None, name)) or \
+        "pre-training runs ViT and DeiT encoders (VisionTransformer) only"
+    raise ValueError(f"{method.upper()} pre-training does not apply to {name}: {reason}")
+
+
+def set_aside_head(encoder: VisionTransformer) -> None:
+    """Freeze what pre-training never reaches (classifier heads, fc_norm), so DDP sees no unused parameters.
+
+    They stay in the encoder's state dict, which is therefore exactly the plain model's.
+    """
+    for name in ("head", "head_dist", "fc_norm"):
+        module = getattr(encoder, name, None)
+        if module is not None:
+            module.requires_grad_(False)
+
+
+def output_norm(encoder: VisionTransformer) -> nn.Module:
+    """A LayerNorm for the token outputs of a model whose final norm is fc_norm on the pooled vector (GAP)."""
+    return nn.LayerNorm(encoder.embed_dim, eps=1e-6) if isinstance(encoder.norm, nn.Identity) else nn.Identity()
+
+
+def split_pretrained(objective: nn.Module) -> tuple[nn.Module, dict[str, torch.Tensor]]:
+    """(encoder, decoder_state): the plain model (for vitlab.save) and every other tensor of the objective."""
+    state = {k: v.detach().cpu().contiguous() for k, v in objective.state_dict().items()
+             if not k.startswith("encoder.")}
+    return objective.encoder, state
+
+
+def load_decoder_state(objective: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Load a decoder_state from split_pretrained back into an objective; every tensor must find its place."""
+    result = objective.load_state_dict(state, strict=False)
+    missing = [k for k in result.missing_keys if not k.startswith("encoder.")]
+    if missing or result.unexpected_keys:
+        raise ValueError(f"decoder state does not fit this {type(objective).__name__}: "
+                         f"missing {missing[:5]}, unexpected {result.unexpected_keys[:5]}")
