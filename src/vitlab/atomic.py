@@ -1,13 +1,80 @@
-"""Atomic file writes: a reader, or a run killed midway, sees the old file or the whole new one."""
+"""Atomic file writes: a reader, or a run killed midway, sees the old file or the whole new one.
+
+The new content goes to ``.<name>.<8 hex digits>.tmp`` beside the file, created with the mode the
+umask gives any new file, and is renamed onto it when complete. The writer holds a lock on the
+temporary file while it exists; a temporary file nobody holds a lock on (its writer was killed) is
+removed by the next write of the same file, or by ``remove_stale_temps``.
+"""
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
-import tempfile
+import re
+import secrets
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+TEMP_PATTERN = re.compile(r"\.(?P<name>.+)\.[0-9a-z_]{8}\.tmp")  # also matches tempfile.mkstemp's names
+STALE_AFTER_S = 60.0  # a temporary file this old with no writer holding its lock is debris
+
+
+def is_stale_temp(path: str | os.PathLike, now: float | None = None) -> bool:
+    """Whether ``path`` is a temporary file of an atomic write whose writer is gone: named like one, older
+    than STALE_AFTER_S and locked by nobody."""
+    path = Path(path)
+    if not TEMP_PATTERN.fullmatch(path.name):
+        return False
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    try:
+        st = os.fstat(fd)
+        old = (time.time() if now is None else now) - st.st_mtime > STALE_AFTER_S
+        if not old or not os.path.isfile(path):
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return False  # a live writer holds it (or locks are unsupported here: never guess)
+        return True
+    finally:
+        os.close(fd)  # releases the probe's lock
+
+
+def remove_stale_temps(folder: str | os.PathLike, name: str | None = None, now: float | None = None) -> list[Path]:
+    """Remove the stale temporary files of atomic writes in ``folder`` (of the file ``name`` only, when given);
+    returns what was removed."""
+    removed = []
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return removed
+    for entry in entries:
+        m = TEMP_PATTERN.fullmatch(entry.name)
+        if m and (name is None or m["name"] == name) and is_stale_temp(entry.path, now):
+            with contextlib.suppress(OSError):
+                os.unlink(entry.path)
+                removed.append(Path(entry.path))
+    return removed
+
+
+def _create_temp(path: Path) -> tuple[Path, int]:
+    """A new temporary file beside ``path`` (mode from the umask, as any new file) and an fd that locks it."""
+    for _ in range(100):
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+        try:
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
+        except FileExistsError:
+            continue
+        with contextlib.suppress(OSError):  # a file system without locks: the file is then never called stale
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return tmp, fd
+    raise FileExistsError(f"could not create a temporary file beside {path}")
 
 
 @contextlib.contextmanager
@@ -15,16 +82,18 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """A temporary path beside ``path``: renamed onto it when the block succeeds, removed when it fails."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
+    remove_stale_temps(path.parent, path.name)
+    tmp, fd = _create_temp(path)
     try:
-        yield Path(tmp)
+        yield tmp
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
+    finally:
+        os.close(fd)
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
