@@ -25,3 +25,44 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
     if name == "cpu" or not torch.cuda.is_available():
         return torch.device("cpu")
     return torch.device("cuda", local_rank)
+
+
+BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")  # /proc/cpuinfo flags of CPUs with bf16 arithmetic
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags from /proc/cpuinfo (empty where there is none)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    return set(line.partition(":")[2].split())
+    except OSError:
+        pass
+    return set()
+
+
+def cpu_bf16() -> tuple[bool, str]:
+    """Whether this CPU computes in bf16 natively (AMX or AVX512-BF16), and the evidence in words.
+
+    Without them PyTorch emulates bf16 through float32 conversions, several times slower than float32.
+    """
+    has = [f for f in BF16_CPU_FLAGS if f in cpu_flags()]
+    capability = str(torch.backends.cpu.get_cpu_capability())
+    if has:
+        return True, f"the CPU has {' and '.join(has)}"
+    if "AMX" in capability.upper() or "BF16" in capability.upper():
+        return True, f"PyTorch's CPU kernels are built for {capability}"
+    return False, f"the CPU has neither AMX nor AVX512-BF16 (PyTorch's CPU kernels: {capability})"
+
+
+def auto_precision(device: torch.device) -> tuple[str, str]:
+    """What precision 'auto' means on ``device`` ('bf16' or 'fp32'), decided from what the hardware supports,
+    and why, in words: the same answer on every run on one machine."""
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        if torch.cuda.is_bf16_supported():
+            return "bf16", f"{name} supports bf16"
+        return "fp32", f"{name} does not support bf16"
+    native, why = cpu_bf16()
+    return ("bf16", why) if native else ("fp32", why)

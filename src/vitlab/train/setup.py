@@ -1,8 +1,6 @@
 """What a run is built from: the model and data sized for each other, the optimiser, the precision."""
 from __future__ import annotations
 
-import copy
-import time
 from collections.abc import Callable
 
 import torch
@@ -12,10 +10,10 @@ from .. import checkpoint
 from ..data.augment import BatchAugment
 from ..data.sources import DataBundle, ImageSet, load_data
 from ..data.views import stratified_subset
+from ..devices import auto_precision
 from ..models.registry import accepted_args, create_model, get_spec
 from .distributed import Dist, barrier, broadcast_flag
 from .recipe import Recipe, default_model
-from .step import autocast
 
 HEAD_NAMES = ("head", "head_dist", "fc")
 
@@ -130,8 +128,8 @@ def set_fast_math(device: torch.device) -> None:
 
 def choose_precision(r: Recipe, model: nn.Module, augment: BatchAugment, images: torch.Tensor,
                      labels: torch.Tensor, d: Dist, log: Callable[[str], None]) -> str:
-    """'fp32', 'bf16' or 'fp16'. 'auto' is bf16 on a GPU that supports it (else fp32); on a CPU it times a
-    few training steps of each on a copy of the model and keeps the faster."""
+    """'fp32', 'bf16' or 'fp16'. 'auto' is bf16 where the hardware computes in it (a GPU that supports it, a
+    CPU with AMX or AVX512-BF16), else fp32: decided from the hardware, never from a timing."""
     if r.precision != "auto":
         if r.precision == "bf16" and d.device.type == "cuda" and not torch.cuda.is_bf16_supported():
             raise ValueError(f"precision='bf16' is not supported by {torch.cuda.get_device_name(d.device)}; "
@@ -140,31 +138,7 @@ def choose_precision(r: Recipe, model: nn.Module, augment: BatchAugment, images:
             raise ValueError("precision='fp16' needs a GPU (a gradient scaler on the CPU is of no use); "
                              "accepted on the CPU: auto, bf16, fp32")
         return r.precision
-    if d.device.type == "cuda":
-        return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
-    probe = copy.deepcopy(model).train()
-    opt = torch.optim.AdamW([p for p in probe.parameters() if p.requires_grad], lr=1e-6)
-    n = min(len(images), max(r.batch_size // d.world, 2))
-    x, y = augment(images[:n], labels[:n])
-    rng = torch.get_rng_state()
-    times = {}
-    for precision in ("fp32", "bf16"):
-        def step(precision=precision):
-            with autocast(d.device, precision):
-                out = probe(x)
-                loss = sum(o.float().logsumexp(1).mean() for o in (out if isinstance(out, tuple) else (out,)))
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-        step()
-        samples = []
-        for _ in range(3):
-            t = time.perf_counter()
-            step()
-            samples.append(time.perf_counter() - t)
-        times[precision] = sorted(samples)[1]
-    torch.set_rng_state(rng)
-    bf16 = broadcast_flag(times["bf16"] < times["fp32"], d)
-    log(f"precision auto: float32 {n / times['fp32']:.0f} img/s, bf16 {n / times['bf16']:.0f} img/s "
-        f"-> {'bf16' if bf16 else 'float32'}")
-    return "bf16" if bf16 else "fp32"
+    precision, why = auto_precision(d.device)
+    precision = "bf16" if broadcast_flag(precision == "bf16", d) else "fp32"  # rank 0's hardware decides
+    log(f"precision auto: {'bf16' if precision == 'bf16' else 'float32'} ({why})")
+    return precision
