@@ -48,17 +48,29 @@ def _is_image_name(name: str) -> bool:
     return name.lower().endswith(IMAGE_EXTENSIONS)
 
 
-def walk(root: Path):
-    """os.walk over ``root`` with hidden entries skipped and symlinked folders followed at most once."""
-    seen: set[str] = set()
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
-        real = os.path.realpath(dirpath)
-        if real in seen:
-            dirnames[:] = []
+def walk(root: Path, _above: frozenset[str] = frozenset()):
+    """Like os.walk over ``root`` (top-down, sorted), with hidden entries skipped and symlinked folders
+    followed, except one that leads back to a folder above it (a loop: listed, not entered)."""
+    real = os.path.realpath(root)
+    try:
+        entries = sorted(os.scandir(root), key=lambda e: e.name)
+    except OSError:
+        return
+    dirs, files = [], []
+    for e in entries:
+        if _hidden(e.name):
             continue
-        seen.add(real)
-        dirnames[:] = sorted(d for d in dirnames if not _hidden(d))
-        yield dirpath, dirnames, sorted(f for f in filenames if not _hidden(f))
+        try:
+            is_dir = e.is_dir()  # follows a symlink
+        except OSError:
+            is_dir = False
+        (dirs if is_dir else files).append(e.name)
+    yield os.fspath(root), dirs, files
+    above = _above | {real}
+    for d in dirs:
+        sub = os.path.join(root, d)
+        if os.path.realpath(sub) not in above:
+            yield from walk(sub, above)
 
 
 def scan_folder(root: Path) -> Tree:
@@ -136,6 +148,13 @@ _LAYOUT_HELP = ("expected <root>/<class>/<image> (split into train/test with val
                 "<root>/train/<class>/<image> with <root>/test/<class>/<image> or <root>/val/<class>/<image>")
 
 
+def _link_target(link: str) -> str:
+    """Where a symlinked folder leads, and whether that is a folder above it (a loop, which is not entered)."""
+    target, parent = os.path.realpath(link), os.path.realpath(os.path.dirname(link))
+    loop = parent == target or parent.startswith(target.rstrip(os.sep) + os.sep)
+    return f"{target}, a folder above it: a loop" if loop else target
+
+
 def _classes_under(tree: Tree, root: tuple[str, ...]) -> dict[str, list[tuple[str, ...]]]:
     """Class name -> sorted image paths for the class folders right under ``root``."""
     n = len(root)
@@ -148,7 +167,9 @@ def _classes_under(tree: Tree, root: tuple[str, ...]) -> dict[str, list[tuple[st
             by_class[p[n]].append(p)
     for c, paths in by_class.items():
         if not paths:
-            raise ValueError(f"class folder {tree.describe((*root, c))} holds no images "
+            folder = tree.describe((*root, c))
+            link = f" (it is a link to {_link_target(folder)})" if os.path.islink(folder) else ""
+            raise ValueError(f"class folder {folder} holds no images{link} "
                              f"(accepted extensions: {' '.join(IMAGE_EXTENSIONS)})")
     return by_class
 

@@ -14,13 +14,12 @@ from them (``BatchAugment`` with crop='rrc') and evaluation uses ``eval_view``.
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import re
 import time
 from collections import Counter
 from collections.abc import Iterator
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,17 +29,33 @@ import torch
 import torch.nn.functional as F
 
 from ..progress import progress_bar
+from .cache import (
+    CACHE_VERSION,
+    DISK_FULL,
+    cache_key,
+    check_writable,
+    default_cache_dir,
+    disk_usage,
+    file_digest,
+    files_fingerprint,
+    folder_fingerprint,
+    format_size,
+    free_bytes,
+    identity_digest,
+    settle,
+    space_message,
+)
 from .cifar import CIFAR_REMOTES, cifar_variant, find_or_fetch_cifar, load_cifar
 from .decode import Payload, decode_into, default_workers, image_size, read_image
 from .download import ARCHIVE_SUFFIXES, Log, archive_stem, download_url, is_archive
-from .scan import cifar_in_tree, read_archive, scan_folder, tree_items, walk
-from .store import Store, build_store, is_store, open_store
+from .scan import cifar_in_tree, read_archive, scan_folder, tree_items
+from .store import Store, build_store, is_store, open_store, store_needs
 from .tables import TABLE_SUFFIXES, Listing, list_parquet, list_table, parquet_files
 
 __all__ = ["DATASETS", "DataBundle", "ImageSet", "default_cache_dir", "download_url", "load_data", "read_image"]
 
 DATASETS = ("digits", "cifar10", "cifar100")
-CACHE_VERSION = 2  # part of every store's key: a new version builds new stores
+MIN_STD = 1 / 255  # a channel's std below one grey level: the channel is constant, normalised by 1
 
 
 @dataclass
@@ -78,12 +93,6 @@ class DataBundle:
     def stored_size(self) -> tuple[int, int]:
         """(H, W) of the stored images."""
         return tuple(self.train.images.shape[-2:])
-
-
-def default_cache_dir() -> Path:
-    """The data cache folder: $VITLAB_CACHE, else ~/.cache/vitlab."""
-    env = os.environ.get("VITLAB_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "vitlab"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -140,26 +149,20 @@ def _stratified_split(labels: torch.Tensor, fraction: float, seed: int) -> tuple
             torch.from_numpy(np.sort(np.concatenate(test))).long())
 
 
-def _fingerprint(path: Path) -> Any:
-    """What identifies a source's content cheaply: sizes and mtimes of its files."""
+def source_identity(kind: str, where: str | os.PathLike, listing: Listing | None = None) -> Any:
+    """What identifies a source's content (see ``cache``): None for the embedded digits; raises
+    FileNotFoundError when the source is gone."""
+    if kind in ("digits", None):
+        return None
+    path = Path(where)
+    if not path.exists():
+        raise FileNotFoundError(f"{path} does not exist")
+    if kind == "table":
+        listing = listing or list_table(path, lambda s: None)
+        return [str(path), file_digest(path), files_fingerprint(listing.payloads(0))]
     if path.is_file():
-        st = path.stat()
-        return [st.st_size, st.st_mtime_ns]
-    entries = []
-    for dirpath, _, filenames in walk(path):
-        for f in filenames:
-            full = os.path.join(dirpath, f)
-            try:
-                st = os.stat(full)
-            except OSError:
-                continue
-            entries.append([os.path.relpath(full, path), st.st_size, st.st_mtime_ns])
-    return entries
-
-
-def _cache_key(*parts: Any) -> str:
-    blob = json.dumps([CACHE_VERSION, *parts], sort_keys=True, default=str).encode()
-    return hashlib.sha256(blob).hexdigest()[:16]
+        return [str(path), files_fingerprint([path])[0]]
+    return [str(path), folder_fingerprint(path)]
 
 
 def _safe_name(name: str) -> str:
@@ -266,16 +269,16 @@ def load_data(source: str | os.PathLike = "digits", *, img_size: int | tuple[int
             raise ValueError(f"{src.path} holds {store.images.shape[1]}-channel images, in_chans={in_chans} was asked")
         return _bundle(store, size, f"from store {src.path} in {time.perf_counter() - t0:.2f} s", log)
 
+    listing = list_table(src.path, log) if src.kind == "table" else None
     if src.kind == "digits":
         ident: Any = ["digits"]
     else:
-        where = src.cifar[1] if src.kind == "cifar" else src.path
-        ident = [str(where), _fingerprint(where)]
+        ident = source_identity(src.kind, src.cifar[1] if src.kind == "cifar" else src.path, listing)
     fit = "crop" if store_size else "squash"
     stored = (store_size, store_size) if store_size else size
     # a source with its own test split is stored under a key without val_fraction and seed
     base = [src.kind, ident, list(stored) if stored else None, fit, in_chans]
-    keys = [_cache_key(*base), _cache_key(*base, float(val_fraction), seed)]
+    keys = [cache_key(*base), cache_key(*base, float(val_fraction), seed)]
     train_size = size if store_size else None
 
     for key in keys:
@@ -290,17 +293,28 @@ def load_data(source: str | os.PathLike = "digits", *, img_size: int | tuple[int
             return _bundle(store, train_size, f"from cache {path} in {time.perf_counter() - t0:.2f} s", log)
 
     header = {"name": src.name, "source": src.origin, "kind": src.kind, "fit": fit,
-              "fingerprint": hashlib.sha256(json.dumps(ident, default=str).encode()).hexdigest()}
-    store = _build(src, header, keys, cache, stored, fit, in_chans, val_fraction, seed, workers, log)
+              "fingerprint": identity_digest(ident), "cache_version": CACHE_VERSION}
+    settle(ident)  # what is read from here on is what the fingerprint stands for
+    store = _build(src, header, keys, cache, stored, fit, in_chans, val_fraction, seed, workers, log, listing)
     how = f"decoded from {src.origin} in {time.perf_counter() - t0:.1f} s, stored in {store.path}"
     return _bundle(store, train_size, how, log)
+
+
+def _usable_std(std: list[float], log: Log) -> tuple[float, ...]:
+    """The channels' std to normalise with: a channel that (almost) never varies is divided by 1, not by ~0."""
+    flat = [k for k, v in enumerate(std) if not v >= MIN_STD]
+    if flat:
+        log(f"channel{'s' if len(flat) > 1 else ''} {', '.join(map(str, flat))} of the training images "
+            f"{'are' if len(flat) > 1 else 'is'} constant (std below 1/255): normalised by 1 instead of "
+            f"{', '.join(f'{std[k]:.3g}' for k in flat)}")
+    return tuple(1.0 if k in flat else float(v) for k, v in enumerate(std))
 
 
 def _bundle(store: Store, img_size: tuple[int, int] | None, how: str, log: Log) -> DataBundle:
     """A bundle over an opened store, and the line that says what was loaded."""
     h = store.header
     bundle = DataBundle(h["name"], ImageSet(*store.split("train")), ImageSet(*store.split("test")), list(h["classes"]),
-                        tuple(h["mean"]), tuple(h["std"]), len(h.get("unreadable_rows", [])), h["source"],
+                        tuple(h["mean"]), _usable_std(h["std"], log), len(h.get("unreadable_rows", [])), h["source"],
                         img_size, store.path)
     c, sh, sw = store.images.shape[1:]
     train_at = f", training at {bundle.img_size[0]}x{bundle.img_size[1]}" if bundle.img_size != (sh, sw) else ""
@@ -325,7 +339,8 @@ def _tree_listing(tree, log: Log) -> Listing:
 
 
 def _build(src: _Source, header: dict[str, Any], keys: list[str], cache: Path, stored: tuple[int, int] | None,
-           fit: str, in_chans: int | None, val_fraction: float, seed: int, workers: int | None, log: Log) -> Store:
+           fit: str, in_chans: int | None, val_fraction: float, seed: int, workers: int | None, log: Log,
+           listing: Listing | None = None) -> Store:
     """List the source, then decode it into a new store (or finish one a killed run left)."""
     tensors = None
     name = src.name
@@ -350,8 +365,6 @@ def _build(src: _Source, header: dict[str, Any], keys: list[str], cache: Path, s
         listing = _tree_listing(scan_folder(src.path), log)
     elif src.kind == "parquet":
         listing = list_parquet(src.path, log)
-    else:
-        listing = list_table(src.path, log)
 
     if tensors is not None:
         x, y, classes, n_train, has_test = tensors
@@ -401,26 +414,32 @@ def _build(src: _Source, header: dict[str, Any], keys: list[str], cache: Path, s
         fill_order = np.concatenate(arrange(np.ones(len(labels), dtype=bool)))  # decode in split order
     key = keys[0] if listing.has_test else keys[1]
     path = cache / f"{_safe_name(name)}-{key}"
-    need = int(np.prod(shape))
-    free = _free_bytes(cache)
-    if free is not None and need > free and not path.with_name(path.name + ".partial").exists():
-        raise ValueError(f"the store for {src.origin} needs {need / 2**30:.2f} GiB in {cache}, which has "
-                         f"{free / 2**30:.2f} GiB free; free some space or choose another cache_dir "
-                         "(VITLAB_CACHE, --cache-dir)")
+    reorder = tensors is not None and not listing.has_test  # the rows are written in source order, then split
+    what = f"the store for {src.origin}"
+    check_writable(cache)
+    need, free = store_needs(path, shape, reorder), free_bytes(cache)
+    if free is not None and need > free:
+        raise ValueError(space_message("not enough disk space", what, cache, need, free))
     header = dict(header, key=key, name=name, classes=list(listing.classes))
-    store, bad = build_store(path, header, shape, labels, fill, arrange, log, listing.names, fill_order)
+    resume = f"; the unfinished build in {path}.partial resumes when run again"
+    try:
+        store, bad = build_store(path, header, shape, labels, fill, arrange, log, listing.names, fill_order)
+    except OSError as e:
+        if e.errno not in DISK_FULL:
+            raise
+        raise ValueError(space_message("disk full", what, cache, need) + resume) from None
+    except BrokenProcessPool:
+        left = store_needs(path, shape, reorder)
+        if (free_bytes(cache) or 0) < left:
+            raise ValueError(space_message("disk full", what, cache, left) + resume) from None
+        raise ValueError(f"a process decoding {src.origin} died (killed, perhaps for lack of memory: try fewer "
+                         f"workers){resume}") from None
     if bad:
         names = [listing.names(r) for r in bad]
         log(f"skipped {len(bad)} unreadable files, e.g.: {', '.join(names[:5])}")
+    log(f"the data cache {cache} now takes {format_size(disk_usage(cache))} ('vitlab cache list' shows what it "
+        "holds; 'vitlab cache clean' removes superseded stores)")
     return store
-
-
-def _free_bytes(folder: Path) -> int | None:
-    folder.mkdir(parents=True, exist_ok=True)
-    try:
-        return os.statvfs(folder).f_bavail * os.statvfs(folder).f_frsize
-    except (OSError, AttributeError):
-        return None
 
 
 def _common_size(listing: Listing, log: Log) -> tuple[int, int]:

@@ -16,6 +16,7 @@ header is always complete. A lock file keeps two processes from building the sam
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -124,6 +125,39 @@ def _locked(path: Path) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+def _allocate(path: Path, size: int) -> None:
+    """Make ``path`` ``size`` bytes long with its blocks allocated: a full disk is an OSError (ENOSPC) here,
+    not a SIGBUS when a mapped page is written later. Where the file system cannot allocate ahead, the
+    file is only extended."""
+    with open(path, "r+b" if path.exists() else "wb") as f:
+        if os.fstat(f.fileno()).st_size != size:
+            f.truncate(size)
+        if size:
+            try:
+                os.posix_fallocate(f.fileno(), 0, size)
+            except OSError as e:
+                if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+                    raise
+
+
+def _allocated(path: Path) -> int:
+    try:
+        return path.stat().st_blocks * 512
+    except OSError:
+        return 0
+
+
+def store_needs(path: Path, shape: tuple[int, ...], reorder: bool) -> int:
+    """Bytes of disk a build of the store at ``path`` still needs: the rows not yet allocated, a second copy
+    of them when they must be put in split order, the labels and a margin for the small files."""
+    rows = int(np.prod(shape))
+    part = path.with_name(path.name + ".partial")
+    need = max(0, rows - _allocated(part / _ROWS)) if not (part / IMAGES).exists() else 0
+    if reorder:
+        need += max(0, rows - _allocated(part / IMAGES))
+    return need + 8 * int(shape[0]) + (1 << 20)
+
+
 Fill = Callable[[Path, int, Callable[[int, list[int]], None]], None]
 Arrange = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
 
@@ -157,10 +191,10 @@ def build_store(path: Path, header: dict[str, Any], shape: tuple[int, int, int, 
         else:
             shutil.rmtree(part, ignore_errors=True)
             part.mkdir(parents=True)
-            with open(rows_file, "wb") as f:
-                f.truncate(shape[0] * row_bytes)
             state = {"key": header["key"], "shape": list(shape), "done": 0, "bad": [], "arranged": False}
             atomic_write_json(progress_file, state)
+        if not state["arranged"]:
+            _allocate(rows_file, shape[0] * row_bytes)
 
         def done(rows: int, bad: list[int]) -> None:
             state["done"] = rows
@@ -215,7 +249,8 @@ def _reorder(src: Path, dest: Path, shape: tuple[int, int, int, int], order: np.
     row_bytes = int(np.prod(shape[1:]))
     rows = np.memmap(src, np.uint8, "r", shape=shape) if shape[0] and row_bytes else None
     step = max(1, _COPY_BYTES // max(row_bytes, 1))
-    with atomic_path(dest) as tmp, open(tmp, "wb") as out:
+    with atomic_path(dest) as tmp, open(tmp, "r+b") as out:
+        _allocate(tmp, len(order) * row_bytes)
         for i in range(0, len(order), step):
             out.write(np.ascontiguousarray(rows[order[i:i + step]]).tobytes())
     del rows

@@ -14,13 +14,15 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
 import numpy as np
 
-from .decode import Payload
+from .decode import IMAGE_EXTENSIONS, Payload
 from .download import Log
 
 TABLE_SUFFIXES = (".csv", ".tsv")
@@ -28,6 +30,7 @@ _TRAIN_NAMES = ("train",)
 _TEST_NAMES = ("validation", "valid", "val", "test")  # the held-out split, in order of preference
 _IMAGE_COLUMNS = ("image", "img")
 _LABEL_COLUMNS = ("label", "labels", "fine_label")
+_NUMBER = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?")
 
 
 @dataclass
@@ -89,11 +92,58 @@ def _class_names(schema, label_col: str) -> list[str] | None:
     return [str(n) for n in names] if isinstance(names, list) and names else None
 
 
-def _sorted_names(values: set[str]) -> list[str]:
+def _number(text: str) -> Decimal | None:
+    if not _NUMBER.fullmatch(text):
+        return None
     try:
-        return sorted(values, key=int)
-    except ValueError:
-        return sorted(values)
+        return Decimal(text)
+    except InvalidOperation:
+        return None
+
+
+def _number_name(d: Decimal) -> str:
+    return str(int(d)) if d == d.to_integral_value() else str(d.normalize())
+
+
+def class_index(values: list[str], where: str) -> tuple[list[str], dict[str, int]]:
+    """Class names and each label text's class: labels that are all numbers are read as numbers (``1``,
+    ``01``, ``1.0`` and ``1e0`` are one class, named ``1``; sorted by value); other labels are names
+    (sorted), and two texts of one number among them are refused as ambiguous."""
+    texts = sorted(set(values))
+    numbers = {t: _number(t) for t in texts}
+    if all(d is not None for d in numbers.values()):
+        by_name = {_number_name(d): d for d in numbers.values()}
+        names = sorted(by_name, key=by_name.get)
+        pos = {n: i for i, n in enumerate(names)}
+        return names, {t: pos[_number_name(d)] for t, d in numbers.items()}
+    seen: dict[Decimal, str] = {}
+    for t, d in numbers.items():
+        if d is not None and seen.setdefault(d, t) != t:
+            raise ValueError(f"{where}: labels {seen[d]!r} and {t!r} are one number written two ways, among labels "
+                             "that are not all numbers; write each class one way (labels that are all numbers are "
+                             "read as numbers)")
+    return texts, {t: i for i, t in enumerate(texts)}
+
+
+def _unreadable_parquet(f: Path, e: Exception) -> ValueError:
+    first = str(e).splitlines()[0] if str(e) else ""
+    return ValueError(f"{f} is not a readable Parquet file (truncated or damaged? {type(e).__name__}: {first})")
+
+
+def _parquet_call(fn: Callable, f: Path):
+    """``fn(f)`` with any failure to read the Parquet file ``f`` said in one line that names it."""
+    try:
+        return fn(f)
+    except Exception as e:  # noqa: BLE001 - pyarrow raises ArrowInvalid, OSError, ... for a damaged file
+        raise _unreadable_parquet(f, e) from None
+
+
+def _parquet_batches(pq, f: Path, column: str) -> Iterator:
+    """The record batches of one column of a Parquet file; a damaged file is a ValueError that names it."""
+    try:
+        yield from pq.ParquetFile(f).iter_batches(batch_size=256, columns=[column])
+    except Exception as e:  # noqa: BLE001 - as in _parquet_call
+        raise _unreadable_parquet(f, e) from None
 
 
 def list_parquet(path: Path, log: Log) -> Listing:
@@ -115,7 +165,7 @@ def list_parquet(path: Path, log: Log) -> Listing:
             log(f"{path}: using {test_name} as the test split")
     else:
         train_files, test_files = files, []
-    schemas = [pq.read_schema(f) for f in train_files + test_files]
+    schemas = [_parquet_call(pq.read_schema, f) for f in train_files + test_files]
     first = train_files[0]
     image_col = _column(schemas[0].names, _IMAGE_COLUMNS, "image", first)
     label_col = _column(schemas[0].names, _LABEL_COLUMNS, "label", first)
@@ -129,12 +179,12 @@ def list_parquet(path: Path, log: Log) -> Listing:
         counts.append(len(col))
     classes = _class_names(schemas[0], label_col)
     values = [v for part in raw_labels for v in part]
+    if classes is None and all(isinstance(v, int) for v in values if v is not None):
+        classes = [str(i) for i in range(max((v for v in values if v is not None), default=-1) + 1)]
     if classes is None:
-        if all(isinstance(v, int) for v in values if v is not None):
-            classes = [str(i) for i in range(max((v for v in values if v is not None), default=-1) + 1)]
-        else:
-            classes = _sorted_names({str(v) for v in values if v is not None})
-    index = {c: i for i, c in enumerate(classes)}
+        classes, index = class_index([str(v) for v in values if v is not None], str(path))
+    else:
+        index = {c: i for i, c in enumerate(classes)}
     labels = np.array([v if isinstance(v, int) else index.get(str(v), -1) if v is not None else -1
                        for v in values], dtype=np.int64)
     if len(labels) and (labels.max() >= len(classes) or labels.min() < 0):
@@ -154,7 +204,7 @@ def list_parquet(path: Path, log: Log) -> Listing:
             if starts[k + 1] <= start:
                 continue
             skip = max(0, start - int(starts[k]))
-            for batch in pq.ParquetFile(f).iter_batches(batch_size=256, columns=[image_col]):
+            for batch in _parquet_batches(pq, f, image_col):
                 for v in batch.column(0).to_pylist():
                     if skip:
                         skip -= 1
@@ -165,15 +215,29 @@ def list_parquet(path: Path, log: Log) -> Listing:
     return Listing(str(path), classes, labels, n_train, bool(test_files), names, payloads)
 
 
+def _looks_like_file(cell: str, folder: Path) -> bool:
+    cell = cell.strip()
+    return cell.lower().endswith(IMAGE_EXTENSIONS) or (folder / cell).expanduser().is_file()
+
+
+def _path_column(rows: list[tuple[int, list[str]]], folder: Path) -> int:
+    """0 or 1: the column that names image files (the one more of whose cells do; 0 on a tie)."""
+    sample = [r for _, r in rows[:1000] if len(r) == 2]
+    hits = [sum(_looks_like_file(r[k], folder) for r in sample) for k in (0, 1)]
+    return 1 if hits[1] > hits[0] else 0
+
+
 def list_table(path: Path, log: Log) -> Listing:
-    """The rows of a CSV/TSV file of ``path,label`` lines, in file order."""
+    """The rows of a CSV/TSV file of ``path,label`` lines (or ``label,path``), in file order."""
     delimiter = "\t" if path.suffix.lower() == ".tsv" else ","
     try:
-        with open(path, newline="", encoding="utf-8") as f:
+        with open(path, newline="", encoding="utf-8-sig") as f:
             rows = [(i + 1, r) for i, r in enumerate(csv.reader(f, delimiter=delimiter)) if r and any(r)]
     except (OSError, UnicodeDecodeError, csv.Error) as e:
         raise ValueError(f"{path} is not a readable {'TSV' if delimiter == chr(9) else 'CSV'} file ({e})") from None
-    if rows and [c.strip().lower() for c in rows[0][1]] in (["path", "label"], ["file", "label"], ["image", "label"]):
+    col = _path_column(rows[1:] or rows, path.parent)
+    if rows and len(rows[0][1]) == 2 and not _looks_like_file(rows[0][1][col], path.parent):
+        log(f"{path}: reading line 1 ({delimiter.join(rows[0][1])!r}) as the header: it names no image file")
         rows = rows[1:]
     bad = [(line, r) for line, r in rows if len(r) != 2 or not r[0].strip() or not r[1].strip()]
     if bad:
@@ -181,14 +245,13 @@ def list_table(path: Path, log: Log) -> Listing:
         raise ValueError(f"{path} line {line}: expected 'path{delimiter}label', got {delimiter.join(r)!r}")
     if not rows:
         raise ValueError(f"{path} lists no images; expected one 'path{delimiter}label' line per image")
-    classes = _sorted_names({r[1].strip() for _, r in rows})
-    index = {c: i for i, c in enumerate(classes)}
-    labels = np.array([index[r[1].strip()] for _, r in rows], dtype=np.int64)
-    files = [str((path.parent / r[0].strip()).expanduser()) for _, r in rows]
+    classes, index = class_index([r[1 - col].strip() for _, r in rows], str(path))
+    labels = np.array([index[r[1 - col].strip()] for _, r in rows], dtype=np.int64)
+    files = [str((path.parent / r[col].strip()).expanduser()) for _, r in rows]
     log(f"{path}: {len(rows)} images in {len(classes)} classes")
 
     def names(row: int) -> str:
-        return f"{path.name} line {rows[row][0]}: {rows[row][1][0].strip()}"
+        return f"{path.name} line {rows[row][0]}: {rows[row][1][col].strip()}"
 
     def payloads(start: int) -> Iterator[Payload]:
         yield from files[start:]

@@ -1,0 +1,291 @@
+"""The data cache: where it is, what a store's key is made of, its free space, and what it holds.
+
+A store is found again by a key made of the source's identity and the settings it was decoded
+with. A source's identity is its path and, for every file it reads, the file's size, mtime,
+ctime and inode number: any change of a file's content through the file system moves its ctime,
+which no program can set back, and a file replaced by another has another inode. A CSV/TSV list
+is identified by its own bytes and by the files it lists. A build waits until the newest of
+those timestamps is a clock tick in the past before it reads the files, so that a change made
+later always shows in the key (the "racy timestamp" case).
+
+``cache_entries`` lists what the cache folder holds (stores, unfinished builds, downloads,
+debris) with sizes and whether each store is still the current one for its source;
+``clean_cache`` removes the superseded ones.
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..atomic import TEMP_PATTERN, is_stale_temp
+from .scan import walk
+
+__all__ = ["CacheEntry", "cache_entries", "clean_cache", "default_cache_dir", "format_sizes", "free_bytes"]
+
+CACHE_VERSION = 3  # part of every store's key: a new version builds new stores
+FINE_TICK_S = 0.05  # timestamps with sub-second parts: a change moves them by at least the kernel's tick
+COARSE_TICK_S = 2.0  # whole-second (or FAT's 2-second) timestamps
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+NOT_WRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
+
+
+def default_cache_dir() -> Path:
+    """The data cache folder: $VITLAB_CACHE, else ~/.cache/vitlab."""
+    env = os.environ.get("VITLAB_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "vitlab"
+
+
+# ----------------------------------------------------------------------------------------------
+# keys
+
+
+def _stat(path: str | os.PathLike) -> list[int] | None:
+    """[size, mtime_ns, ctime_ns, inode] of a file (symlinks followed), or None when it cannot be read."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+
+
+def folder_fingerprint(root: Path) -> list[list]:
+    """[relative path, size, mtime_ns, ctime_ns, inode] of every file under ``root`` (hidden ones skipped)."""
+    entries = []
+    for dirpath, _, filenames in walk(root):
+        for f in filenames:
+            full = os.path.join(dirpath, f)
+            st = _stat(full)
+            if st is not None:
+                entries.append([os.path.relpath(full, root), *st])
+    return entries
+
+
+def files_fingerprint(paths: Iterable[str | os.PathLike]) -> list[list[int] | None]:
+    """``_stat`` of each of ``paths``, in order (None for a missing file)."""
+    return [_stat(p) for p in paths]
+
+
+def file_digest(path: Path) -> str:
+    """sha256 of a file's bytes."""
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _ctimes(ident: Any) -> Iterable[int]:
+    """The ctime_ns values inside a fingerprint (the third of every [size, mtime, ctime, inode] run)."""
+    if isinstance(ident, list):
+        if len(ident) >= 4 and all(isinstance(v, int) for v in ident[-4:]):
+            yield ident[-2]
+        else:
+            for v in ident:
+                yield from _ctimes(v)
+
+
+def settle(ident: Any, clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep) -> float:
+    """Wait until the newest ctime in ``ident`` is a timestamp tick in the past; returns the seconds waited.
+
+    A file changed within the same tick as its last change keeps its ctime; once the tick is over,
+    what is read is what that ctime stands for, and any later change gives a new one.
+    """
+    ctimes = list(_ctimes(ident))
+    if not ctimes:
+        return 0.0
+    tick = FINE_TICK_S if any(c % 1_000_000_000 for c in ctimes) else COARSE_TICK_S
+    wait = min(max(ctimes) / 1e9 + tick - clock(), tick)  # a ctime in the future waits one tick, not forever
+    if wait > 0:
+        sleep(wait)
+    return max(wait, 0.0)
+
+
+def cache_key(*parts: Any) -> str:
+    """A store's key: a short hash of the cache version, the source's identity and the settings."""
+    blob = json.dumps([CACHE_VERSION, *parts], sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def identity_digest(ident: Any) -> str:
+    """The hash of a source's identity kept in its store's header (to tell a superseded store)."""
+    return hashlib.sha256(json.dumps(ident, default=str).encode()).hexdigest()
+
+
+# ----------------------------------------------------------------------------------------------
+# space
+
+
+def free_bytes(folder: Path) -> int | None:
+    """Bytes free to this user in the file system of ``folder`` (or of its nearest existing parent)."""
+    folder = Path(folder).absolute()
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    try:
+        st = os.statvfs(folder)
+    except (OSError, AttributeError):
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def disk_usage(path: Path) -> int:
+    """Bytes a file or folder occupies on disk (allocated blocks; symlinks not followed)."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return 0
+    if not os.path.isdir(path) or os.path.islink(path):
+        return st.st_blocks * 512
+    total = st.st_blocks * 512
+    for dirpath, dirnames, filenames in os.walk(path):
+        for name in dirnames + filenames:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
+    return total
+
+
+def _unit(n: float) -> tuple[str, int]:
+    for name, power in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << power:
+            return name, power
+    return "bytes", 0
+
+
+def format_size(n: int) -> str:
+    """``n`` bytes in the largest binary unit it reaches, two decimals."""
+    name, power = _unit(n)
+    return f"{n} bytes" if power == 0 else f"{n / (1 << power):.2f} {name}"
+
+
+def format_sizes(a: int, b: int) -> tuple[str, str]:
+    """Two byte counts, each in its own unit or, where they would read alike, in one unit with as many decimals
+    as it takes for different counts to read differently."""
+    sa, sb = format_size(a), format_size(b)
+    if sa != sb or a == b:
+        return sa, sb
+    name, power = _unit(max(a, b))
+    for decimals in range(2, 10):
+        sa, sb = (f"{v / (1 << power):.{decimals}f} {name}" for v in (a, b))
+        if sa != sb or a == b:
+            return sa, sb
+    return f"{a} bytes", f"{b} bytes"
+
+
+def check_writable(cache: Path) -> None:
+    """Make the cache folder, or say in one line why it cannot be written."""
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        probe = cache / f".write-test.{os.getpid()}"
+        probe.touch()
+        probe.unlink()
+    except OSError as e:
+        why = "a read-only file system" if e.errno == errno.EROFS else e.strerror or type(e).__name__
+        raise ValueError(f"cannot write the data cache {cache} ({why}); set VITLAB_CACHE or --cache-dir to a "
+                         "writable folder") from None
+
+
+def space_message(problem: str, what: str, cache: Path, need: int, free: int | None = None) -> str:
+    """'<problem>: <what> needs X in <cache>, which has Y free; ...' with X and Y told apart."""
+    sneed, sfree = format_sizes(need, free_bytes(cache) or 0 if free is None else free)
+    return (f"{problem}: {what} needs {sneed} in {cache}, which has {sfree} free; free some space or choose "
+            "another cache folder (VITLAB_CACHE, --cache-dir)")
+
+
+# ----------------------------------------------------------------------------------------------
+# what the cache holds
+
+
+@dataclass
+class CacheEntry:
+    """One thing in the cache folder: ``kind`` is store, partial, download, debris or other."""
+
+    path: Path
+    kind: str
+    bytes: int
+    source: str = ""
+    status: str = ""  # stores: current, superseded (source changed), source gone, unreadable
+    removable: bool = False  # what clean_cache removes without everything=True
+
+
+def _lock_free(store: Path) -> bool:
+    """Whether no process holds the build lock of a store (a build or another clean)."""
+    lock = store.with_name(f".{store.name.removesuffix('.partial')}.lock")
+    if not lock.exists():
+        return True
+    with open(lock, "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return False
+        fcntl.flock(f, fcntl.LOCK_UN)
+        return True
+
+
+def store_status(header: dict[str, Any], identify: Callable[[str, str], Any]) -> str:
+    """current, superseded (source changed) or source gone, for a store's header."""
+    kind, source = header.get("kind"), header.get("source", "")
+    if header.get("cache_version") not in (None, CACHE_VERSION):
+        return "superseded (older vitlab)"
+    try:
+        ident = identify(kind, source)
+    except (OSError, ValueError):
+        return "source gone"
+    if ident is None:
+        return "current" if kind in ("digits", None) else "source gone"
+    return "current" if identity_digest(ident) == header.get("fingerprint") else "superseded (source changed)"
+
+
+def cache_entries(cache_dir: str | os.PathLike | None = None,
+                  identify: Callable[[str, str], Any] | None = None) -> list[CacheEntry]:
+    """What the cache folder holds, with sizes on disk and, for stores, whether they are current."""
+    from .sources import source_identity
+
+    identify = identify or source_identity
+    cache = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    out = []
+    for path in sorted(cache.iterdir()) if cache.is_dir() else []:
+        name = path.name
+        if path.is_dir() and (path / "header.json").is_file():
+            try:
+                header = json.loads((path / "header.json").read_text())
+                status = store_status(header, identify) if isinstance(header, dict) else "unreadable"
+                source = str(header.get("source", "")) if isinstance(header, dict) else ""
+            except (OSError, ValueError):
+                status, source = "unreadable", ""
+            out.append(CacheEntry(path, "store", disk_usage(path), source, status, status != "current"))
+        elif path.is_dir() and name.endswith(".partial"):
+            out.append(CacheEntry(path, "partial", disk_usage(path), status="unfinished build (resumes when run)"))
+        elif TEMP_PATTERN.fullmatch(name):
+            stale = is_stale_temp(path)
+            out.append(CacheEntry(path, "debris", disk_usage(path), status="stale" if stale else "being written",
+                                  removable=stale))
+        elif name.startswith("cifar-") or name.endswith(".tar.gz"):
+            out.append(CacheEntry(path, "download", disk_usage(path), status="downloaded data set"))
+        elif not (name.startswith(".") and name.endswith(".lock")):
+            out.append(CacheEntry(path, "other", disk_usage(path), status="not vitlab's: never removed"))
+    return out
+
+
+def clean_cache(cache_dir: str | os.PathLike | None = None, everything: bool = False, dry_run: bool = False,
+                identify: Callable[[str, str], Any] | None = None) -> list[CacheEntry]:
+    """Remove superseded stores and stale temporary files (with ``everything``: every store, unfinished build
+    and download too); returns what was (or, with ``dry_run``, would be) removed. A store being built is kept."""
+    removed = []
+    for e in cache_entries(cache_dir, identify):
+        if e.kind == "other" or not (e.removable or everything and e.kind != "debris"):
+            continue
+        if e.kind in ("store", "partial") and not _lock_free(e.path):
+            continue
+        if not dry_run:
+            if e.path.is_dir():
+                shutil.rmtree(e.path, ignore_errors=True)
+            else:
+                e.path.unlink(missing_ok=True)
+        removed.append(e)
+    return removed

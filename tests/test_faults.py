@@ -1,0 +1,544 @@
+"""The data layer under bad input and faults: stale caches, ambiguous lists, constant channels, full and read-only
+disks, links, damaged files, debris of killed writers, and a precision default that never depends on the load."""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from decimal import Decimal
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from vitlab import devices
+from vitlab.atomic import atomic_path, atomic_write_bytes, atomic_write_json, remove_stale_temps
+from vitlab.data import cache as vcache
+from vitlab.data import decode, load_data, sources
+from vitlab.data.tables import class_index
+
+
+def quiet(source, **kw):
+    logs = []
+    return load_data(str(source), log=logs.append, **kw), logs
+
+
+def img(path, value, ident, size=(6, 6), blue=None):
+    """An image file whose pixel (0, 0) is ``ident`` and the rest ``value`` (blue channel ``blue`` when given);
+    BMP by default, so that two images of one size are files of one size."""
+    arr = np.full((*size, 3), value, np.uint8)
+    if blue is not None:
+        arr[..., 2] = blue
+    arr[0, 0, :2] = ident
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(arr).save(path)
+    return path
+
+
+def make_folder(root, classes=("a", "b"), per_class=4, **kw):
+    n = 1
+    for ci, c in enumerate(classes):
+        for i in range(per_class):
+            img(root / c / f"{i}.bmp", 40 * (ci + 1), n, **kw)
+            n += 1
+    return root
+
+
+def snapshot(root):
+    """{relative path: sha256} of every file under ``root``: what the user had."""
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def ids(bundle):
+    return sorted(int(v) for v in torch.cat([bundle.train.images, bundle.test.images])[:, 0, 0, 0])
+
+
+def one_line_error(capsys, argv):
+    """Run the CLI in this process; (exit code, stderr) with stderr asserted to be one line, no traceback."""
+    from vitlab.cli import main
+    code = main(argv)
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err and len(err.splitlines()) == 1, err
+    return code, err
+
+
+@contextlib.contextmanager
+def tmpfs(path, size):
+    """A tmpfs of ``size`` mounted at ``path`` (the test skips where mounting is not allowed)."""
+    path.mkdir(parents=True, exist_ok=True)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True,
+                       text=True)
+    if r.returncode:
+        pytest.skip(f"cannot mount a tmpfs here ({r.stderr.strip() or 'not root'}): a full or read-only disk "
+                    "needs one")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def remount(path, options):
+    subprocess.run(["mount", "-o", f"remount,{options}", str(path)], check=True)
+
+
+# ----------------------------------------------------------------------------------------------
+# a store is never reused after its source changed
+
+
+def keep_size_and_mtime(path, write):
+    """Apply ``write(path)`` and put back the file's size-preserving mtime (as cp -p, rsync -a or tar do)."""
+    st = os.stat(path)
+    write(path)
+    assert os.stat(path).st_size == st.st_size
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def rewrite_in_place(path):
+    img(path, 200, 99)
+
+
+def replace_by_rename(path):
+    new = path.with_name("incoming.bmp")
+    img(new, 200, 99)
+    os.replace(new, path)
+
+
+@pytest.mark.parametrize("edit", [rewrite_in_place, replace_by_rename])
+@pytest.mark.parametrize("kind", ["folder", "csv", "tsv"])
+def test_an_edit_that_keeps_size_and_mtime_is_seen(tmp_path, edit, kind):
+    root = make_folder(tmp_path / "pets")
+    source = root
+    if kind != "folder":
+        sep = "," if kind == "csv" else "\t"
+        source = tmp_path / f"list.{kind}"
+        source.write_text("".join(f"pets/{p.relative_to(root).as_posix()}{sep}{p.parent.name}\n"
+                                  for p in sorted(root.rglob("*.bmp"))))
+    listed = source.read_bytes() if kind != "folder" else b""
+    b, _ = quiet(source, cache_dir=tmp_path / "c")
+    assert ids(b) == list(range(1, 9))
+    keep_size_and_mtime(root / "a" / "0.bmp", edit)
+    b2, logs = quiet(source, cache_dir=tmp_path / "c")
+    assert "decoded" in logs[-1] and 99 in ids(b2) and 1 not in ids(b2)
+    if kind != "folder":
+        assert source.read_bytes() == listed  # the list itself never changed: its images did
+    _, logs = quiet(source, cache_dir=tmp_path / "c")
+    assert "from cache" in logs[-1]  # and the new store is found again
+
+
+def test_a_csv_sees_its_images_appear_and_vanish(tmp_path):
+    root = make_folder(tmp_path / "pets")
+    listing = tmp_path / "list.csv"
+    listing.write_text("".join(f"pets/a/{i}.bmp,a\npets/b/{i}.bmp,b\n" for i in range(5)))  # 4.bmp is missing
+    b, _ = quiet(listing, cache_dir=tmp_path / "c")
+    assert b.skipped == 2
+    img(root / "a" / "4.bmp", 40, 50)
+    img(root / "b" / "4.bmp", 80, 51)
+    b, _ = quiet(listing, cache_dir=tmp_path / "c")
+    assert b.skipped == 0 and {50, 51} <= set(ids(b))
+    (root / "b" / "4.bmp").unlink()
+    b, _ = quiet(listing, cache_dir=tmp_path / "c")
+    assert b.skipped == 1 and 51 not in ids(b)
+
+
+@pytest.mark.parametrize("ctime_ns, now, waited", [
+    (1_700_000_000_123_000_000, 1_700_000_000.130, pytest.approx(0.043)),  # fine timestamps: a short tick
+    (1_700_000_000_000_000_000, 1_700_000_000.5, pytest.approx(1.5)),  # whole seconds: up to two seconds
+    (1_700_000_000_123_000_000, 1_700_000_100.0, 0.0),  # long past
+    (1_700_000_000_123_000_000, 1_600_000_000.0, pytest.approx(vcache.FINE_TICK_S)),  # in the future: one tick
+])
+def test_a_build_waits_until_the_newest_change_is_a_tick_old(ctime_ns, now, waited):
+    slept = []
+    ident = ["root", [["a.png", 10, ctime_ns, ctime_ns, 7], ["b.png", 10, 1, 1_000_000_000, 8]]]
+    assert vcache.settle(ident, clock=lambda: now, sleep=slept.append) == waited
+    assert slept == ([] if waited == 0.0 else [waited])
+
+
+# ----------------------------------------------------------------------------------------------
+# CSV headers and labels
+
+
+@pytest.mark.parametrize("header", ["filename,class", "path,label", "image_path,category", "File Name,Species",
+                                    "class,filename", None])
+@pytest.mark.parametrize("swapped", [False, True])
+def test_a_csv_header_is_never_a_class_and_columns_may_come_either_way(tmp_path, header, swapped):
+    make_folder(tmp_path / "pets")
+    rows = [(f"pets/{c}/{i}.bmp", c) for c in "ab" for i in range(4)]
+    lines = [f"{y},{p}" if swapped else f"{p},{y}" for p, y in rows]
+    listing = tmp_path / "list.csv"
+    listing.write_text("\n".join(([header] if header else []) + lines) + "\n")
+    b, logs = quiet(listing, cache_dir=tmp_path / "c", val_fraction=0.25)
+    assert b.classes == ["a", "b"] and b.skipped == 0 and ids(b) == list(range(1, 9))
+    assert any("as the header" in line for line in logs) == (header is not None)
+
+
+@pytest.mark.parametrize("spellings, classes", [
+    (["1", "01", "1.0", "1e0", "+1", "001.000"], ["1"]),
+    (["2", "10", "02", "10.0", "1"], ["1", "2", "10"]),  # sorted by value
+    (["0.5", "0.50", "1.5", "-3"], ["-3", "0.5", "1.5"]),
+    (["12345678901234567890", "12345678901234567891"], ["12345678901234567890", "12345678901234567891"]),
+    (["cat", "dog", "Cat"], ["Cat", "cat", "dog"]),  # names stay names
+])
+def test_numbers_written_differently_are_one_class(spellings, classes):
+    names, index = class_index(spellings, "x.csv")
+    assert names == classes
+    numeric = all(s[0].isdigit() or s[0] in "+-." for s in spellings)
+    for s in spellings:
+        for t in spellings:
+            same = Decimal(s) == Decimal(t) if numeric else s == t
+            assert (index[s] == index[t]) == same, (s, t)
+
+
+@pytest.mark.parametrize("labels", [["cat", "1", "01"], ["1.0", "1", "dog"], ["x", "2", "2.00"]])
+def test_ambiguous_labels_are_refused_in_one_line(tmp_path, capsys, labels):
+    root = make_folder(tmp_path / "pets", classes=("a",), per_class=3)
+    listing = tmp_path / "list.csv"
+    listing.write_text("".join(f"pets/a/{i}.bmp,{y}\n" for i, y in enumerate(labels)))
+    before = snapshot(tmp_path)
+    with pytest.raises(ValueError, match=r"one number written two ways.*write each class one way"):
+        quiet(listing, cache_dir=tmp_path / "c")
+    code, err = one_line_error(capsys, ["train", "--data", str(listing), "--out", str(tmp_path / "run"),
+                                        "--cache-dir", str(tmp_path / "c"), "--epochs", "1"])
+    assert code == 2 and "one number written two ways" in err
+    assert snapshot(root) == {k[len("pets/"):]: v for k, v in before.items() if k.startswith("pets/")}
+    assert listing.read_text().count("\n") == 3
+
+
+def test_the_same_numbers_in_a_csv_make_one_class_each(tmp_path):
+    make_folder(tmp_path / "pets", classes=("a", "b"), per_class=4)
+    spell = {"a": ["1", "01", "1.0", " 1 "], "b": ["2", "2.0", "02", "2"]}
+    listing = tmp_path / "list.csv"
+    listing.write_text("path,label\n" + "".join(f"pets/{c}/{i}.bmp,{spell[c][i]}\n" for c in "ab" for i in range(4)))
+    b, _ = quiet(listing, cache_dir=tmp_path / "c", val_fraction=0.25)
+    assert b.classes == ["1", "2"]
+    for split in (b.train, b.test):
+        assert ((split.images[:, 0, 1, 1] == 40) == (split.labels == 0)).all()
+
+
+# ----------------------------------------------------------------------------------------------
+# constant channels
+
+
+@pytest.mark.parametrize("constant", [{"blue": 0}, {"blue": 255}, {"blue": 7}])
+def test_a_constant_channel_is_normalised_by_one_and_said(tmp_path, constant):
+    make_folder(tmp_path / "pets", **constant)
+    b, logs = quiet(tmp_path / "pets", cache_dir=tmp_path / "c")
+    assert b.std[2] == 1.0 and 0 < b.std[0] < 1 and 0 < b.std[1] < 1
+    assert any("channel 2" in line and "constant" in line for line in logs)
+    x = (b.train.images.float() / 255 - torch.tensor(b.mean).view(1, 3, 1, 1)) / torch.tensor(b.std).view(1, 3, 1, 1)
+    assert torch.isfinite(x).all() and x.abs().max() < 10
+
+
+@pytest.mark.slow
+def test_training_on_a_constant_channel_has_a_finite_loss(tmp_path):
+    make_folder(tmp_path / "pets", per_class=6, size=(8, 8), blue=0)
+    out = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-m", "vitlab", "train", "--data", str(tmp_path / "pets"), "--out", str(out),
+                        "--cache-dir", str(tmp_path / "c"), "--epochs", "1", "--img-size", "8", "--batch-size", "4",
+                        "--model", "vit_nano_patch4_32", "--device", "cpu"],
+                       capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "not finite" not in r.stdout + r.stderr
+
+
+# ----------------------------------------------------------------------------------------------
+# full and read-only disks
+
+
+@pytest.mark.parametrize("kind", ["folder", "digits"])
+def test_a_disk_filling_during_a_build_is_one_line_and_the_build_resumes(tmp_path, monkeypatch, kind):
+    source = str(make_folder(tmp_path / "pets", per_class=40, size=(48, 48))) if kind == "folder" else "digits"
+    expected, _ = quiet(source, cache_dir=tmp_path / "ref", img_size=48)
+    before = snapshot(tmp_path / "pets") if kind == "folder" else {}
+    with tmpfs(tmp_path / "small", "128k") as cache:
+        monkeypatch.setattr(sources, "free_bytes", lambda folder: 1 << 40)  # the estimate passes; the disk fills
+        with pytest.raises(ValueError, match=r"^disk full: the store for .* needs .* which has .* free; .*"
+                                             r"resumes when run again$") as err:
+            quiet(source, cache_dir=cache, img_size=48)
+        assert "\n" not in str(err.value)
+        assert [p.name for p in cache.iterdir() if p.name.endswith(".partial")]
+        remount(cache, "size=16m")
+        monkeypatch.undo()
+        b, logs = quiet(source, cache_dir=cache, img_size=48)
+        assert torch.equal(b.train.images, expected.train.images) and torch.equal(b.test.labels, expected.test.labels)
+        del b
+    if kind == "folder":
+        assert snapshot(tmp_path / "pets") == before
+
+
+def test_too_little_space_is_said_before_decoding_with_sizes_that_differ(tmp_path, capsys):
+    root = make_folder(tmp_path / "pets", per_class=40, size=(48, 48))
+    with tmpfs(tmp_path / "small", "1m") as cache:
+        with pytest.raises(ValueError, match=r"^not enough disk space: .* needs (\S+ \S+) in .* which has (\S+ \S+) "
+                                             "free") as err:
+            quiet(root, cache_dir=cache, img_size=96)
+        need, free = err.value.args[0].split(" needs ")[1].split(" in ")[0], \
+            err.value.args[0].split("which has ")[1].split(" free")[0]
+        assert need != free
+        assert not [p for p in cache.iterdir() if not p.name.startswith(".")]
+        code, line = one_line_error(capsys, ["train", "--data", str(root), "--out", str(tmp_path / "run"),
+                                             "--cache-dir", str(cache), "--img-size", "96", "--epochs", "1"])
+        assert code == 2 and "not enough disk space" in line
+
+
+@pytest.mark.parametrize("need, free", [(21474836, 21474835), (21_000_000, 20_990_000), (1 << 30, (1 << 30) - 1),
+                                        (5 * 2**30 + 1, 5 * 2**30), (1023, 1022), (2048, 2047)])
+def test_two_different_sizes_never_read_the_same(need, free):
+    a, b = vcache.format_sizes(need, free)
+    assert a != b
+    rng = np.random.default_rng(need)
+    for x in rng.integers(1, 1 << 40, 200):
+        for d in (1, 7, 1 << 10, 1 << 20):
+            s1, s2 = vcache.format_sizes(int(x) + d, int(x))
+            assert s1 != s2
+
+
+def test_a_dying_decoder_is_one_line_and_the_build_resumes(tmp_path, monkeypatch):
+    root = make_folder(tmp_path / "pets", per_class=30)
+    expected, _ = quiet(root, cache_dir=tmp_path / "ref", workers=1)
+    monkeypatch.setattr(decode, "_POOL_MIN", 1)
+    monkeypatch.setattr(decode, "_CHUNK", 4)
+    real = decode._decode_image
+    parent = os.getpid()
+
+    def dies_in_a_worker(payload, *a):
+        if os.getpid() != parent and payload.endswith("b/20.bmp"):
+            os._exit(1)
+        return real(payload, *a)
+
+    monkeypatch.setattr(decode, "_decode_image", dies_in_a_worker)
+    with pytest.raises(ValueError, match=r"^a process decoding .* died .*resumes when run again$"):
+        quiet(root, cache_dir=tmp_path / "c", workers=2)
+    monkeypatch.undo()
+    b, logs = quiet(root, cache_dir=tmp_path / "c", workers=2)
+    assert any("resuming" in line for line in logs)
+    assert torch.equal(b.train.images, expected.train.images)
+
+
+def test_a_read_only_cache_is_one_line_and_a_built_store_still_loads(tmp_path, capsys):
+    root = make_folder(tmp_path / "pets")
+    with tmpfs(tmp_path / "ro", "4m") as cache:
+        quiet(root, cache_dir=cache / "built")
+        remount(cache, "ro")
+        b, logs = quiet(root, cache_dir=cache / "built")  # a store already there is only read
+        assert "from cache" in logs[-1] and ids(b) == list(range(1, 9))
+        with pytest.raises(ValueError, match=r"cannot write the data cache .*new \(a read-only file system\); set "
+                                             "VITLAB_CACHE or --cache-dir to a writable folder"):
+            quiet(root, cache_dir=cache / "new")
+        code, line = one_line_error(capsys, ["train", "--data", str(root), "--out", str(tmp_path / "run"),
+                                             "--cache-dir", str(cache / "new"), "--epochs", "1"])
+        assert code == 2 and "read-only" in line
+
+
+# ----------------------------------------------------------------------------------------------
+# links and damaged files
+
+
+def test_symlinked_class_folders_are_followed_and_a_loop_is_named(tmp_path):
+    make_folder(tmp_path / "elsewhere", classes=("b",))
+    root = make_folder(tmp_path / "pets", classes=("a",))
+    (root / "b").symlink_to(tmp_path / "elsewhere" / "b")  # a class kept elsewhere
+    (root / "c").symlink_to(root / "a")  # a class that is another's folder
+    b, _ = quiet(root, cache_dir=tmp_path / "c", val_fraction=0.25)
+    assert b.classes == ["a", "b", "c"]
+    assert torch.bincount(torch.cat([b.train.labels, b.test.labels])).tolist() == [4, 4, 4]
+    (root / "d").symlink_to(root)
+    with pytest.raises(ValueError, match=r"class folder .*pets/d holds no images \(it is a link to .*pets, a folder "
+                                         r"above it: a loop\)"):
+        quiet(root, cache_dir=tmp_path / "c")
+
+
+@pytest.mark.parametrize("cut", [0.5, 0.9, -1, 12])
+def test_a_truncated_parquet_file_is_named(tmp_path, capsys, cut):
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    import io
+    images = []
+    for i in range(6):
+        buf = io.BytesIO()
+        Image.fromarray(np.full((4, 4, 3), i * 20, np.uint8)).save(buf, format="PNG")
+        images.append(buf.getvalue())
+    path = tmp_path / "data" / "train-00000-of-00001.parquet"
+    path.parent.mkdir()
+    pq.write_table(pa.table({"image": images, "label": [i % 2 for i in range(6)]}), path)
+    data = path.read_bytes()
+    size = int(len(data) * cut) if isinstance(cut, float) else len(data) + cut if cut < 0 else cut
+    path.write_bytes(data[:size])
+    with pytest.raises(ValueError, match=rf"{path} is not a readable Parquet file \(truncated or damaged\?"):
+        quiet(tmp_path / "data", cache_dir=tmp_path / "c")
+    code, line = one_line_error(capsys, ["train", "--data", str(tmp_path / "data"), "--out", str(tmp_path / "run"),
+                                         "--cache-dir", str(tmp_path / "c"), "--epochs", "1"])
+    assert code == 2 and str(path) in line
+    assert len(path.read_bytes()) == size
+
+
+# ----------------------------------------------------------------------------------------------
+# atomic writes: their mode, and the debris of killed writers
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o002, 0o077])
+def test_atomic_writes_get_the_mode_any_new_file_gets(tmp_path, umask):
+    old = os.umask(umask)
+    try:
+        atomic_write_json(tmp_path / "a.json", {"x": 1})
+        with atomic_path(tmp_path / "b.bin") as tmp:
+            tmp.write_bytes(b"1")
+        (tmp_path / "plain").write_bytes(b"")
+    finally:
+        os.umask(old)
+    expected = 0o666 & ~umask
+    assert {os.stat(tmp_path / n).st_mode & 0o777 for n in ("a.json", "b.bin", "plain")} == {expected}
+
+
+def _age(path, seconds):
+    t = time.time() - seconds
+    os.utime(path, (t, t))
+
+
+def test_debris_of_dead_writers_is_removed_and_nothing_else(tmp_path):
+    target = tmp_path / "summary.json"
+    stale = [tmp_path / f".summary.json.{s}.tmp" for s in ("ab12cd34", "x_9k2m3q")]  # ours and mkstemp's names
+    young = tmp_path / ".summary.json.0000beef.tmp"
+    mine = [tmp_path / n for n in (".summary.json.tmp", "summary.json.ab12cd34.tmp", ".notes.txt.swp", "data.tmp",
+                                   ".summary.json.ab12cd34.tmp.bak")]
+    for p in [*stale, young, *mine]:
+        p.write_bytes(b"partial")
+    for p in [*stale, *mine]:
+        _age(p, 3600)
+    atomic_write_json(target, {"ok": True})
+    assert not any(p.exists() for p in stale)
+    assert young.exists() and all(p.read_bytes() == b"partial" for p in mine)
+    assert remove_stale_temps(tmp_path, now=time.time() + 3600) == [young]
+
+
+def test_a_live_writers_temporary_file_is_never_removed(tmp_path):
+    target = tmp_path / "checkpoint.pt"
+    with atomic_path(target) as tmp:
+        tmp.write_bytes(b"half written")
+        assert remove_stale_temps(tmp_path, now=time.time() + 86400) == []
+        atomic_write_bytes(tmp_path / "other.bin", b"x")
+        assert tmp.exists()
+    assert target.read_bytes() == b"half written"
+
+
+@pytest.mark.slow
+def test_a_writer_killed_mid_write_leaves_debris_the_next_write_removes(tmp_path):
+    code = textwrap.dedent(f"""
+        import os, signal
+        from vitlab.atomic import atomic_path
+        with atomic_path({str(tmp_path / 'metrics.json')!r}) as tmp:
+            tmp.write_bytes(b"half")
+            os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True)
+    assert r.returncode == -9
+    (debris,) = tmp_path.glob(".metrics.json.*.tmp")
+    _age(debris, 3600)
+    atomic_write_json(tmp_path / "metrics.json", [])
+    assert not debris.exists() and (tmp_path / "metrics.json").read_text() == "[]\n"
+
+
+# ----------------------------------------------------------------------------------------------
+# the cache: what it holds, and removing what is superseded
+
+
+def test_cache_list_and_clean_remove_only_superseded_stores(tmp_path):
+    root = make_folder(tmp_path / "pets")
+    cache = tmp_path / "c"
+    quiet(root, cache_dir=cache)
+    quiet("digits", cache_dir=cache)
+    before = snapshot(root)
+    keep_size_and_mtime(root / "a" / "1.bmp", rewrite_in_place)
+    quiet(root, cache_dir=cache)
+    quiet(root, cache_dir=cache, img_size=4)  # another size of the same source: current too
+    gone = make_folder(tmp_path / "gone")
+    quiet(gone, cache_dir=cache)
+    import shutil
+    shutil.rmtree(gone)
+    (cache / "notes.txt").write_text("mine")
+    debris = cache / ".x.json.ab12cd34.tmp"
+    debris.write_text("{")
+    _age(debris, 3600)
+    entries = vcache.cache_entries(cache)
+    stores = {e.path.name: e.status for e in entries if e.kind == "store"}
+    assert sorted(stores.values()) == ["current", "current", "current", "source gone", "superseded (source changed)"]
+    assert all(e.bytes > 0 for e in entries if e.kind == "store")
+    assert {e.path.name: e.kind for e in entries}["notes.txt"] == "other"
+    dry = vcache.clean_cache(cache, dry_run=True)
+    assert len(dry) == 3 and all(e.path.exists() for e in dry)
+    removed = vcache.clean_cache(cache)
+    assert {e.status for e in removed} == {"source gone", "superseded (source changed)", "stale"}
+    assert sorted(e.status for e in vcache.cache_entries(cache) if e.kind == "store") == ["current"] * 3
+    assert (cache / "notes.txt").read_text() == "mine"
+    _, logs = quiet(root, cache_dir=cache)
+    assert "from cache" in logs[-1]
+    assert snapshot(root) != before and set(snapshot(root)) == set(before)  # only the user's own edit
+
+
+def test_clean_keeps_a_store_being_built(tmp_path):
+    import fcntl
+    root = make_folder(tmp_path / "pets")
+    cache = tmp_path / "c"
+    b, _ = quiet(root, cache_dir=cache)
+    store = b.store
+    del b
+    keep_size_and_mtime(root / "a" / "0.bmp", rewrite_in_place)  # the store is now superseded
+    with open(store.with_name(f".{store.name}.lock"), "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        assert vcache.clean_cache(cache) == [] and store.exists()
+    assert [e.path for e in vcache.clean_cache(cache)] == [store] and not store.exists()
+
+
+def test_a_build_says_how_big_the_cache_is(tmp_path):
+    _, logs = quiet(make_folder(tmp_path / "pets"), cache_dir=tmp_path / "c")
+    assert any("the data cache" in line and "now takes" in line and "vitlab cache clean" in line for line in logs)
+
+
+# ----------------------------------------------------------------------------------------------
+# precision 'auto': from what the hardware supports, never from a timing
+
+
+@pytest.mark.parametrize("flags, capability, expected", [
+    ({"avx2", "fma"}, "AVX2", "fp32"),
+    ({"avx512f", "avx512bw"}, "AVX512", "fp32"),
+    ({"avx512f", "avx512_bf16"}, "AVX512", "bf16"),
+    ({"amx_bf16", "amx_tile", "avx512f"}, "AVX512", "bf16"),
+    (set(), "DEFAULT", "fp32"),
+])
+def test_auto_precision_on_a_cpu_follows_its_capabilities(monkeypatch, flags, capability, expected):
+    monkeypatch.setattr(devices, "cpu_flags", lambda: flags)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    precision, why = devices.auto_precision(torch.device("cpu"))
+    assert precision == expected
+    if expected == "bf16":
+        assert "the CPU has" in why and "bf16" in why
+    else:
+        assert "neither AMX nor AVX512-BF16" in why and capability in why
+
+
+def test_choose_precision_is_decided_without_timing(monkeypatch):
+    from vitlab.train import setup
+    from vitlab.train.distributed import Dist
+    from vitlab.train.recipe import Recipe
+    monkeypatch.setattr(devices, "cpu_flags", lambda: {"avx2"})
+    monkeypatch.setattr(time, "perf_counter", lambda: pytest.fail("precision auto timed something"))
+    logs = []
+    r = Recipe(precision="auto")
+    got = [setup.choose_precision(r, None, None, None, None, Dist(), logs.append) for _ in range(3)]
+    assert got == ["fp32"] * 3
+    assert logs[0].startswith("precision auto: float32 (the CPU has neither AMX nor AVX512-BF16")
+    assert len(set(logs)) == 1
+
+
+def test_cpu_flags_are_read_from_cpuinfo():
+    if not os.path.exists("/proc/cpuinfo"):
+        pytest.skip("no /proc/cpuinfo on this system")
+    flags = devices.cpu_flags()
+    assert flags and all(f == f.strip() and f for f in flags)
+    assert str(uuid.uuid4()) not in flags
