@@ -19,7 +19,6 @@ from vitlab.analysis import (
     attention_distance,
     attention_maps,
     capture_attention,
-    command,
     convit_gates,
     embedding_filters,
     grad_rollout,
@@ -30,6 +29,7 @@ from vitlab.analysis import (
     positional_attention_distance,
     rollout,
 )
+from vitlab.cli import inspect as command
 
 TINY = {  # every family, small enough for the CPU
     "vit": ("vit_tiny_patch4_32", dict(embed_dim=32, depth=2, num_heads=2)),

@@ -4,6 +4,7 @@ from __future__ import annotations
 import io
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from tqdm import tqdm
@@ -38,10 +39,12 @@ class Progress(tqdm):
     ``mininterval`` (default 30 s), and the final state is printed once on close.
 
     A redirected log then reads ``name:  40%|####      | 400/1000 [00:20<00:30, 20.0 img/s]`` lines
-    instead of thousands of carriage-return updates.
+    instead of thousands of carriage-return updates. ``clock`` (seconds, default ``time.time``) is what the
+    elapsed time, the rate, the ETA and the interval between lines are measured with.
     """
 
-    def __init__(self, *args: Any, file: Any = None, **kwargs: Any):
+    def __init__(self, *args: Any, file: Any = None, clock: Callable[[], float] | None = None, **kwargs: Any):
+        self._clock = time.time if clock is None else clock
         file = sys.stderr if file is None else file
         self.lines = not _is_terminal(file)
         if self.lines:
@@ -54,6 +57,15 @@ class Progress(tqdm):
         self._closing = False
         super().__init__(*args, file=file, **kwargs)
 
+    @property
+    def _time(self) -> Callable[[], float]:
+        """tqdm's clock for elapsed time, rates and intervals: the one given."""
+        return self._clock
+
+    @_time.setter
+    def _time(self, value: Callable[[], float]) -> None:
+        """tqdm sets its clock to ``time.time`` while it starts; the one given stays."""
+
     def display(self, msg: str | None = None, pos: int | None = None) -> bool:
         if not self.lines:
             return super().display(msg, pos)
@@ -62,7 +74,7 @@ class Progress(tqdm):
         if self._closing and msg is None and self.n == self._line_n:  # the final state is already the last line
             return True
         self.fp.write(self.__str__() if msg is None else msg)
-        self._line_t, self._line_n = time.time(), self.n
+        self._line_t, self._line_n = self._time(), self.n
         return True
 
     def close(self) -> None:
@@ -75,10 +87,10 @@ class Progress(tqdm):
 
     def refresh(self, nolock: bool = False, lock_args: Any = None) -> None:
         """Redraw; in line mode only once ``mininterval`` has passed since the last line."""
-        if self.lines and time.time() - self._line_t < self.mininterval:
+        if self.lines and self._time() - self._line_t < self.mininterval:
             return
         super().refresh(nolock=nolock, lock_args=lock_args)
-        self.last_print_t = time.time()
+        self.last_print_t = self._time()
 
     def goto(self, n: int) -> None:
         """Move the bar to ``n`` (e.g. seconds of a time budget), printing at most once per interval."""

@@ -23,15 +23,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Literal, get_args
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from pydantic import Field, field_validator
 from torch import Tensor
 
 from ..devices import to_device
+from ..settings import Settings
 
 __all__ = [
     "AUTO_AUGMENT_OPS",
@@ -49,9 +50,11 @@ __all__ = [
     "soft_target_cross_entropy",
 ]
 
-CROP_MODES = ("pad", "rrc", "none")
-PAD_MODES = ("reflect", "zero")
-AUTO_AUGMENT_MODES = ("trivial", "rand", "none")
+Crop = Literal["pad", "rrc", "none"]
+PadMode = Literal["reflect", "zero"]
+AutoAugment = Literal["trivial", "rand", "none"]
+CROP_MODES, PAD_MODES, AUTO_AUGMENT_MODES = get_args(Crop), get_args(PadMode), get_args(AutoAugment)
+RRC_SCALE_ACCEPTED = "a pair lo, hi with 0 < lo <= hi <= 1"
 MIX_MODES = ("mixup", "cutmix")
 
 # The op set shared by TrivialAugment and RandAugment. The geometric ops (indices 1-5) are kept contiguous so that,
@@ -84,82 +87,36 @@ _RAND_TIMM = {"shear": 0.3, "translate": 0.45, "rotate": 30.0, "enhance": 0.9, "
 _GRAY_WEIGHTS = (0.299, 0.587, 0.114)
 
 
-def _opt(default: Any, help: str, accepted: str, **kw: Any) -> Any:
-    """A field with its help text and what it accepts (the training command line is made from these)."""
-    return field(default=default, metadata={"help": help, "accepted": accepted}, **kw)
+class AugmentConfig(Settings):
+    """Settings of the batched DeiT-style augmentation pipeline, checked on construction and on assignment."""
 
+    crop: Crop = Field("pad", description="pad (random crop after padding), rrc (random resized crop) or none")
+    padding: int = Field(4, ge=0, description="padding of the random crop (crop=pad)")
+    rrc_scale: tuple[float, float] = Field((0.35, 1.0), description="area range of the random resized crop",
+                                           json_schema_extra={"accepted": RRC_SCALE_ACCEPTED})
+    hflip: bool = Field(True, description="random horizontal flips")
+    auto_augment: AutoAugment = Field("trivial", description="trivial (TrivialAugment), rand (RandAugment) or none")
+    ra_num_ops: int = Field(2, ge=1, description="RandAugment ops per image")
+    ra_magnitude: int = Field(9, ge=0, le=10, description="RandAugment magnitude (timm scale, 10 = full strength)")
+    random_erasing: float = Field(0.25, ge=0, le=1, description="random erasing probability per image")
+    mixup: float = Field(0.8, ge=0, description="mixup alpha (0 = off)")
+    cutmix: float = Field(1.0, ge=0, description="cutmix alpha (0 = off)")
+    mix_prob: float = Field(1.0, ge=0, le=1, description="probability of mixup/cutmix for a batch")
+    switch_prob: float = Field(0.5, ge=0, le=1, description="probability of cutmix instead of mixup when both are on")
+    label_smoothing: float = Field(0.1, ge=0, lt=1, description="label smoothing")
+    repeated_aug: int = Field(1, ge=1, description="repeated augmentation count (DeiT: 3; 1 = off)")
+    pad_mode: PadMode = Field("reflect", description="padding of crop=pad: reflect or zero")
 
-@dataclass
-class AugmentConfig:
-    """Settings of the batched DeiT-style augmentation pipeline."""
-
-    crop: str = _opt("pad", "pad (random crop after padding), rrc (random resized crop) or none", ", ".join(CROP_MODES))
-    padding: int = _opt(4, "padding of the random crop (crop=pad)", "an integer >= 0")
-    rrc_scale: tuple[float, float] = _opt((0.35, 1.0), "area range of the random resized crop",
-                                          "a pair lo, hi with 0 < lo <= hi <= 1")
-    hflip: bool = _opt(True, "random horizontal flips", "true or false")
-    auto_augment: str = _opt("trivial", "trivial (TrivialAugment), rand (RandAugment) or none",
-                             ", ".join(AUTO_AUGMENT_MODES))
-    ra_num_ops: int = _opt(2, "RandAugment ops per image", "an integer >= 1")
-    ra_magnitude: int = _opt(9, "RandAugment magnitude (timm scale, 10 = full strength)", "an integer in [0, 10]")
-    random_erasing: float = _opt(0.25, "random erasing probability per image", "a number in [0, 1]")
-    mixup: float = _opt(0.8, "mixup alpha (0 = off)", "a number >= 0")
-    cutmix: float = _opt(1.0, "cutmix alpha (0 = off)", "a number >= 0")
-    mix_prob: float = _opt(1.0, "probability of mixup/cutmix for a batch", "a number in [0, 1]")
-    switch_prob: float = _opt(0.5, "probability of cutmix instead of mixup when both are on", "a number in [0, 1]")
-    label_smoothing: float = _opt(0.1, "label smoothing", "a number in [0, 1)")
-    repeated_aug: int = _opt(1, "repeated augmentation count (DeiT: 3; 1 = off)", "an integer >= 1")
-    pad_mode: str = _opt("reflect", "padding of crop=pad: reflect or zero", ", ".join(PAD_MODES))
+    @field_validator("rrc_scale")
+    @classmethod
+    def _ordered(cls, scale: tuple[float, float]) -> tuple[float, float]:
+        if not 0.0 < scale[0] <= scale[1] <= 1.0:
+            raise ValueError(f"rrc_scale={scale!r} is not valid; accepted: {RRC_SCALE_ACCEPTED}")
+        return scale
 
     def validate(self) -> None:
-        """Raise ValueError naming the field, the bad value and what is accepted."""
-        _check_choice("crop", self.crop, CROP_MODES)
-        _check_choice("pad_mode", self.pad_mode, PAD_MODES)
-        _check_choice("auto_augment", self.auto_augment, AUTO_AUGMENT_MODES)
-        _check_int("padding", self.padding, 0, None)
-        _check_int("ra_num_ops", self.ra_num_ops, 1, None)
-        _check_int("ra_magnitude", self.ra_magnitude, 0, 10)
-        _check_int("repeated_aug", self.repeated_aug, 1, None)
-        if not isinstance(self.hflip, bool):
-            raise ValueError(f"AugmentConfig.hflip={self.hflip!r} is invalid; expected True or False")
-        scale = self.rrc_scale
-        if (
-            not isinstance(scale, (tuple, list))
-            or len(scale) != 2
-            or not all(_is_real(s) for s in scale)
-            or not 0.0 < scale[0] <= scale[1] <= 1.0
-        ):
-            raise ValueError(
-                f"AugmentConfig.rrc_scale={scale!r} is invalid; expected a pair (lo, hi) with 0 < lo <= hi <= 1"
-            )
-        for name in ("random_erasing", "mix_prob", "switch_prob"):
-            _check_float(name, getattr(self, name), 0.0, 1.0)
-        _check_float("mixup", self.mixup, 0.0, None)
-        _check_float("cutmix", self.cutmix, 0.0, None)
-        _check_float("label_smoothing", self.label_smoothing, 0.0, 1.0, hi_open=True)
-
-
-def _is_real(v: object) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise ValueError(f"AugmentConfig.{name}={value!r} is invalid; expected one of {choices}")
-
-
-def _check_int(name: str, value: object, lo: int, hi: int | None) -> None:
-    ok = isinstance(value, int) and not isinstance(value, bool) and value >= lo and (hi is None or value <= hi)
-    if not ok:
-        rng = f"in [{lo}, {hi}]" if hi is not None else f">= {lo}"
-        raise ValueError(f"AugmentConfig.{name}={value!r} is invalid; expected an integer {rng}")
-
-
-def _check_float(name: str, value: object, lo: float, hi: float | None, hi_open: bool = False) -> None:
-    ok = _is_real(value) and value >= lo and (hi is None or (value < hi if hi_open else value <= hi))
-    if not ok:
-        rng = f">= {lo}" if hi is None else f"in [{lo}, {hi}{')' if hi_open else ']'}"
-        raise ValueError(f"AugmentConfig.{name}={value!r} is invalid; expected a number {rng}")
+        """Check every value again (construction and assignment check them already; kept for callers of 0.1)."""
+        type(self).model_validate(self.model_dump())
 
 
 # ----------------------------------------------------------------------------------------------------------------

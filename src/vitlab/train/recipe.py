@@ -7,29 +7,26 @@ before any data is read, so a bad value is one line naming the option and what i
 """
 from __future__ import annotations
 
-import dataclasses
-import types
-import typing
 from pathlib import Path
 from typing import Any, Literal
 
-import annotated_types as at
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, model_validator
 
 from ..data.augment import AugmentConfig
+from ..settings import Settings
+from ..settings import accepted as accepted_by
 
-PRECISIONS = ("auto", "bf16", "fp16", "fp32")
-DISTILL_TYPES = ("none", "hard", "soft")
-DEVICES = ("auto", "cpu", "cuda")
-LOGS = ("none", "tensorboard")
-AUGMENT_FIELDS = {f.name: f for f in dataclasses.fields(AugmentConfig)}
+# The choices of the options more than one command takes: declared once, here.
+Precision = Literal["auto", "bf16", "fp16", "fp32"]
+Device = Literal["auto", "cpu", "cuda"]
+DistillType = Literal["none", "hard", "soft"]
+Log = Literal["none", "tensorboard"]
+AUGMENT_FIELDS = dict(AugmentConfig.model_fields)
 
 
-class Recipe(BaseModel):
+class Recipe(Settings):
     """Everything that decides a training run."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=())
 
     # what to train
     model: str | None = Field(None, description="registered model name (see `vitlab models`); default per data set")
@@ -74,19 +71,19 @@ class Recipe(BaseModel):
     augment: AugmentConfig = Field(default_factory=AugmentConfig, description="batched augmentation")
     # distillation
     teacher: str | None = Field(None, description="teacher model folder for distillation")
-    distill: Literal["none", "hard", "soft"] = Field("none", description="distillation type (with --teacher)")
+    distill: DistillType = Field("none", description="distillation type (with --teacher)")
     tau: float = Field(1.0, gt=0, description="soft distillation temperature")
     alpha: float = Field(0.5, ge=0, le=1, description="distillation loss weight")
     # execution
-    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto picks CUDA when PyTorch sees a GPU")
-    precision: Literal["auto", "bf16", "fp16", "fp32"] = Field(
+    device: Device = Field("auto", description="auto picks CUDA when PyTorch sees a GPU")
+    precision: Precision = Field(
         "auto", description="auto: bf16 on GPUs that support it, on a CPU whichever of bf16/fp32 is faster")
     compile: bool = Field(False, description="torch.compile the model")
     channels_last: bool | None = Field(None, description="channels-last memory format (default: on CUDA for "
                                        "convolutional stems)")
     data_on_device: bool | None = Field(None, description="keep the training set on the GPU (default: when it fits)")
     max_nonfinite: int = Field(20, ge=1, description="fp16: stop after this many steps with a non-finite loss")
-    log: Literal["none", "tensorboard"] = Field("none", description="extra logger besides metrics.jsonl")
+    log: Log = Field("none", description="extra logger besides metrics.jsonl")
     threads: int | None = Field(None, ge=1, description="CPU threads")
     seed: int = Field(0, ge=0, description="random seed")
     out: str | None = Field(None, description="run folder to write")
@@ -96,15 +93,6 @@ class Recipe(BaseModel):
     def _nest_augment_options(cls, values: Any) -> Any:
         """Augmentation options may be given at the top level (``hflip: no``) or under ``augment:``."""
         return _nested(values) if isinstance(values, dict) else values
-
-    @field_validator("augment")
-    @classmethod
-    def _check_augment(cls, cfg: AugmentConfig) -> AugmentConfig:
-        try:
-            cfg.validate()
-        except ValueError as e:
-            raise ValueError(str(e).replace("AugmentConfig.", "")) from None
-        return cfg
 
     @model_validator(mode="after")
     def _check_together(self) -> Recipe:
@@ -122,7 +110,6 @@ class Recipe(BaseModel):
     def to_dict(self) -> dict[str, Any]:
         """Plain values, as written to the run folder's config.yaml."""
         d = self.model_dump()
-        d["augment"] = dataclasses.asdict(self.augment)
         d["augment"]["rrc_scale"] = list(d["augment"]["rrc_scale"])
         return d
 
@@ -151,49 +138,12 @@ def default_model(data: str) -> str:
 
 def accepted(name: str) -> str:
     """What option ``name`` (a recipe or augmentation field) accepts, in words."""
-    if name in AUGMENT_FIELDS:
-        return AUGMENT_FIELDS[name].metadata.get("accepted", "see `vitlab train --help`")
-    info = FIELDS[name]
-    return _describe(info.annotation, info.metadata)
-
-
-def _describe(annotation: Any, metadata: list) -> str:
-    args = typing.get_args(annotation)
-    if typing.get_origin(annotation) is Literal:
-        return ", ".join(map(str, args))
-    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
-        inner = [a for a in args if a is not type(None)]
-        return _describe(inner[0], metadata) + " (or null)" if len(inner) == 1 else str(annotation)
-    base = {int: "an integer", float: "a number", bool: "true or false", str: "text",
-            dict: "a mapping"}.get(typing.get_origin(annotation) or annotation, str(annotation))
-    bounds = []
-    for m in metadata:
-        for cls, attr, sym in ((at.Gt, "gt", ">"), (at.Ge, "ge", ">="), (at.Lt, "lt", "<"), (at.Le, "le", "<=")):
-            if isinstance(m, cls):
-                bounds.append(f"{sym} {getattr(m, attr)}")
-    return base + (" " + " and ".join(bounds) if bounds else "")
-
-
-def _one_line(e: ValidationError) -> str:
-    """The first problem of a validation error as one line: option, value, what it accepts."""
-    err = e.errors(include_url=False)[0]
-    loc = [str(p) for p in err["loc"] if not str(p).startswith("function-")]
-    more = f" (and {len(e.errors()) - 1} more)" if len(e.errors()) > 1 else ""
-    if not loc or err["type"] == "value_error":  # a check of our own (across options, or the augmentation's)
-        return str(err["msg"]).removeprefix("Value error, ") + more
-    name = loc[-1]
-    value = err.get("input")
-    if name in FIELDS or name in AUGMENT_FIELDS:
-        return f"{name}={value!r} is not valid; accepted: {accepted(name)} ({err['msg'].lower()}){more}"
-    return f"{'.'.join(loc)}: {err['msg']}{more}"
+    return accepted_by(AUGMENT_FIELDS[name] if name in AUGMENT_FIELDS else FIELDS[name])
 
 
 def make_recipe(values: dict[str, Any]) -> Recipe:
     """A checked Recipe from plain values; ValueError (one line) on the first bad one."""
-    try:
-        return Recipe(**values)
-    except ValidationError as e:
-        raise ValueError(_one_line(e)) from None
+    return Recipe(**values)
 
 
 def load_recipe(path: str | Path | None = None, **overrides: Any) -> Recipe:
@@ -231,7 +181,7 @@ def _nested(values: dict[str, Any]) -> dict[str, Any]:
     """Move top-level augmentation options under ``augment``."""
     nested = values.get("augment") or {}
     if isinstance(nested, AugmentConfig):
-        nested = dataclasses.asdict(nested)
+        nested = nested.model_dump()
     if not isinstance(nested, dict):
         raise ValueError(f"augment={nested!r} is not valid; accepted: a mapping of augmentation options")
     flat = {k: v for k, v in values.items() if k in AUGMENT_FIELDS}

@@ -7,10 +7,11 @@ from pathlib import Path
 
 import torch
 
+from ..analysis.rollout import HEAD_FUSIONS
 from ..data.augment import normalize
 from ..data.sources import read_image
 from ..data.views import balanced_order
-from .rollout import HEAD_FUSIONS
+from .options import add_option
 
 
 def _load_test_split(source: str, input_size: Sequence[int], args: argparse.Namespace):
@@ -37,8 +38,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                  "e.g. a training run), timm or Hugging Face")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--images", nargs="+", metavar="FILE", help="image files to analyse (any format Pillow reads)")
-    src.add_argument("--data", metavar="SET", help="a data set whose test split is analysed: digits, cifar10, "
-                                                   "an image folder or a .tar.gz")
+    add_option(src, "data", default=None, metavar="SET",
+               help="a data set whose test split is analysed: digits, cifar10, an image folder or a .tar.gz")
     p.add_argument("--num-images", type=int, default=8, help="images shown in the figures (default 8)")
     p.add_argument("--distance-images", type=int, default=512,
                    help="images of --data the mean attention distance averages over (default 512)")
@@ -53,25 +54,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--head-fusion", choices=HEAD_FUSIONS, default="mean", help="how rollout fuses heads")
     p.add_argument("--discard-ratio", type=float, default=0.9,
                    help="fraction of the weakest attention per row that rollout drops (default 0.9)")
-    p.add_argument("--batch-size", type=int, default=64, help="images per forward pass (default 64)")
-    p.add_argument("--cache-dir", default=None, help="where --data sets are cached")
-    p.add_argument("--download", action="store_true", help="let --data download a missing data set")
-    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: CUDA when present")
+    add_option(p, "batch_size", default=64, help="images per forward pass")
+    add_option(p, "cache_dir", help="where --data sets are cached")
+    add_option(p, "download", help="let --data download a missing data set")
+    add_option(p, "device", help="auto: CUDA when present")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Load the model and the images, run every applicable analysis, write the figures and report.html."""
     from .. import load
-    from .capture import attention_modules
-    from .report import inspect_model
+    from ..analysis.capture import attention_modules
+    from ..analysis.report import inspect_model
 
     if args.num_images < 1:
         raise ValueError(f"--num-images must be at least 1, got {args.num_images}")
     if not 0.0 <= args.discard_ratio < 1.0:
         raise ValueError(f"--discard-ratio must lie in [0, 1), got {args.discard_ratio}")
-    if args.batch_size < 1:
-        raise ValueError(f"--batch-size must be at least 1, got {args.batch_size}")
     if args.faithfulness_images < 0:
         raise ValueError(f"--faithfulness-images must be 0 or more, got {args.faithfulness_images}")
     if args.faithfulness_images and not args.data:

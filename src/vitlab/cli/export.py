@@ -1,0 +1,20 @@
+"""``vitlab export``: a model as ONNX, a timm Hub folder or a Hugging Face folder."""
+from __future__ import annotations
+
+import argparse
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    x = sub.add_parser("export", help="write a model as ONNX, a timm Hub folder or a Hugging Face folder")
+    x.add_argument("model", help="anything vitlab.load reads: a model folder, a run folder or hf-hub:ORG/NAME")
+    x.add_argument("--to", required=True, choices=("onnx", "timm", "hf"), help="the format to write")
+    x.add_argument("--out", required=True, help="folder to write")
+    x.add_argument("--no-check", action="store_true", help="ONNX: skip the onnxruntime comparison with PyTorch")
+    x.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..export import export
+    path = export(args.model, args.to, args.out, check=not args.no_check)
+    print(f"{args.model} -> {path}")
+    return 0

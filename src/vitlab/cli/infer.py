@@ -1,0 +1,56 @@
+"""``vitlab eval`` and ``vitlab predict``: a model on a data set's test split, or on image files."""
+from __future__ import annotations
+
+import argparse
+import json
+
+from .options import add_option
+
+DATA_HELP = "digits, cifar10, cifar100, an image folder or a .tar.gz"
+DEVICE_HELP = "auto: CUDA when present"
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    e = sub.add_parser("eval", help="evaluate a model on a data set's test split (metrics and plots)")
+    e.add_argument("model", help="model folder (vitlab run, timm or Hugging Face)")
+    add_option(e, "data", required=True, help=DATA_HELP)
+    e.add_argument("--out", help="folder for summary.json and confusion.png")
+    add_option(e, "batch_size", default=256, help="images per forward pass")
+    # a measurement in float32 unless asked otherwise: the figures it reports are comparable across machines
+    add_option(e, "precision", default="fp32", help="auto: bf16 on a GPU that supports it, else fp32")
+    add_option(e, "device", help=DEVICE_HELP)
+    add_option(e, "cache_dir")
+    add_option(e, "download", help="download CIFAR if missing (checksums verified)")
+    add_option(e, "tta", help="average each image's logits with its mirror image's")
+    e.set_defaults(func=run_eval)
+
+    pr = sub.add_parser("predict", help="top-k classes for image files")
+    pr.add_argument("model", help="model folder (vitlab run, timm or Hugging Face) or hf-hub:ORG/NAME[@REV]")
+    pr.add_argument("images", nargs="+", help="image files")
+    pr.add_argument("--top-k", type=int, default=5)
+    pr.add_argument("--json", action="store_true", help="print JSON")
+    add_option(pr, "device", help=DEVICE_HELP)
+    pr.set_defaults(func=run_predict)
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    from ..train.predict import evaluate_folder
+    result = evaluate_folder(args.model, args.data, out=args.out, batch_size=args.batch_size,
+                             precision=args.precision, cache_dir=args.cache_dir, download=args.download,
+                             tta=args.tta, device=args.device)
+    for head, m in result["heads"].items():
+        print(f"{head:>6}: top-1 {100 * m['top1']:.2f}%  top-5 {100 * m['top5']:.2f}%  ({m['count']} images)")
+    return 0
+
+
+def run_predict(args: argparse.Namespace) -> int:
+    from ..train.predict import predict_files
+    results = predict_files(args.model, args.images, top_k=args.top_k, device=args.device)
+    if args.json:
+        print(json.dumps(results, indent=2))
+    else:
+        for r in results:
+            print(r["image"])
+            for p in r["top"]:
+                print(f"  {100 * p['probability']:6.2f}%  {p['class']}")
+    return 0

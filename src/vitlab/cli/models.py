@@ -1,0 +1,16 @@
+"""``vitlab models``: the registered models with their parameters and GFLOPs."""
+from __future__ import annotations
+
+import argparse
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    m = sub.add_parser("models", help="list models with parameters and GFLOPs")
+    m.add_argument("pattern", nargs="?", default="*", help="shell-style filter, e.g. 'vit_*' or cifar")
+    m.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..models.summary import model_table
+    print(model_table(args.pattern))
+    return 0

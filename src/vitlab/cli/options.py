@@ -1,0 +1,83 @@
+"""Command-line options made from their one declaration: a field of the training ``Recipe`` (or of the
+``AugmentConfig`` it nests) gives an option its flag, type, accepted values, help and default."""
+from __future__ import annotations
+
+import argparse
+import typing
+from typing import Annotated, Any
+
+import yaml
+from pydantic import TypeAdapter, ValidationError
+from pydantic.fields import FieldInfo
+
+from ..settings import accepted
+from ..train.recipe import AUGMENT_FIELDS, FIELDS
+
+UNSET: Any = object()
+
+
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def field(name: str) -> FieldInfo:
+    """The declaration of option ``name``: a recipe field or an augmentation field."""
+    return FIELDS[name] if name in FIELDS else AUGMENT_FIELDS[name]
+
+
+def is_bool(annotation: Any) -> bool:
+    """bool or bool | None."""
+    return annotation is bool or set(typing.get_args(annotation)) == {bool, type(None)}
+
+
+def help_text(info: FieldInfo, help_: str | None = None, default: Any = UNSET) -> str:
+    """``help [accepted; default X]``, with '%' escaped for argparse."""
+    default = info.get_default(call_default_factory=True) if default is UNSET else default
+    return f"{help_ or info.description or ''} [{accepted(info)}; default {default!r}]".replace("%", "%%")
+
+
+def add_recipe_option(parser: argparse.ArgumentParser, name: str) -> None:
+    """``--name`` for ``vitlab train``: the value stays text (None = not given) and the recipe coerces and checks
+    it, so a bad value on the command line gets the same one-line message as in a YAML recipe."""
+    info = field(name)
+    annotation, text = info.annotation, help_text(info)
+    if is_bool(annotation):
+        parser.add_argument(flag(name), action=argparse.BooleanOptionalAction, default=None, help=text)
+    elif typing.get_origin(annotation) is tuple:
+        parser.add_argument(flag(name), default=None, metavar="A,B", type=lambda v: v.split(","), help=text)
+    else:
+        kinds = {annotation, typing.get_origin(annotation), *typing.get_args(annotation)}
+        numeric = not {str, typing.Literal} & kinds
+        parser.add_argument(flag(name), default=None, metavar=name.upper(), type=_scalar if numeric else None,
+                            help=text)
+
+
+def _scalar(value: str) -> Any:
+    """Numbers as numbers (so an error shows 0, not '0'); 1e-3 stays text for the recipe to coerce."""
+    parsed = yaml.safe_load(value)
+    return parsed if isinstance(parsed, (int, float)) and not isinstance(parsed, bool) else value
+
+
+def add_option(parser: argparse.ArgumentParser | argparse._ActionsContainer, name: str, *, default: Any = UNSET,
+               help: str | None = None, **kwargs: Any) -> None:
+    """``--name`` for a command other than ``train``, declared by the recipe field ``name``: parsed and checked
+    as the recipe checks it. ``default`` and ``help`` replace the field's where the command means something
+    else by it (e.g. a batch of evaluation, not of training)."""
+    info = field(name)
+    default = info.get_default(call_default_factory=True) if default is UNSET else default
+    text = help_text(info, help, default) if not kwargs.get("required") else (help or info.description)
+    if is_bool(info.annotation):
+        parser.add_argument(flag(name), action=argparse.BooleanOptionalAction, default=default, help=text, **kwargs)
+        return
+    adapter = TypeAdapter(Annotated[(info.annotation, *info.metadata)] if info.metadata else info.annotation)
+    words = accepted(info)
+
+    def parse(value: str) -> Any:
+        try:
+            return adapter.validate_python(value)
+        except ValidationError:
+            raise argparse.ArgumentTypeError(f"{value!r} is not valid; accepted: {words}") from None
+
+    choices = typing.get_args(info.annotation) if typing.get_origin(info.annotation) is typing.Literal else ()
+    kwargs.setdefault("metavar", "{" + ",".join(choices) + "}" if choices else name.upper())
+    parser.add_argument(flag(name), default=default, type=parse, help=text, **kwargs)

@@ -1,0 +1,61 @@
+"""``vitlab compare`` and ``vitlab study``: run folders side by side, and the papers' claims as sets of runs."""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from .options import add_option
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    c = sub.add_parser("compare", help="a table of run folders and their curves in one figure")
+    c.add_argument("runs", nargs="+", metavar="RUN", help="run folders (finished or not)")
+    c.add_argument("--out", default="compare.png", help="figure to write (default: compare.png here)")
+    c.add_argument("--json", action="store_true", help="print the table as JSON")
+    c.set_defaults(func=run_compare)
+
+    st = sub.add_parser("study", help="a paper's claim as runs that differ in one factor: table, figure, answer",
+                        description="Train every arm of a study (skipping finished ones, resuming unfinished "
+                        "ones) and write OUT/NAME.md, .json and .png.")
+    st.add_argument("name", nargs="?", help="pos-embed, data-scale, hybrid, distill or locality (--list)")
+    st.add_argument("--list", action="store_true", help="list the studies and their claims")
+    add_option(st, "data", default="cifar10", help="data set (a .tar.gz or folder works)")
+    st.add_argument("--budget", type=float, default=5.0, help="minutes of training per run (default 5)")
+    add_option(st, "epochs", default=None, help="epochs per run instead of a time budget")
+    st.add_argument("--seeds", default="0", help="seeds, comma-separated (default 0)")
+    st.add_argument("--jobs", type=int, default=1, help="runs trained side by side, each on cores/jobs threads")
+    add_option(st, "threads", help="CPU threads per run (default: cores / jobs)")
+    st.add_argument("--out", default="studies", help="folder for the runs and the results (default studies)")
+    add_option(st, "cache_dir")
+    st.add_argument("--quick", action="store_true", help="smoke run: digits, one epoch at 16x16 per run")
+    st.set_defaults(func=run_study)
+
+
+def run_compare(args: argparse.Namespace) -> int:
+    from ..train.compare import compare, format_table
+    rows = compare(args.runs, out=args.out)
+    if args.json:
+        print(json.dumps([{k: v for k, v in r.items() if k != "history"} for r in rows], indent=2))
+    else:
+        print(format_table(rows))
+        print(f"curves: {args.out}")
+    return 0
+
+
+def run_study(args: argparse.Namespace) -> int:
+    from ..train.study import STUDIES, run_study
+    if args.list or not args.name:
+        for name, s in STUDIES.items():
+            print(f"{name:<11} {s.claim} ({s.source})")
+        return 0 if args.list else 2
+    try:
+        seeds = [int(s) for s in args.seeds.split(",")]
+    except ValueError:
+        raise ValueError(f"--seeds {args.seeds!r} is not valid; accepted: integers >= 0 separated by commas, "
+                         "e.g. 0,1") from None
+    result = run_study(args.name, out=args.out, data=args.data, budget=args.budget, epochs=args.epochs,
+                       seeds=seeds, jobs=args.jobs, threads=args.threads, quick=args.quick, cache_dir=args.cache_dir)
+    print((Path(args.out) / f"{args.name}.md").read_text())
+    print(f"table: {Path(args.out) / (args.name + '.md')}  figure: {Path(args.out) / (args.name + '.png')}")
+    return 0 if result else 1

@@ -1,0 +1,78 @@
+"""The command line: one module per command group, shared options made from their one declaration."""
+import argparse
+import typing
+
+import pytest
+
+from vitlab.cli import build_parser, main
+from vitlab.train.recipe import Device, Precision
+
+
+def commands() -> dict[str, argparse.ArgumentParser]:
+    parser = build_parser()
+    return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+
+
+def exit_code(argv: list[str]) -> int:
+    """main's status, whether argparse (SystemExit) or the recipe (a return) refused the command line."""
+    try:
+        return main(argv)
+    except SystemExit as e:
+        return e.code
+
+
+def option(command: str, flag: str) -> argparse.Action:
+    return next(a for a in commands()[command]._actions if flag in a.option_strings)
+
+
+def test_every_command_of_before_is_there():
+    assert list(commands()) == ["models", "train", "eval", "predict", "export", "compare", "study", "inspect"]
+
+
+@pytest.mark.parametrize("command, flag, default", [
+    ("eval", "--precision", "fp32"), ("train", "--precision", None),  # train: None = the recipe's default
+    ("eval", "--batch-size", 256), ("inspect", "--batch-size", 64), ("eval", "--device", "auto"),
+    ("predict", "--device", "auto"), ("inspect", "--device", "auto"), ("study", "--data", "cifar10"),
+    ("study", "--epochs", None), ("eval", "--download", False), ("eval", "--tta", False),
+])
+def test_each_command_keeps_its_defaults(command, flag, default):
+    assert option(command, flag).default == default
+
+
+@pytest.mark.parametrize("argv", [
+    ["eval", "m", "--data", "d", "--precision", "half"], ["train", "--precision", "half"],
+    ["predict", "m", "x.png", "--device", "tpu"], ["inspect", "m", "--device", "tpu"],
+])
+def test_a_shared_option_accepts_what_its_one_declaration_says(argv, capsys):
+    """The words a command accepts come from the recipe's Literal; a bad one is one line and exit status 2."""
+    assert exit_code(argv) == 2
+    err = capsys.readouterr().err.strip()
+    words = ", ".join(typing.get_args(Precision if "--precision" in argv else Device))
+    assert len(err.splitlines()) == 1 and err.startswith(f"vitlab {argv[0]}: error: ") and words in err, err
+
+
+def test_a_shared_option_is_checked_as_the_recipe_checks_it(capsys):
+    for argv in (["eval", "m", "--data", "d", "--batch-size", "0"], ["inspect", "m", "--batch-size", "x"],
+                 ["study", "pos-embed", "--threads", "0"]):
+        code, err = exit_code(argv), capsys.readouterr().err.strip()
+        assert code == 2 and len(err.splitlines()) == 1 and "accepted: an integer >= 1" in err, err
+    args = build_parser().parse_args(["eval", "m", "--data", "d", "--batch-size", "7", "--precision", "bf16",
+                                      "--no-tta"])
+    assert (args.batch_size, args.precision, args.tta) == (7, "bf16", False)
+
+
+def test_a_command_line_that_names_no_command_prints_the_help(capsys):
+    assert main([]) == 2
+    assert capsys.readouterr().out.startswith("usage: vitlab")
+
+
+def test_python_m_vitlab_and_the_console_script_reach_the_same_main():
+    from pathlib import Path
+
+    import tomllib
+
+    import vitlab.cli
+    scripts = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts == {"vitlab": "vitlab.cli:main"} and vitlab.cli.main is main
+    source = (Path(vitlab.cli.__file__).parents[1] / "__main__.py").read_text()
+    assert "from .cli import main" in source
