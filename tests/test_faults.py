@@ -542,3 +542,60 @@ def test_cpu_flags_are_read_from_cpuinfo():
     flags = devices.cpu_flags()
     assert flags and all(f == f.strip() and f for f in flags)
     assert str(uuid.uuid4()) not in flags
+
+
+# ----------------------------------------------------------------------------------------------
+# generated bad input: one-line errors or a result, never a traceback, never a changed input
+
+
+def _random_case(rng, root):
+    """A generated data source under ``root`` of one of several kinds, most of them damaged; returns its path."""
+    kind = rng.choice(["images", "csv", "tsv", "parquet", "archive", "store"])
+    blob = lambda n: rng.bytes(int(n))  # noqa: E731
+    if kind == "images":
+        for i in range(int(rng.integers(1, 6))):
+            f = root / "src" / f"c{rng.integers(0, 3)}" / f"{i}.{rng.choice(['png', 'jpg', 'bmp', 'gif'])}"
+            f.parent.mkdir(parents=True, exist_ok=True)
+            if rng.random() < 0.4:
+                img(f.with_suffix(".png"), int(rng.integers(0, 256)), 1)
+                good = f.with_suffix(".png").read_bytes()
+                f.with_suffix(".png").unlink()
+                f.write_bytes(good[: int(rng.integers(0, len(good) + 1))])  # whole or truncated
+            else:
+                f.write_bytes(blob(rng.integers(0, 300)))
+        return root / "src"
+    if kind in ("csv", "tsv"):
+        alphabet = list(",\t\"'\n\r;:/\\.  ab01é\x00") + ["a.png", "../x.png", "1.0", "01", "label", "path"]
+        text = "".join(rng.choice(alphabet) for _ in range(int(rng.integers(0, 80))))
+        f = root / f"list.{kind}"
+        f.write_bytes(text.encode("utf-8", "surrogatepass") if rng.random() < 0.8 else blob(50))
+        return f
+    if kind == "store":
+        f = root / "store"
+        f.mkdir()
+        (f / "header.json").write_bytes(blob(40) if rng.random() < 0.5 else
+                                        b'{"magic": "vitlab-image-store", "format": 1, "shape": [2, 1, 2, 2]}')
+        (f / "images.u8").write_bytes(blob(rng.integers(0, 10)))
+        return f
+    f = root / ("x.parquet" if kind == "parquet" else "x.tar.gz")
+    f.write_bytes(blob(rng.integers(0, 400)))
+    return f
+
+
+def test_generated_bad_sources_give_a_result_or_one_line(tmp_path):
+    pytest.importorskip("pyarrow")
+    rng = np.random.default_rng(21)
+    outcomes = {"loaded": 0, "refused": 0}
+    for case in range(120):
+        root = tmp_path / f"case{case}"
+        root.mkdir()
+        source = _random_case(rng, root)
+        before = snapshot(root)
+        try:
+            quiet(source, cache_dir=tmp_path / "cache", val_fraction=0.5)
+            outcomes["loaded"] += 1
+        except (ValueError, FileNotFoundError) as e:
+            assert "\n" not in str(e) and str(e), (case, source, e)
+            outcomes["refused"] += 1
+        assert snapshot(root) == before, (case, source)
+    assert outcomes["loaded"] and outcomes["refused"] > 60
