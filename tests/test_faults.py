@@ -64,9 +64,10 @@ def one_line_error(capsys, argv):
     """Run the CLI in this process; (exit code, stderr) with stderr asserted to be one line, no traceback."""
     from vitlab.cli import main
     code = main(argv)
-    err = capsys.readouterr().err.strip()
-    assert "Traceback" not in err and len(err.splitlines()) == 1, err
-    return code, err
+    lines = capsys.readouterr().err.strip().splitlines()  # progress and log lines may come before the error
+    assert lines and not any("Traceback" in line for line in lines), lines
+    assert lines[-1].startswith(f"vitlab {argv[0]}: error: ") and not any("error" in line for line in lines[:-1])
+    return code, lines[-1]
 
 
 @contextlib.contextmanager
@@ -334,6 +335,35 @@ def test_a_read_only_cache_is_one_line_and_a_built_store_still_loads(tmp_path, c
         code, line = one_line_error(capsys, ["train", "--data", str(root), "--out", str(tmp_path / "run"),
                                              "--cache-dir", str(cache / "new"), "--epochs", "1"])
         assert code == 2 and "read-only" in line
+
+
+@pytest.mark.parametrize("fault", ["unreachable", "read-only", "too small", "fills up"])
+def test_fetching_cifar_into_a_bad_cache_is_one_line(tmp_path, monkeypatch, capsys, fault):
+    from vitlab.data import cifar
+    served = tmp_path / "server" / "cifar-10-python.tar.gz"
+    served.parent.mkdir()
+    served.write_bytes(np.random.default_rng(0).bytes(400_000))  # what a download would fetch (never valid)
+    url = served.as_uri() if fault != "unreachable" else (tmp_path / "nowhere.tar.gz").as_uri()
+    remote = cifar._Remote(url, hashlib.md5(served.read_bytes()).hexdigest(), served.name, "cifar-10-batches-py")
+    monkeypatch.setitem(cifar.CIFAR_REMOTES, "cifar10", remote)
+    expected = {"unreachable": r"^could not download .*nowhere\.tar\.gz",
+                "read-only": r"^cannot write the data cache .* \(a read-only file system\)",
+                "too small": r"^not enough disk space: cifar10 needs 360\.00 MiB in .* which has \S+ \S+ free",
+                "fills up": r"^disk full: cifar10 needs .* free; free some space"}[fault]
+    with contextlib.ExitStack() as stack:
+        cache = tmp_path / "cache"
+        if fault != "unreachable":
+            cache = stack.enter_context(tmpfs(tmp_path / "mnt", "128k"))
+        if fault == "read-only":
+            remount(cache, "ro")
+        if fault == "fills up":
+            monkeypatch.setattr(cifar, "_NEEDS_BYTES", 1)  # the estimate passes; the download fills the disk
+        with pytest.raises(ValueError, match=expected):
+            load_data("cifar10", cache_dir=cache, download=True, log=lambda s: None)
+        code, line = one_line_error(capsys, ["train", "--data", "cifar10", "--download", "--out",
+                                             str(tmp_path / "run"), "--cache-dir", str(cache), "--epochs", "1"])
+        assert code == 2 and line.startswith("vitlab train: error: ")
+        assert not [p for p in cache.rglob("*") if p.is_file()] if cache.exists() else True
 
 
 # ----------------------------------------------------------------------------------------------

@@ -132,6 +132,30 @@ def load_cifar(variant: str, read: Callable[[str], bytes],
     return train_x, train_y, test_x, test_y, classes
 
 
+_NEEDS_BYTES = 360 << 20  # a CIFAR archive (163 MiB) and its extracted batches (178 MiB), with a margin
+
+
+def _fetch_and_extract(variant: str, archive: Path, cache: Path, log: Log) -> Path:
+    """Download (when it is not there) and extract a CIFAR archive into ``cache``; the download is removed after."""
+    from .cache import check_writable, free_bytes, space_message
+    remote = CIFAR_REMOTES[variant]
+    check_writable(cache)
+    downloaded = False
+    if not archive.is_file():
+        free = free_bytes(cache)
+        if free is not None and free < _NEEDS_BYTES:
+            raise ValueError(space_message("not enough disk space", variant, cache, _NEEDS_BYTES, free))
+        log(f"downloading {variant} from {remote.url}")
+        download_url(remote.url, archive, md5=remote.md5, log=log)
+        downloaded = True
+    log(f"extracting {archive} into {cache}")
+    try:
+        return safe_extract(archive, cache, remote.folder)
+    finally:
+        if downloaded:
+            archive.unlink(missing_ok=True)
+
+
 def find_or_fetch_cifar(variant: str, cache: Path, download: bool, log: Log) -> Path:
     """The batches folder of a built-in CIFAR set under ``cache``, downloaded and extracted on request."""
     remote = CIFAR_REMOTES[variant]
@@ -139,21 +163,17 @@ def find_or_fetch_cifar(variant: str, cache: Path, download: bool, log: Log) -> 
     if found and found[0] == variant:
         return found[1]
     archive = cache / remote.filename
-    downloaded = False
-    if not archive.is_file():
-        if not download:
-            raise ValueError(f"{variant} is not in the cache folder: looked for {cache / remote.folder} and "
-                             f"{archive}. Pass download=True (CLI: --download) to fetch it from {remote.url}, "
-                             f"or give the path of a {remote.folder} folder or of {remote.filename}")
-        log(f"downloading {variant} from {remote.url}")
-        download_url(remote.url, archive, md5=remote.md5, log=log)
-        downloaded = True
-    log(f"extracting {archive} into {cache}")
+    if not archive.is_file() and not download:
+        raise ValueError(f"{variant} is not in the cache folder: looked for {cache / remote.folder} and "
+                         f"{archive}. Pass download=True (CLI: --download) to fetch it from {remote.url}, "
+                         f"or give the path of a {remote.folder} folder or of {remote.filename}")
     try:
-        folder = safe_extract(archive, cache, remote.folder)
-    finally:
-        if downloaded:
-            archive.unlink(missing_ok=True)
+        folder = _fetch_and_extract(variant, archive, cache, log)
+    except OSError as e:
+        from .cache import DISK_FULL, space_message
+        if e.errno in DISK_FULL:
+            raise ValueError(space_message("disk full", f"{variant}", cache, _NEEDS_BYTES)) from None
+        raise ValueError(str(e)) from None
     found = cifar_variant(folder)
     if not found or found[0] != variant:
         raise ValueError(f"{archive} does not hold the {variant} batch files in {remote.folder}/")

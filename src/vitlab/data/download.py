@@ -16,6 +16,7 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+from ..atomic import atomic_path
 from ..progress import progress_bar
 
 ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar", ".tar.bz2", ".tbz2", ".tar.xz", ".txz")
@@ -27,35 +28,27 @@ def download_url(url: str, dest: str | os.PathLike, md5: str | None = None, sha2
                  log: Log = print) -> Path:
     """Download ``url`` (http(s) or file://) to ``dest`` through a temp file, check its checksum, rename it in."""
     dest = Path(dest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
     hashes = {"md5": hashlib.md5(usedforsecurity=False), "sha256": hashlib.sha256()}
-    try:
-        with os.fdopen(fd, "wb") as out:
-            try:
-                response = urllib.request.urlopen(url, timeout=60)
-            except (urllib.error.URLError, OSError, ValueError) as e:
-                raise OSError(f"could not download {url}: {getattr(e, 'reason', e)}") from None
-            with response:
-                total = int(response.headers.get("Content-Length") or 0) or None
-                with progress_bar(total=total, unit="B", unit_scale=True, unit_divisor=1024,
-                                  desc=f"downloading {dest.name}") as bar:
-                    while chunk := response.read(1 << 20):
-                        out.write(chunk)
-                        for h in hashes.values():
-                            h.update(chunk)
-                        bar.update(len(chunk))
-            out.flush()
-            os.fsync(out.fileno())
+    with atomic_path(dest) as tmp, open(tmp, "wb") as out:
+        try:
+            response = urllib.request.urlopen(url, timeout=60)
+        except (urllib.error.URLError, OSError, ValueError) as e:
+            raise OSError(f"could not download {url}: {getattr(e, 'reason', e)}") from None
+        with response:
+            total = int(response.headers.get("Content-Length") or 0) or None
+            with progress_bar(total=total, unit="B", unit_scale=True, unit_divisor=1024,
+                              desc=f"downloading {dest.name}") as bar:
+                while chunk := response.read(1 << 20):
+                    out.write(chunk)
+                    for h in hashes.values():
+                        h.update(chunk)
+                    bar.update(len(chunk))
+        out.flush()
         for algo, expected in (("md5", md5), ("sha256", sha256)):
             got = hashes[algo].hexdigest()
             if expected is not None and got != expected.lower():
                 raise ValueError(f"checksum mismatch for {url}: {algo} is {got}, expected {expected}; "
                                  "the download was deleted (try again, or fetch the file by hand)")
-        os.replace(tmp, dest)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
     log(f"downloaded {url} to {dest} ({dest.stat().st_size / 2**20:.1f} MiB)")
     return dest
 
