@@ -629,3 +629,25 @@ def test_generated_bad_sources_give_a_result_or_one_line(tmp_path):
             outcomes["refused"] += 1
         assert snapshot(root) == before, (case, source)
     assert outcomes["loaded"] and outcomes["refused"] > 60
+
+
+def test_the_cache_command_lists_and_cleans(tmp_path, capsys):
+    from vitlab.cli import main
+    root = make_folder(tmp_path / "pets")
+    cache = tmp_path / "c"
+    quiet(root, cache_dir=cache)
+    keep_size_and_mtime(root / "b" / "2.bmp", rewrite_in_place)
+    quiet(root, cache_dir=cache)
+    assert main(["cache", "list", "--cache-dir", str(cache)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert sum("superseded (source changed)" in line for line in out) == 1 and sum(" current " in line for line in out)
+    assert out[-1].startswith(tuple("0123456789")) and f"in {cache};" in out[-1]
+    assert main(["cache", "clean", "--dry-run", "--cache-dir", str(cache)]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].startswith("would remove 1 entries")
+    assert len([e for e in vcache.cache_entries(cache) if e.kind == "store"]) == 2
+    assert main(["cache", "clean", "--cache-dir", str(cache)]) == 0
+    assert [e.status for e in vcache.cache_entries(cache) if e.kind == "store"] == ["current"]
+    with pytest.raises(SystemExit) as exit_:
+        main(["cache", "purge"])
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert exit_.value.code == 2 and "invalid choice: 'purge'" in line and "'list'" in line

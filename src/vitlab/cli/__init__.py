@@ -10,9 +10,9 @@ import argparse
 import sys
 import typing
 
-from . import export, infer, inspect, models, runs, train
+from . import cache, export, infer, inspect, models, runs, train
 
-COMMANDS = (models, train, infer, export, runs, inspect)  # in the order `vitlab --help` lists them
+COMMANDS = (models, train, infer, export, runs, inspect, cache)  # in the order `vitlab --help` lists them
 
 
 class Parser(argparse.ArgumentParser):
