@@ -1,23 +1,32 @@
-# `make run` trains on the embedded default data set; `make test` runs the tests.
-# Both create .venv and install vitlab into it (PyTorch pinned by constraints.txt) on first use.
+# `make run` trains on the embedded default data set; `make test` runs the tests (all but those marked slow),
+# `make test-all` all of them. Each creates .venv on first use: `run` installs what running needs (PyTorch pinned
+# by constraints.txt), `test` and `test-all` add the test extras (pytest, ruff, selenium, onnx, ...).
 VENV ?= .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
+RUN_STAMP := $(VENV)/.installed-run
+TEST_STAMP := $(VENV)/.installed-test
 
-$(STAMP): pyproject.toml constraints.txt
+$(RUN_STAMP): pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
+	$(PY) -m pip install -q -c constraints.txt -e .
+	touch $@
+
+$(TEST_STAMP): $(RUN_STAMP)
 	$(PY) -m pip install -q -c constraints.txt -e ".[test]"
-	touch $(STAMP)
+	touch $@
 
-install: $(STAMP)
+install: $(RUN_STAMP)
 
-run: $(STAMP)
+run: $(RUN_STAMP)
 	$(VENV)/bin/vitlab train --out runs/digits-$$(date +%Y%m%d-%H%M%S)
 
-test: $(STAMP)
+test: $(TEST_STAMP)
+	$(PY) -m pytest -q -m "not slow"
+
+test-all: $(TEST_STAMP)
 	$(PY) -m pytest -q
 
-lint: $(STAMP)
+lint: $(TEST_STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks
 
-.PHONY: install run test lint
+.PHONY: install run test test-all lint

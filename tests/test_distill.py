@@ -130,6 +130,7 @@ def teacher_run(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_distilled_student_end_to_end(tmp_path, teacher_run):
     """Hard distillation under a time budget; the saved student evaluates each head and returns their mean."""
     out = tmp_path / "student"
@@ -147,6 +148,7 @@ def test_distilled_student_end_to_end(tmp_path, teacher_run):
         torch.testing.assert_close(student(x), mean)
 
 
+@pytest.mark.slow
 def test_soft_distillation_under_torchrun(tmp_path, teacher_run):
     out = tmp_path / "student2"
     _run("--model", "vit_micro_patch2_8", "--teacher", teacher_run, "--distill", "soft", "--tau", "2",

@@ -29,6 +29,7 @@ def test_yaml_recipe_with_text_numbers_trains(tmp_path, cache_dir):
     assert summary["epochs"] == 1 and 0 <= summary["top1"] <= 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("text, message", [
     ("lr: fast", "lr='fast' is not valid; accepted: a number > 0"),
     ("epochs: 2.5", "epochs=2.5 is not valid; accepted: an integer >= 1"),

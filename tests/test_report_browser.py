@@ -97,6 +97,7 @@ def report(tmp_path_factory):
                          sanity_images=2, importance_images=3)
 
 
+@pytest.mark.slow
 def test_explorer_click_changes_the_map_without_console_errors(report):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import Select, WebDriverWait

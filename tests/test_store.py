@@ -91,6 +91,7 @@ _KILLER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers, where", [(1, "decode"), (2, "decode"), (1, "reorder")])
 def test_a_killed_build_resumes_to_the_same_store(tmp_path, workers, where):
     root = make_images(tmp_path / "pets")
@@ -184,6 +185,7 @@ def test_eval_view_is_timms_resize_and_centre_crop():
         eval_view(x.float(), 7)
 
 
+@pytest.mark.slow
 def test_two_processes_building_at_once_share_one_store(tmp_path):
     root = make_images(tmp_path / "pets")
     code = ("import sys; from vitlab.data import load_data; "

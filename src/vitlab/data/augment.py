@@ -116,7 +116,7 @@ class AugmentConfig(Settings):
 
     def validate(self) -> None:
         """Check every value again (construction and assignment check them already; kept for callers of 0.1)."""
-        type(self).model_validate(self.model_dump())
+        type(self)(**self.model_dump())
 
 
 # ----------------------------------------------------------------------------------------------------------------
