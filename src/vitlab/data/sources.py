@@ -14,6 +14,7 @@ from them (``BatchAugment`` with crop='rrc') and evaluation uses ``eval_view``.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import time
@@ -421,25 +422,33 @@ def _build(src: _Source, header: dict[str, Any], keys: list[str], cache: Path, s
     if free is not None and need > free:
         raise ValueError(space_message("not enough disk space", what, cache, need, free))
     header = dict(header, key=key, name=name, classes=list(listing.classes))
-    resume = f"; the unfinished build in {path}.partial resumes when run again"
-    try:
+    with _faults_in_one_line(src.origin, cache, path, shape, reorder):
         store, bad = build_store(path, header, shape, labels, fill, arrange, log, listing.names, fill_order)
-    except OSError as e:
-        if e.errno not in DISK_FULL:
-            raise
-        raise ValueError(space_message("disk full", what, cache, need) + resume) from None
-    except BrokenProcessPool:
-        left = store_needs(path, shape, reorder)
-        if (free_bytes(cache) or 0) < left:
-            raise ValueError(space_message("disk full", what, cache, left) + resume) from None
-        raise ValueError(f"a process decoding {src.origin} died (killed, perhaps for lack of memory: try fewer "
-                         f"workers){resume}") from None
     if bad:
         names = [listing.names(r) for r in bad]
         log(f"skipped {len(bad)} unreadable files, e.g.: {', '.join(names[:5])}")
     log(f"the data cache {cache} now takes {format_size(disk_usage(cache))} ('vitlab cache list' shows what it "
         "holds; 'vitlab cache clean' removes superseded stores)")
     return store
+
+
+@contextlib.contextmanager
+def _faults_in_one_line(origin: str, cache: Path, path: Path, shape: tuple[int, ...], reorder: bool) -> Iterator[None]:
+    """A full disk or a dead decoding process during a store build as one line that says the build resumes."""
+    resume = f"; the unfinished build in {path}.partial resumes when run again"
+    try:
+        yield
+    except OSError as e:
+        if e.errno not in DISK_FULL:
+            raise
+        need = store_needs(path, shape, reorder)
+        raise ValueError(space_message("disk full", f"the store for {origin}", cache, need) + resume) from None
+    except BrokenProcessPool:
+        need = store_needs(path, shape, reorder)
+        if (free_bytes(cache) or 0) < need:
+            raise ValueError(space_message("disk full", f"the store for {origin}", cache, need) + resume) from None
+        raise ValueError(f"a process decoding {origin} died (killed, perhaps for lack of memory: try fewer "
+                         f"workers){resume}") from None
 
 
 def _common_size(listing: Listing, log: Log) -> tuple[int, int]:
