@@ -77,7 +77,7 @@ class Recipe(Settings):
     # execution
     device: Device = Field("auto", description="auto picks CUDA when PyTorch sees a GPU")
     precision: Precision = Field(
-        "auto", description="auto: bf16 on GPUs that support it, on a CPU whichever of bf16/fp32 is faster")
+        "auto", description="auto: bf16 on GPUs that support it and on CPUs with AMX, else fp32")
     compile: bool = Field(False, description="torch.compile the model")
     channels_last: bool | None = Field(None, description="channels-last memory format (default: on CUDA for "
                                        "convolutional stems)")

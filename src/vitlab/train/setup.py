@@ -128,8 +128,8 @@ def set_fast_math(device: torch.device) -> None:
 
 def choose_precision(r: Recipe, model: nn.Module, augment: BatchAugment, images: torch.Tensor,
                      labels: torch.Tensor, d: Dist, log: Callable[[str], None]) -> str:
-    """'fp32', 'bf16' or 'fp16'. 'auto' is bf16 where the hardware computes in it (a GPU that supports it, a
-    CPU with AMX or AVX512-BF16), else fp32: decided from the hardware, never from a timing."""
+    """'fp32', 'bf16' or 'fp16'. 'auto' is bf16 where the hardware computes in it fast (a GPU that supports it,
+    a CPU with AMX), else fp32: decided from the hardware, never from a timing (see devices.auto_precision)."""
     if r.precision != "auto":
         if r.precision == "bf16" and d.device.type == "cuda" and not torch.cuda.is_bf16_supported():
             raise ValueError(f"precision='bf16' is not supported by {torch.cuda.get_device_name(d.device)}; "
