@@ -335,6 +335,8 @@ def test_plots_have_titles_labels_and_colorbars():
         "gates": (plots.plot_convit_gates(convit_gates(convit), positional_attention_distance(convit)),
                   ["ConViT gates", "head", "GPSA layer"], True),
         "class_attn": (plots.plot_class_attention(maps, images, [0, 1]), ["CaiT class attention", "head 0"], True),
+        "patch_grid": (plots.plot_patch_grid(images, (4, 4), ["a", "b"], ("cls",)),
+                       ["patch grid", "8x8 patches of 4x4 pixels", "x (pixels)", "y (pixels)", "[cls]", "63"], False),
     }
     for name, (fig, expected, colorbar) in figures.items():
         texts = " | ".join(_texts(fig))
@@ -382,7 +384,7 @@ def _check_report(out: Path, expected: set[str]) -> str:
     assert not re.search(r'(src|href)="(?!data:)', html), "the report links to another file"
     assert "http://" not in html and "https://" not in html
     faith = json.loads((out / "faithfulness.json").read_text())
-    assert {"raw_attention", "rollout", "grad_rollout", "relevance", "random"} <= set(faith["methods"])
+    assert {"raw_attention", "rollout", "grad_rollout", "relevance", "saliency", "random"} <= set(faith["methods"])
     return html
 
 
@@ -420,8 +422,10 @@ def test_inspect_saved_cifar_model(tmp_path, capsys):
     folder = vitlab.save(model, tmp_path / "run")
     out = tmp_path / "report"
     assert _inspect(folder, "--images", *_images(tmp_path), "--out", out, "--discard-ratio", "0.5") == 0
-    html = _check_report(out, {"attention_heads_0.png", "attention_heads_1.png", "rollout.png",
+    html = _check_report(out, {"patch_grid.png", "attention_heads_0.png", "attention_heads_1.png", "rollout.png",
                                "attention_distance.png", "position_similarity.png", "embedding_filters.png"})
+    assert "The image cut into its patch grid" in html and "8x8 grid of 4x4-pixel patches" in html
+    assert "Five ways to ask" in html and "gradient saliency" in html
     assert "vit_tiny_patch4_32" in html and "top-5 predictions" in html and html.count("&mdash;") == 2 * 5
     assert "skipped" in html and "not a ConViT" in html and "not a CaiT" in html
     assert "report.html" in capsys.readouterr().out
@@ -456,9 +460,28 @@ def test_inspect_errors(tmp_path):
         _inspect(vit, "--head-fusion", "median")
 
 
+def test_patch_grid_section_draws_the_models_grid_or_skips(tmp_path):
+    from vitlab.analysis.report import Inspection
+    from vitlab.analysis.sections import SECTIONS, patch_grid
+
+    assert SECTIONS[0] is patch_grid
+    resnet = vitlab.create_model("resnet10_32", widths=(8, 8, 8, 8))
+    r = Inspection(resnet, torch.randn(2, 3, 32, 32), tmp_path / "cnn")
+    patch_grid(r)
+    assert r.sections == [] and "skipped" in r.notes[0] and not any((tmp_path / "cnn").iterdir())
+    hybrid = tiny("hybrid")
+    r = Inspection(hybrid, torch.randn(3, 3, 32, 32), tmp_path / "hybrid", image_names=["a", "b", "c"])
+    patch_grid(r)
+    (section,) = r.sections
+    (ph, pw), (gh, gw) = hybrid.patch_embed.patch_size, hybrid.patch_embed.grid_size
+    assert section.file == "patch_grid.png" and (tmp_path / "hybrid" / "patch_grid.png").is_file()
+    assert f"{gh}x{gw} grid of {ph}x{pw}-pixel patches" in section.caption and "ResNet" in section.caption
+    assert "[cls]" in section.caption and not r.notes
+
+
 def test_inspect_digits_by_default(tmp_path, cache_dir):
     folder = vitlab.save(vitlab.create_model("vit_micro_patch2_8", depth=1), tmp_path / "micro")
     out = tmp_path / "report"
     assert _inspect(folder, "--num-images", 2, "--distance-images", 40, "--batch-size", 16, "--out", out) == 0
-    html = _check_report(out, {"attention_heads_0.png", "rollout.png", "embedding_filters.png"})
+    html = _check_report(out, {"patch_grid.png", "attention_heads_0.png", "rollout.png", "embedding_filters.png"})
     assert "digits test #1" in html and "40 image(s)" in html

@@ -6,7 +6,18 @@ from test_analysis import TINY, tiny
 from torch import nn
 
 import vitlab
-from vitlab.analysis import AttentionMap, explain, explanation_methods, raw_attention, relevance, relevance_from_maps
+from vitlab.analysis import (
+    METHODS,
+    REGISTRY,
+    AttentionMap,
+    Method,
+    explain,
+    explanation_methods,
+    gradient_saliency,
+    raw_attention,
+    relevance,
+    relevance_from_maps,
+)
 from vitlab.analysis.capture import capture_attention
 from vitlab.analysis.faithfulness import (
     PERTURBATION_STEPS,
@@ -99,14 +110,68 @@ def test_every_method_on_every_family(family):
     x = torch.randn(2, 3, 32, 32)
     gh, gw = model.patch_embed.grid_size
     pairs = explanation_methods(model)
-    assert {m for m, _ in pairs} == {"raw_attention", "rollout", "grad_rollout", "relevance"}
+    assert {m for m, _ in pairs} == set(METHODS) == {"raw_attention", "rollout", "grad_rollout", "relevance",
+                                                      "saliency"}
     assert ("relevance", "dist") in pairs if family == "deit" else all(t == "cls" for _, t in pairs)
+    assert ("saliency", "dist") not in pairs  # saliency reads no token
     for method, token in pairs:
         r = explain(model, x, method, [1, 2], token=token)
         assert r.shape == (2, gh, gw) and torch.isfinite(r).all(), (method, token)
         assert r.min() >= 0 and torch.allclose(r.amax(dim=(1, 2)), torch.ones(2)), (method, token)
     with pytest.raises(ValueError, match="method"):
         explain(model, x, "lrp", 1)
+
+
+class LinearOnPixels(nn.Module):
+    """logits = W x over the flattened pixels: the gradient of logit c is W[c] for every image."""
+
+    def __init__(self, weight: torch.Tensor, patch: int = 2):  # weight (classes, C, H, W)
+        super().__init__()
+        self.weight = nn.Parameter(weight)
+        self.patch_embed = nn.Module()
+        self.patch_embed.patch_size = (patch, patch)
+
+    def forward(self, x):
+        return x.flatten(1) @ self.weight.flatten(1).T
+
+
+def test_gradient_saliency_matches_hand_computation():
+    g = torch.Generator().manual_seed(6)
+    w = torch.randn(3, 2, 4, 6, generator=g)  # 3 classes, 2 channels, 4x6 pixels: a 2x3 grid of 2x2 patches
+    model = LinearOnPixels(w).train()
+    x = torch.randn(2, 2, 4, 6, generator=g)
+    out = explain(model, x, "saliency", [2, 0])
+    assert out.shape == (2, 2, 3)
+    for i, c in enumerate((2, 0)):
+        pixels = w[c].abs().amax(0)  # (4, 6): the largest |d logit / d pixel| over the channels
+        cells = torch.tensor([[pixels[2 * r:2 * r + 2, 2 * k:2 * k + 2].mean().item() for k in range(3)]
+                              for r in range(2)])
+        torch.testing.assert_close(out[i], cells / cells.max())
+    assert model.training and model.weight.grad is None  # mode put back, no parameter gradient left behind
+    assert REGISTRY["saliency"].class_specific and REGISTRY["saliency"].tokens == ("cls",)
+    with pytest.raises(ValueError, match="token"):
+        explain(model, x, "saliency", 0, token="dist")
+    with pytest.raises(ValueError, match="target_class"):
+        gradient_saliency(model, x, 3)
+
+
+def test_a_registered_method_reaches_explain_and_faithfulness(monkeypatch):
+    """A new method is one function and one registry entry; explain, explanation_methods and faithfulness read it."""
+    def centre(model, images):  # a class-agnostic prior that reads no token: the centre patches first
+        gh, gw = model.patch_embed.grid_size
+        r = torch.arange(gh).view(-1, 1) - (gh - 1) / 2
+        c = torch.arange(gw).view(1, -1) - (gw - 1) / 2
+        return (1 / (1 + r ** 2 + c ** 2)).expand(len(images), gh, gw)
+
+    monkeypatch.setitem(REGISTRY, "centre", Method(centre, "centre prior", "a centre prior"))
+    assert not REGISTRY["centre"].class_specific and REGISTRY["relevance"].class_specific
+    model = tiny("deit")
+    x = torch.randn(2, 3, 32, 32)
+    pairs = explanation_methods(model)
+    assert ("centre", "cls") in pairs and ("centre", "dist") not in pairs and ("rollout", "dist") in pairs
+    torch.testing.assert_close(explain(model, x, "centre", 1), centre(model, x))
+    result = faithfulness(model, x, methods=[("centre", "cls")], curve_steps=2)
+    assert result["methods"]["centre"]["label"] == "centre prior"
 
 
 def test_raw_attention_is_the_last_blocks_class_row():
@@ -184,7 +249,7 @@ def test_faithfulness_on_a_model(tmp_path):
     labels = torch.tensor([0, 1, 2, 3, 4])
     r = faithfulness(model, x, labels, batch_size=2, curve_steps=8, keep_images=3, progress=False)
     keys = {"raw_attention", "rollout", "grad_rollout", "relevance", "raw_attention_dist", "rollout_dist",
-            "grad_rollout_dist", "relevance_dist", "random"}
+            "grad_rollout_dist", "relevance_dist", "saliency", "random"}
     assert set(r["methods"]) == keys
     p = r["protocol"]
     assert p["images"] == 5 and p["patches"] == 64

@@ -9,24 +9,16 @@ from .distance import (
     positional_attention_distance,
 )
 from .embeddings import embedding_filters, filter_components, position_similarity
+from .explain import METHODS, REGISTRY, Method, explain, explanation_methods
+from .gradients import attention_gradients, gradient_saliency
+from .relevance import relevance, relevance_from_maps
 from .report import inspect_model
-from .rollout import (
-    METHODS,
-    attention_gradients,
-    explain,
-    explanation_methods,
-    fuse_heads,
-    grad_rollout,
-    raw_attention,
-    relevance,
-    relevance_from_maps,
-    rollout,
-)
+from .rollout import fuse_heads, grad_rollout, raw_attention, rollout
 
 __all__ = [
-    "METHODS", "AttentionMap", "attention_distance", "attention_gradients", "explain", "explanation_methods",
-    "raw_attention", "relevance", "relevance_from_maps", "attention_maps", "attention_modules", "capture_attention",
-    "convit_gates", "embedding_filters", "filter_components", "fuse_heads", "gpsa_positional_attention",
-    "grad_rollout", "inspect_model", "mean_attention_distance", "patch_distances", "position_similarity",
-    "positional_attention_distance", "rollout",
+    "METHODS", "REGISTRY", "AttentionMap", "Method", "attention_distance", "attention_gradients", "attention_maps",
+    "attention_modules", "capture_attention", "convit_gates", "embedding_filters", "explain", "explanation_methods",
+    "filter_components", "fuse_heads", "gpsa_positional_attention", "grad_rollout", "gradient_saliency",
+    "inspect_model", "mean_attention_distance", "patch_distances", "position_similarity",
+    "positional_attention_distance", "raw_attention", "relevance", "relevance_from_maps", "rollout",
 ]

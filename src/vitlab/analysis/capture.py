@@ -6,7 +6,7 @@ while capturing; GPSA and talking-heads attention always do. Everything is put b
 """
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -20,6 +20,7 @@ from ..models.layers import Attention
 # attention module class -> block kind
 ATTENTION_KINDS: dict[type[nn.Module], str] = {
     Attention: "mhsa", GPSA: "gpsa", TalkingHeadAttn: "talking_heads", ClassAttn: "class_attn"}
+TOKENS = ("cls", "dist")  # the tokens a map can be read from
 
 
 @dataclass
@@ -120,3 +121,25 @@ def attention_maps(model: nn.Module, images: torch.Tensor) -> list[AttentionMap]
     with torch.no_grad(), capture_attention(model) as maps:
         model(images)
     return maps
+
+
+def maps_of(maps_or_model: Sequence[AttentionMap] | nn.Module, images: torch.Tensor | None,
+            caller: str) -> list[AttentionMap]:
+    """Captured maps as given, or captured from a model on normalised images."""
+    if isinstance(maps_or_model, nn.Module):
+        if images is None:
+            raise ValueError(f"{caller}(model, images): images are needed when a model is given")
+        return attention_maps(maps_or_model, images)
+    return list(maps_or_model)
+
+
+def token_index(prefix: Sequence[str], token: str) -> int | None:
+    """Index of the chosen token in the full sequence, or None to average over the patch queries."""
+    if token not in TOKENS:
+        raise ValueError(f"token {token!r} is not one of {TOKENS}")
+    if token in prefix:
+        return list(prefix).index(token)
+    if token == "dist":
+        raise ValueError("token='dist' needs a distilled model (DeiT with a distillation token); "
+                         f"this model's prefix tokens are {tuple(prefix) or 'none'}")
+    return None  # no class token: average over patch queries

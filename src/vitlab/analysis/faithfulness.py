@@ -24,23 +24,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..progress import progress_bar
-from .rollout import METHOD_LABELS, explain, explanation_methods
+from .explain import explain, explanation_methods, method_key, method_label
 
 BASELINES = ("black", "mean", "blur")
 PERTURBATION_STEPS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
-
-
-def method_key(method: str, token: str = "cls") -> str:
-    """The name a (method, token) pair has in faithfulness.json: e.g. 'relevance', 'relevance_dist'."""
-    return method if token == "cls" else f"{method}_{token}"
-
-
-def method_label(key: str) -> str:
-    """A readable name for a key of method_key (or 'random')."""
-    if key == "random":
-        return "random order"
-    method = key.removesuffix("_dist")
-    return METHOD_LABELS.get(method, method) + (" (distillation token)" if key.endswith("_dist") else "")
 
 
 def baseline_images(images: torch.Tensor, kind: str, mean: Sequence[float], std: Sequence[float],
@@ -139,6 +126,33 @@ def perturbation_hits(model: nn.Module, images: torch.Tensor, order: torch.Tenso
     perturbed = [torch.where(patch_mask(order, int(f * N), grid_size, images.shape[-2:]), removed, images)
                  for f in fractions]
     return _logits(model, perturbed, chunk).argmax(dim=-1) == labels.view(1, -1)
+
+
+def _protocol(total: int, grid: tuple[int, int], counts: list[int], fractions: list[float], deletion_baseline: str,
+              insertion_baseline: str, sigma: float, perturbation_baseline: str, with_labels: bool, seed: int,
+              head_fusion: str, discard_ratio: float) -> dict:
+    """faithfulness.json's ``protocol``: every parameter of the measurement, in words where a number needs them."""
+    N = grid[0] * grid[1]
+    return {
+        "images": total, "grid": list(grid), "patches": N, "unit": "patch of the model's token grid",
+        "map_class": "the class predicted on the intact image",
+        "deletion_insertion": {
+            "reference": "Petsiuk et al. 2018 (RISE)", "score": "softmax probability of the predicted class",
+            "order": "most relevant patch first", "patch_counts": counts, "x": [k / N for k in counts],
+            "deletion_baseline": deletion_baseline, "insertion_baseline": insertion_baseline,
+            "blur_sigma_px": sigma, "auc": "trapezoid rule over x in [0, 1]; deletion: lower is better, "
+                                          "insertion: higher is better"},
+        "perturbation": {
+            "reference": "Chefer, Gur & Wolf 2021 (CVPR), pertubation_eval_from_hdf5.py",
+            "fractions": fractions, "patches_removed": [int(f * N) for f in fractions],
+            "removed_value": perturbation_baseline + (" (pixel value 0 before normalisation)"
+                                                      if perturbation_baseline == "black" else ""),
+            "accuracy_against": "true labels" if with_labels else "the intact prediction",
+            "positive": "most relevant removed first (lower AUC is better)",
+            "negative": "least relevant removed first (higher AUC is better)",
+            "auc": "trapezoid rule over the fractions (unperturbed point included), accuracy in %"},
+        "random": f"a random patch order per image (seed {seed}); positive = negative",
+        "head_fusion": head_fusion, "discard_ratio": discard_ratio}
 
 
 def faithfulness(model: nn.Module, images: torch.Tensor, labels: torch.Tensor | Sequence[int] | None = None, *,
@@ -249,25 +263,6 @@ def faithfulness(model: nn.Module, images: torch.Tensor, labels: torch.Tensor | 
             "deletion_curve": (acc["deletion_curve"] / total).tolist(),
             "insertion_curve": (acc["insertion_curve"] / total).tolist(),
             "positive_accuracy": pos_acc, "negative_accuracy": neg_acc}
-    N = grid[0] * grid[1]
-    protocol = {
-        "images": total, "grid": list(grid), "patches": N, "unit": "patch of the model's token grid",
-        "map_class": "the class predicted on the intact image",
-        "deletion_insertion": {
-            "reference": "Petsiuk et al. 2018 (RISE)", "score": "softmax probability of the predicted class",
-            "order": "most relevant patch first", "patch_counts": counts, "x": [k / N for k in counts],
-            "deletion_baseline": deletion_baseline, "insertion_baseline": insertion_baseline,
-            "blur_sigma_px": sigma, "auc": "trapezoid rule over x in [0, 1]; deletion: lower is better, "
-                                          "insertion: higher is better"},
-        "perturbation": {
-            "reference": "Chefer, Gur & Wolf 2021 (CVPR), pertubation_eval_from_hdf5.py",
-            "fractions": fractions, "patches_removed": [int(f * N) for f in fractions],
-            "removed_value": perturbation_baseline + (" (pixel value 0 before normalisation)"
-                                                      if perturbation_baseline == "black" else ""),
-            "accuracy_against": "true labels" if labels is not None else "the intact prediction",
-            "positive": "most relevant removed first (lower AUC is better)",
-            "negative": "least relevant removed first (higher AUC is better)",
-            "auc": "trapezoid rule over the fractions (unperturbed point included), accuracy in %"},
-        "random": f"a random patch order per image (seed {seed}); positive = negative",
-        "head_fusion": head_fusion, "discard_ratio": discard_ratio}
+    protocol = _protocol(total, grid, counts, fractions, deletion_baseline, insertion_baseline, sigma,
+                         perturbation_baseline, labels is not None, seed, head_fusion, discard_ratio)
     return {"protocol": protocol, "methods": results, "images": per_image}

@@ -388,3 +388,61 @@ def plot_head_importance(importance: torch.Tensor, names: Sequence[str], distanc
         fig.colorbar(im2, ax=axes[1], label="pixels")
     fig.suptitle(title)
     return fig
+
+
+def plot_patch_grid(images: np.ndarray, patch_size: tuple[int, int], captions: Sequence[str],
+                    prefix_tokens: Sequence[str] = (), max_tokens: int = 64,
+                    title: str = "The image cut into its patch grid") -> Figure:
+    """Images (B, H, W, C) in [0, 1] with the patch grid drawn over them and each patch numbered in reading order
+    (top row); below, the first image as the token sequence the encoder reads: the prefix tokens, then its
+    patches (the first max_tokens)."""
+    B, H, W = images.shape[:3]
+    ph, pw = (int(p) for p in patch_size)
+    gh, gw = H // ph, W // pw
+    shown = min(gh * gw, max_tokens)
+    tokens = list(prefix_tokens) + list(range(shown))
+    per_row = min(len(tokens), 16)
+    seq_rows = math.ceil(len(tokens) / per_row)
+    fig = new_figure(max(2.4 * B, 0.62 * per_row) + 0.6, 2.7 + 0.62 * seq_rows + 0.6)
+    top, bottom = fig.subfigures(2, 1, height_ratios=[2.7, 0.62 * seq_rows + 0.3])
+    axes = top.subplots(1, B, squeeze=False)[0]
+    step = max(1, math.ceil(max(gh, gw) / 8))  # at most about 8 tick labels per side
+    for i, ax in enumerate(axes):
+        _show_image(ax, images[i])
+        for r in range(1, gh):
+            ax.axhline(r * ph - 0.5, color="#00e5ff", lw=1)
+        for c in range(1, gw):
+            ax.axvline(c * pw - 0.5, color="#00e5ff", lw=1)
+        if gh * gw <= 64:
+            for k in range(gh * gw):
+                r, c = divmod(k, gw)
+                ax.text(c * pw + (pw - 1) / 2, r * ph + (ph - 1) / 2, str(k), ha="center", va="center",
+                        fontsize=7 if gh * gw <= 16 else 5.5, color="yellow",
+                        bbox=dict(boxstyle="round,pad=0.1", facecolor="black", alpha=0.45, linewidth=0))
+        ax.set_xticks([c * pw - 0.5 for c in range(0, gw + 1, step)], [str(c * pw) for c in range(0, gw + 1, step)],
+                      fontsize=7)
+        ax.set_yticks([r * ph - 0.5 for r in range(0, gh + 1, step)], [str(r * ph) for r in range(0, gh + 1, step)],
+                      fontsize=7)
+        ax.set_xlabel("x (pixels)", fontsize=8)
+        ax.set_title(captions[i], fontsize=8)
+    axes[0].set_ylabel("y (pixels)", fontsize=8)
+    top.suptitle(f"{gh}x{gw} patches of {ph}x{pw} pixels, numbered in reading order")
+    seq = bottom.subplots(seq_rows, per_row, squeeze=False)
+    for k, ax in enumerate(seq.ravel()):
+        ax.set_xticks([])
+        ax.set_yticks([])
+        if k >= len(tokens):
+            ax.axis("off")
+            continue
+        t = tokens[k]
+        if isinstance(t, str):  # a learnt prefix token: no pixels
+            ax.set_facecolor("#dddddd")
+            ax.text(0.5, 0.5, f"[{t}]", ha="center", va="center", fontsize=7, transform=ax.transAxes)
+            continue
+        r, c = divmod(t, gw)
+        _show_image(ax, images[0, r * ph:(r + 1) * ph, c * pw:(c + 1) * pw])
+        ax.set_title(str(t), fontsize=6, pad=2)
+    more = f" (the first {shown} of {gh * gw} patches)" if shown < gh * gw else ""
+    bottom.suptitle(f"{captions[0]} as the encoder's token sequence{more}", fontsize=9)
+    fig.suptitle(title)
+    return fig

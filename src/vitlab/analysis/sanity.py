@@ -20,8 +20,7 @@ import torch
 from torch import nn
 
 from .capture import attention_modules, capture_attention
-from .faithfulness import method_key
-from .rollout import explain, explanation_methods
+from .explain import explain, explanation_methods, method_key
 
 FLAG_THRESHOLD = 0.5  # mean rank correlation at or above which a map "did not change"
 

@@ -1,0 +1,287 @@
+"""What report.html shows, one function per section, in the order of ``SECTIONS``.
+
+A section reads what it needs from the ``Inspection`` (the model, the shown images, the options, and what several
+sections share, computed once on first use) and adds figures (``r.figure``: a Figure, its PNG file, a title and a
+caption), notes, tables or summary entries. Its caption is the template beside it. A section that does not apply
+to the model adds a note saying why, and nothing else. A new section is one function and one entry in SECTIONS.
+"""
+from __future__ import annotations
+
+import html
+import json
+from typing import TYPE_CHECKING
+
+from ..models.layers import PatchEmbed
+from . import plots
+from .capture import attention_modules
+from .distance import convit_gates, gpsa_positional_attention, positional_attention_distance
+from .embeddings import filter_components, position_similarity
+from .explain import REGISTRY, method_label
+from .interactive import explorer_data, explorer_html
+from .sanity import head_importance, parameter_randomisation
+
+if TYPE_CHECKING:
+    from .report import Inspection
+
+PATCH_GRID = ("What the model reads: each image is cut into a {gh}x{gw} grid of {ph}x{pw}-pixel patches, numbered in "
+              "the order they enter the encoder (row by row){numbers}. Each patch is flattened and projected to one "
+              "token; {prefix} Below: the first image as that sequence.{hybrid}")
+PATCH_GRID_HYBRID = (" In this hybrid a ResNet makes the grid: each token is one cell of its {gh}x{gw} output (stride "
+                     "{ph}), and sees a wider region of the image than its cell.")
+
+
+def patch_grid(r: Inspection) -> None:
+    """The first figure of every ViT tutorial: a few shown images with the model's patch grid over them."""
+    embed = getattr(r.model, "patch_embed", None)
+    if embed is None or getattr(embed, "patch_size", None) is None:
+        r.note("The image cut into patches: skipped, the model has no patch embedding (it reads pixels, not patches).")
+        return
+    (ph, pw), (gh, gw) = embed.patch_size, (r.images.shape[2] // embed.patch_size[0],
+                                           r.images.shape[3] // embed.patch_size[1])
+    prefix = r.prefix
+    k = min(len(r.images), 4)
+    caption = PATCH_GRID.format(
+        gh=gh, gw=gw, ph=ph, pw=pw, numbers="" if gh * gw <= 64 else " (numbers drawn up to 64 patches)",
+        prefix=(f"the learnt {' and '.join(f'[{t}]' for t in prefix)} "
+                f"{'tokens go' if len(prefix) > 1 else 'token goes'} first, then the patches." if prefix else
+                "there is no class token: the patches alone make the sequence."),
+        hybrid="" if isinstance(embed, PatchEmbed) else PATCH_GRID_HYBRID.format(gh=gh, gw=gw, ph=ph))
+    r.figure(plots.plot_patch_grid(r.display[:k], (ph, pw), r.names[:k], prefix), "patch_grid.png",
+             "The image cut into its patch grid", caption)
+
+
+ATTENTION_HEADS = (
+    "Each row is one block (input at the top), each column one head. A panel is the patch grid of the input and "
+    "shows {query}; blocks that have no class token yet (ConViT's GPSA blocks, CaiT's self-attention blocks) show "
+    "the mean over the patch queries, i.e. how much attention each patch receives. Every panel is divided by its "
+    "own maximum: a uniformly bright panel is a head that attends everywhere, a single bright cell one that "
+    "attends to one patch.")
+
+
+def attention_heads(r: Inspection) -> None:
+    """One image's attention per block and head, for the first max_head_figures images."""
+    query = ("the class token's row of the attention (its attention to each patch)" if "cls" in r.prefix else
+             "the mean over the patch queries (this model has no class token)")
+    n = min(len(r.images), r.max_head_figures)
+    for i in range(n):
+        fig = plots.plot_attention_heads(r.maps, i, r.display[i], title=f"Attention per block and head: {r.names[i]} "
+                                                                        f"(predicted {r.predictions[i]['top'][0][0]})")
+        r.figure(fig, f"attention_heads_{i}.png", f"Attention per block and head: {r.names[i]}",
+                 ATTENTION_HEADS.format(query=query))
+    if len(r.images) > n:
+        r.note(f"Per-head attention figures are drawn for the first {n} of the {len(r.images)} images.")
+
+
+EXPLANATIONS = (
+    "{count} ways to ask which patches the prediction rests on, for the {token}: {methods}. {agnostic} the same for "
+    "every class; the others explain the predicted class. Red (jet) marks the most relevant patches; each map is "
+    "scaled to its own range. Under each map: its deletion and insertion AUC on that image (see Faithfulness).{dist}")
+COUNTS = {2: "Two", 3: "Three", 4: "Four", 5: "Five", 6: "Six", 7: "Seven", 8: "Eight"}
+
+
+def _and(items: list[str]) -> str:
+    """'a', 'a and b', 'a, b and c'."""
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def explanations(r: Inspection) -> None:
+    """Every registered explanation method's map of the shown images, with its deletion and insertion AUC."""
+    per_image = r.faith_per_image
+    row_label = {k: method_label(k).replace(" (", "\n(", 1) for k in r.explanations}
+    masks = {row_label[k]: v for k, v in r.explanations.items()}
+    scores = {row_label[k]: [f"del {s['deletion_auc']:.2f} / ins {s['insertion_auc']:.2f}" for s in per_image[k]]
+              for k in r.explanations}
+    captions = [f"{r.names[i]}\n{p['top'][0][0]} ({p['top'][0][1]:.0%})" for i, p in enumerate(r.predictions)]
+    used = [REGISTRY[m] for m in dict.fromkeys(m for m, _ in r.pairs)]
+    agnostic = [m.label for m in used if not m.class_specific]
+    caption = EXPLANATIONS.format(
+        count=COUNTS.get(len(used), str(len(used))),
+        token="class token" if "cls" in r.prefix else "mean of patch queries",
+        methods=_and([m.about.format(head_fusion=r.head_fusion, discard_ratio=r.discard_ratio) for m in used]),
+        agnostic=(_and(agnostic)[:1].upper() + _and(agnostic)[1:] + (" are" if len(agnostic) > 1 else " is"))
+        if agnostic else "No map is",
+        dist=" The distillation-token rows read the same methods from DeiT's distillation token."
+        if "dist" in r.prefix else "")
+    r.figure(plots.plot_rollout(r.display, masks, captions, title="Attention rollout and relevance", scores=scores),
+             "rollout.png", "Attention rollout and relevance", caption)
+
+
+FAITHFULNESS = (
+    "Over {images} image(s). Deletion/insertion (RISE, Petsiuk et al. 2018): the probability of the class "
+    "predicted on the intact image as patches are replaced by the '{deletion_baseline}' baseline (deletion) or "
+    "revealed over a '{insertion_baseline}' copy (insertion; blur sigma {blur_sigma_px:.1f} px), most relevant "
+    "first; a faithful map gives a low deletion and a high insertion area. Positive/negative perturbation (Chefer "
+    "et al. 2021): top-1 accuracy ({accuracy_against}) after blacking out 10%..90% of the patches, the most "
+    "(positive: lower is better) or least (negative: higher is better) relevant first; AUC by the trapezoid rule "
+    "with the unperturbed point. The dashed line is a random patch order. Every parameter is in faithfulness.json.")
+
+
+def faithfulness_table(result: dict) -> str:
+    """An HTML table: one row per method, its mean deletion/insertion AUC and perturbation AUCs."""
+    e = html.escape
+    rows = "\n".join(
+        f"<tr><td>{e(m['label'])}</td><td>{m['deletion_auc']:.3f}</td><td>{m['insertion_auc']:.3f}</td>"
+        f"<td>{m['positive_auc']:.2f}</td><td>{m['negative_auc']:.2f}</td></tr>" for m in result["methods"].values())
+    return ("<table><tr><th>method</th><th>deletion AUC &darr;</th><th>insertion AUC &uarr;</th>"
+            "<th>positive perturbation AUC &darr;</th><th>negative perturbation AUC &uarr;</th></tr>"
+            f"{rows}</table>")
+
+
+def faithfulness(r: Inspection) -> None:
+    """Deletion/insertion and perturbation curves of every method: faithfulness.json, a figure and a table."""
+    faith = r.faith
+    (r.out / "faithfulness.json").write_text(json.dumps(faith, indent=1) + "\n", encoding="utf-8")
+    r.summary["faithfulness"] = {k: {m: v[m] for m in ("deletion_auc", "insertion_auc", "positive_auc",
+                                                        "negative_auc")} for k, v in faith["methods"].items()}
+    proto = faith["protocol"]
+    r.figure(plots.plot_faithfulness(faith), "faithfulness.png", "Faithfulness",
+             FAITHFULNESS.format(images=proto["images"], **proto["deletion_insertion"],
+                                 accuracy_against=proto["perturbation"]["accuracy_against"]))
+    r.tables.append((f"Faithfulness over {proto['images']} image(s) (faithfulness.json)", faithfulness_table(faith)))
+
+
+RANDOMISATION = (
+    "The model-parameter randomisation test (Adebayo et al. 2018) on {images} image(s): the weights are re-drawn at "
+    "random from the top down (the classifier head first, then each block from the last, then the embeddings), and "
+    "each method's map is compared with the trained model's by Spearman rank correlation. A map that explains the "
+    "model loses its shape; one that stays similar once every block is random (correlation >= {threshold}) "
+    "reflects the input more than the model and is flagged.")
+
+
+def randomisation(r: Inspection) -> None:
+    """The cascading parameter-randomisation sanity check of every method; flagged methods become notes."""
+    sanity = parameter_randomisation(r.model, r.images[:r.sanity_images], r.pairs, head_fusion=r.head_fusion,
+                                     discard_ratio=r.discard_ratio)
+    r.summary["randomisation"] = sanity
+    labels = {k: method_label(k) for k in r.explanations}
+    r.figure(plots.plot_randomisation(sanity, labels), "randomisation.png", "Sanity check: parameter randomisation",
+             RANDOMISATION.format(images=sanity["images"], threshold=sanity["threshold"]))
+    for k in sanity["flagged"]:
+        r.note(f"Sanity check: {labels[k]} does not change when the model's weights are randomised (rank correlation "
+               f"{sanity['correlation'][k][-2]:.2f} with every block random): it is flagged as not explaining the "
+               "model.")
+    agnostic = [labels[k] for k in sanity["class_agnostic"]]
+    if agnostic:
+        r.note("Class-agnostic (unchanged when the classifier head is randomised): " + ", ".join(agnostic) + ".")
+
+
+ATTENTION_DISTANCE = (
+    "As in the ViT paper (Fig. 11): for each head, the attention-weighted distance in pixels between a query patch's "
+    "centre and the patches it attends to, averaged over queries and {images} image(s). Only patch-to-patch "
+    "attention counts (prefix tokens dropped, rows renormalised); class-attention blocks are left out. One dot per "
+    "head; the dashed line is the distance of uniform attention. Low dots are local heads (like convolutions), high "
+    "dots global ones; trained ViTs mix both in early layers and become global with depth.")
+
+
+def attention_distance(r: Inspection) -> None:
+    """Each head's mean attention distance in pixels, per block (ViT paper, Fig. 11)."""
+    names, kinds = zip(*r.distance_layers)
+    r.summary["mean_attention_distance_px"] = {n: d.tolist() for n, d in zip(names, r.distances)}
+    embed = r.model.patch_embed
+    r.figure(plots.plot_attention_distance(r.distances, kinds, embed.grid_size, embed.patch_size),
+             "attention_distance.png", "Mean attention distance",
+             ATTENTION_DISTANCE.format(images=len(r.distance_set)))
+
+
+HEAD_IMPORTANCE = (
+    "For each block and head, how much the logit of the predicted class drops when that head's attention is zeroed "
+    "(so it adds nothing to its block's output), mean over {images} image(s); red: the head helps the prediction, "
+    "blue: removing it raises the logit. Right: the same heads' mean attention distance, to see whether the heads "
+    "that matter are local or global.")
+
+
+def importance(r: Inspection) -> None:
+    """The logit drop when each head is zeroed, beside the heads' mean attention distance."""
+    shown = r.distance_set[:r.importance_images]
+    scores, block_names = head_importance(r.model, shown, batch_size=r.batch_size)
+    r.summary["head_importance"] = {n: s.tolist() for n, s in zip(block_names, scores)}
+    r.figure(plots.plot_head_importance(scores, block_names, r.distances, [n for n, _ in r.distance_layers]),
+             "head_importance.png", "Head importance", HEAD_IMPORTANCE.format(images=len(shown)))
+
+
+POSITION_SIMILARITY = (
+    "As in the ViT paper (Fig. 7, centre): tile (r, c) shows the cosine similarity between the position embedding of "
+    "the patch in row r, column c and that of every patch. A learned embedding that encodes 2D position shows a "
+    "bright spot at the tile's own place that fades with distance, often with row and column structure; a random "
+    "one shows noise.")
+
+
+def position_embedding(r: Inspection) -> None:
+    """Cosine similarity of the position embeddings (ViT paper, Fig. 7 centre)."""
+    if getattr(r.model, "pos_embed", None) is None:
+        r.note("Position embedding similarity: skipped, the model has no position embedding.")
+        return
+    r.figure(plots.plot_position_similarity(position_similarity(r.model)), "position_similarity.png",
+             "Position embedding similarity", POSITION_SIMILARITY)
+
+
+EMBEDDING_FILTERS = (
+    "As in the ViT paper (Fig. 7, left): the top {k} principal components of the {filters} linear patch-embedding "
+    "filters, each shown as a {ph}x{pw} patch (colours are the filter's RGB weights for 3-channel models, min-max "
+    "scaled per component). Trained models show smooth, Gabor- or DCT-like bases; random weights show noise.")
+
+
+def embedding_filters(r: Inspection) -> None:
+    """Principal components of the linear patch-embedding filters (ViT paper, Fig. 7 left)."""
+    embed = r.model.patch_embed
+    if not isinstance(embed, PatchEmbed):
+        r.note("Patch-embedding filters: skipped, the patch embedding of a hybrid is a ResNet followed by a 1x1 "
+               "projection, not filters over pixels.")
+        return
+    comps, var = filter_components(embed.proj.weight, 28)
+    r.figure(plots.plot_embedding_filters(comps, var), "embedding_filters.png", "Patch-embedding filter components",
+             EMBEDDING_FILTERS.format(k=len(comps), filters=embed.proj.weight.shape[0], ph=embed.patch_size[0],
+                                      pw=embed.patch_size[1]))
+
+
+CONVIT_GATES = (
+    "Each GPSA head mixes content attention and positional attention with the gate sigmoid(lambda) (left; 1 = purely "
+    "positional, 0 = purely content, sigmoid(1) = 0.73 at init). Right: the mean distance in pixels of each head's "
+    "positional branch alone; small values are local, convolution-like heads. Trained ConViTs let later GPSA layers "
+    "drift to content (low gates).")
+CONVIT_POSITIONAL = (
+    "For each GPSA layer and head, the positional attention softmax(pos_proj(relative offsets)) of the centre patch "
+    "(+) over the patch grid, with its mean distance. At init the heads form the offsets of a convolution kernel.")
+
+
+def convit(r: Inspection) -> None:
+    """ConViT's gates and the positional attention of its GPSA heads."""
+    if not any(k == "gpsa" for _, k, _ in attention_modules(r.model)):
+        r.note("ConViT gates: skipped, the model has no gated positional self-attention (not a ConViT).")
+        return
+    gates, pos_dist = convit_gates(r.model), positional_attention_distance(r.model)
+    r.summary["convit_gates"], r.summary["positional_attention_distance_px"] = gates.tolist(), pos_dist.tolist()
+    r.figure(plots.plot_convit_gates(gates, pos_dist), "convit_gates.png", "ConViT gates", CONVIT_GATES)
+    r.figure(plots.plot_gpsa_positional(gpsa_positional_attention(r.model), r.model.patch_embed.grid_size, pos_dist),
+             "convit_positional.png", "ConViT positional attention", CONVIT_POSITIONAL)
+
+
+CAIT_CLASS_ATTENTION = (
+    "CaiT's class token only enters in the final class-attention blocks, where it alone queries the [class, patches] "
+    "tokens. Each row is one image and class-attention block, each column a head: the class token's attention to "
+    "the patches (scaled to the panel's maximum); 'self' is its weight on itself. Talking-heads self-attention rows "
+    "in the other figures do not sum exactly to 1 (the post-softmax head mixing proj_w is linear), and are shown as "
+    "they are.")
+
+
+def cait_class_attention(r: Inspection) -> None:
+    """CaiT's class-attention blocks, per image and head."""
+    if not any(m.kind == "class_attn" for m in r.maps):
+        r.note("CaiT class attention: skipped, the model has no class-attention blocks (not a CaiT).")
+        return
+    r.figure(plots.plot_class_attention(r.maps, r.display, list(range(min(len(r.images), 4)))),
+             "cait_class_attention.png", "CaiT class attention", CAIT_CLASS_ATTENTION)
+
+
+def explorer(r: Inspection) -> None:
+    """The interactive attention explorer: every block's and head's attention and every map of a few images."""
+    methods = {k: (method_label(k), v) for k, v in r.explanations.items()}
+    captions = [f"{r.names[i]}: predicted {p['top'][0][0]} ({p['top'][0][1]:.0%})"
+                + (f", true {p['label']}" if p.get("label") else "") for i, p in enumerate(r.predictions)]
+    data = explorer_data(r.maps, r.display, r.names, captions, methods, r.faith_per_image,
+                         {k: v for k, v in r.faith["methods"].items() if k in methods}, max_images=r.explorer_images)
+    r.explorer = explorer_html(data)
+
+
+SECTIONS = (patch_grid, attention_heads, explanations, faithfulness, randomisation, attention_distance, importance,
+            position_embedding, embedding_filters, convit, cait_class_attention, explorer)
