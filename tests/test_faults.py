@@ -649,3 +649,22 @@ def test_the_cache_command_lists_and_cleans(tmp_path, capsys):
         main(["cache", "purge"])
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert exit_.value.code == 2 and "invalid choice: 'purge'" in line and "'list'" in line
+
+
+@pytest.mark.parametrize("writer", ["bytes", "torch.save", "safetensors"])
+def test_a_write_onto_a_full_disk_is_one_line_and_keeps_the_previous_file(tmp_path, writer):
+    from safetensors.torch import save_file
+    big = {"w": torch.arange(100_000, dtype=torch.float32)}  # 400 kB: more than the disk holds
+    write = {"bytes": lambda p: p.write_bytes(os.urandom(400_000)),
+             "torch.save": lambda p: torch.save(big, p),
+             "safetensors": lambda p: save_file(big, p)}[writer]
+    with tmpfs(tmp_path / "small", "256k") as disk:
+        target = disk / "checkpoint.pt"
+        target.write_bytes(b"the previous checkpoint")
+        with pytest.raises(ValueError, match=r"^disk full: writing .*checkpoint\.pt stopped after [0-9.]+ MiB, "
+                                             r"with [0-9.]+ MiB free on its file system; the previous checkpoint\.pt "
+                                             r"is kept; free some space and run again$"):
+            with atomic_path(target) as tmp:
+                write(tmp)
+        assert target.read_bytes() == b"the previous checkpoint"
+        assert sorted(p.name for p in disk.iterdir()) == ["checkpoint.pt"]

@@ -8,6 +8,7 @@ removed by the next write of the same file, or by ``remove_stale_temps``.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -77,20 +78,49 @@ def _create_temp(path: Path) -> tuple[Path, int]:
     raise FileExistsError(f"could not create a temporary file beside {path}")
 
 
+class DiskFullError(ValueError):
+    """A write that failed for lack of space; the file it was to replace is unchanged."""
+
+
+def _disk_full(path: Path, e: BaseException, written: int = 0) -> DiskFullError | None:
+    """The error to raise when ``e`` came from a full disk: an OSError by its errno, an error of a library that
+    writes the file itself by its message (safetensors) or, for torch.save's RuntimeError, by the space left."""
+    errno_ = getattr(e, "errno", None)
+    try:
+        st = os.statvfs(path.parent)
+        free = st.f_bavail * st.f_frsize
+    except OSError:
+        return None
+    said = os.strerror(errno.ENOSPC) in str(e) or os.strerror(errno.EDQUOT) in str(e)
+    if errno_ not in (errno.ENOSPC, errno.EDQUOT) and not said and not (
+            isinstance(e, RuntimeError) and errno_ is None and free < (1 << 20)):
+        return None
+    kept = f"the previous {path.name} is kept" if path.exists() else f"no half-written {path.name} is left"
+    return DiskFullError(f"disk full: writing {path} stopped after {written / 2**20:.2f} MiB, with "
+                         f"{free / 2**20:.2f} MiB free on its file system; {kept}; free some space and run again")
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """A temporary path beside ``path``: renamed onto it when the block succeeds, removed when it fails."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temps(path.parent, path.name)
-    tmp, fd = _create_temp(path)
+    try:
+        tmp, fd = _create_temp(path)
+    except OSError as e:
+        raise _disk_full(path, e) or e from None
     try:
         yield tmp
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
+        written = tmp.stat().st_size if tmp.exists() else 0
         tmp.unlink(missing_ok=True)
+        full = _disk_full(path, e, written) if isinstance(e, Exception) else None
+        if full is not None:
+            raise full from None
         raise
     finally:
         os.close(fd)

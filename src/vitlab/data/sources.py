@@ -29,6 +29,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..atomic import DiskFullError
 from ..progress import progress_bar
 from .cache import (
     CACHE_VERSION,
@@ -438,8 +439,8 @@ def _faults_in_one_line(origin: str, cache: Path, path: Path, shape: tuple[int, 
     resume = f"; the unfinished build in {path}.partial resumes when run again"
     try:
         yield
-    except OSError as e:
-        if e.errno not in DISK_FULL:
+    except (OSError, DiskFullError) as e:
+        if not isinstance(e, DiskFullError) and e.errno not in DISK_FULL:
             raise
         need = store_needs(path, shape, reorder)
         raise ValueError(space_message("disk full", f"the store for {origin}", cache, need) + resume) from None
