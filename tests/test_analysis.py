@@ -347,6 +347,15 @@ def test_plots_have_titles_labels_and_colorbars():
     assert _has_colorbar(grey)  # one channel: grey values encode weights
 
 
+def test_analysis_draws_without_pyplot_or_a_backend_switch():
+    """Figures are matplotlib Figures on the Agg canvas: nothing in analysis/ touches pyplot's global state."""
+    folder = Path(plots.__file__).parent
+    for path in folder.glob("*.py"):
+        found = re.search(r"^\s*(import matplotlib\.pyplot|from matplotlib import pyplot|matplotlib\.use\()",
+                          path.read_text(), re.MULTILINE)
+        assert found is None, f"{path.name}: {found and found.group(0)}"
+
+
 # ---------------------------------------------------------------------------------------------
 # vitlab inspect
 

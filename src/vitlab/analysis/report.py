@@ -144,6 +144,10 @@ class Inspection:
     tables: list[tuple[str, str]] = field(default_factory=list)
     summary: dict = field(default_factory=dict)
     explorer: str = ""
+    names: list[str] = field(init=False)  # image_names, or "image i"
+    mean: Sequence[float] = field(init=False)  # the model's normalisation
+    std: Sequence[float] = field(init=False)
+    device: torch.device = field(init=False)
 
     def __post_init__(self) -> None:
         cfg = getattr(self.model, "pretrained_cfg", None) or {}
@@ -261,9 +265,11 @@ def inspect_model(model: nn.Module, images: torch.Tensor, out_dir: str | Path, *
     The report is SECTIONS in order (see sections.py).
     """
     attention_modules(model)  # fails early, and clearly, for a CNN
-    r = Inspection(model, images, Path(out_dir), image_names, labels, class_names, distance_images,
-                   faithfulness_images, faithfulness_labels, head_fusion, discard_ratio, batch_size, max_head_figures,
-                   curve_steps, sanity_images, importance_images, explorer_images)
+    r = Inspection(model, images, Path(out_dir), image_names=image_names, labels=labels, class_names=class_names,
+                   distance_images=distance_images, faithfulness_images=faithfulness_images,
+                   faithfulness_labels=faithfulness_labels, head_fusion=head_fusion, discard_ratio=discard_ratio,
+                   batch_size=batch_size, max_head_figures=max_head_figures, curve_steps=curve_steps,
+                   sanity_images=sanity_images, importance_images=importance_images, explorer_images=explorer_images)
     for section in SECTIONS:
         section(r)
     r.summary["predictions"] = r.predictions

@@ -36,8 +36,8 @@ def patch_grid(r: Inspection) -> None:
     if embed is None or getattr(embed, "patch_size", None) is None:
         r.note("The image cut into patches: skipped, the model has no patch embedding (it reads pixels, not patches).")
         return
-    (ph, pw), (gh, gw) = embed.patch_size, (r.images.shape[2] // embed.patch_size[0],
-                                           r.images.shape[3] // embed.patch_size[1])
+    ph, pw = embed.patch_size
+    gh, gw = r.images.shape[2] // ph, r.images.shape[3] // pw
     prefix = r.prefix
     k = min(len(r.images), 4)
     caption = PATCH_GRID.format(
