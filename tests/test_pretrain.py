@@ -186,8 +186,9 @@ def test_mae_decoder_sees_mask_tokens_and_a_fixed_sincos_table():
 def test_decoder_defaults_follow_the_stated_rule():
     assert decoder_defaults(768) == (512, 8, 16)  # MAE's ViT-B/L decoder
     assert decoder_defaults(1024) == (512, 8, 16)
-    assert decoder_defaults(192) == (192, 2, 6)
-    assert decoder_defaults(384) == (384, 2, 12)
+    assert decoder_defaults(192) == (96, 2, 3)  # half the width of a small encoder, 2 deep
+    assert decoder_defaults(384) == (192, 2, 6)
+    assert decoder_defaults(64) == (32, 2, 1)
     mae = MaskedAutoencoder(vitlab.create_model("vit_nano_patch4_32"), decoder_dim=64, decoder_depth=3)
     assert len(mae.decoder.blocks) == 3 and mae.decoder.embed.out_features == 64
 
