@@ -9,7 +9,7 @@ from safetensors.torch import load_file
 
 import vitlab
 from vitlab.data.augment import normalize
-from vitlab.probe import extract_features, knn_classify, knn_votes, linear_probe
+from vitlab.probe import extract_features, knn_classify, knn_votes, linear_probe, set_head_from_probe
 
 # ---------------------------------------------------------------------------------------------------------
 # k-NN
@@ -218,3 +218,18 @@ def test_progress_bar_and_bad_input(images, capsys):
         extract_features(model, images, 0, progress=False)
     with pytest.raises(ValueError, match="precision 'fp16' is not one of fp32, bf16"):
         extract_features(model, np.asarray(images), precision="fp16", progress=False)
+
+
+@pytest.mark.parametrize("name", ["vit_nano_patch4_32", "deit_nano_distilled_patch4_32", "resnet10_32"])
+def test_probe_as_the_models_head_predicts_as_the_probe(name, images):
+    model = vitlab.create_model(name, num_classes=5)
+    feats = extract_features(model, images, 5, progress=False)
+    probe = linear_probe(feats, torch.arange(10) % 3, epochs=20)
+    assert set_head_from_probe(model, probe) == (["head", "head_dist"] if "distilled" in name else
+                                                 ["fc"] if "resnet" in name else ["head"])
+    assert model.num_classes == 3
+    with torch.no_grad():
+        x = normalize(images, model.pretrained_cfg["mean"], model.pretrained_cfg["std"])
+        logits = model.eval()(x)
+    assert torch.allclose(logits, probe.linear(feats), atol=1e-4)
+    assert torch.equal(logits.argmax(1), probe.predict(feats))

@@ -127,3 +127,27 @@ def linear_probe(train_feats: torch.Tensor, train_labels: torch.Tensor, test_fea
 def accuracy(predictions: torch.Tensor, labels: torch.Tensor) -> float:
     """Share of predictions equal to the labels."""
     return float((predictions.cpu() == labels.cpu()).double().mean())
+
+
+@torch.no_grad()
+def set_head_from_probe(model: nn.Module, probe: LinearProbe) -> list[str]:
+    """Make the probe the model's classifier, so the model predicts what the probe does; returns the heads' names.
+
+    Every head (DeiT's two, whose mean is the eval output) gets the probe's weights; a different
+    class count gets new heads first (``reset_classifier``).
+    """
+    from ..train.finetune import classifiers
+
+    c, d = probe.linear.weight.shape
+    if getattr(model, "num_classes", c) != c:
+        model.reset_classifier(c)
+    heads = classifiers(model)
+    if not heads:
+        raise ValueError(f"{type(model).__name__} has no classifier head to set")
+    for name, head in heads.items():
+        if head.weight.shape != (c, d):
+            raise ValueError(f"{name} maps {head.in_features} features to {head.out_features} classes; "
+                             f"the probe maps {d} to {c}")
+        head.weight.copy_(probe.linear.weight)
+        head.bias.copy_(probe.linear.bias)
+    return list(heads)

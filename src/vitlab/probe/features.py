@@ -86,7 +86,7 @@ def _read_cache(path: Path, n: int, log: Callable[[str], None]) -> torch.Tensor 
     return feats
 
 
-@torch.inference_mode()
+@torch.no_grad()  # not inference_mode: the features stay usable in autograd (a probe trained on them)
 def _compute(model: nn.Module, images: torch.Tensor, batch_size: int, device: torch.device, prep: dict,
              precision: str, progress: bool) -> torch.Tensor:
     size = tuple(prep["size"])

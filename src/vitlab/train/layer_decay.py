@@ -16,7 +16,8 @@ from __future__ import annotations
 import torch.nn as nn
 
 # parameters (first name part) that are the input side of a model: layer 0
-EMBED_NAMES = ("patch_embed", "pos_embed", "cls_token", "dist_token", "reg_token", "mask_token", "conv1", "bn1")
+EMBED_NAMES = ("patch_embed", "pos_embed", "cls_token", "dist_token", "reg_token", "mask_token", "norm_pre",
+               "conv1", "bn1")
 # module lists whose members are the layers, in the order the input passes through them
 BLOCK_STACKS = ("blocks", "blocks_token_only")
 
