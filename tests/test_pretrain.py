@@ -244,6 +244,7 @@ def test_corruption_proportions_hold_over_many_draws():
     assert (c.corrupted & ~c.mask_token & ~c.swapped).sum().item() / n == pytest.approx(0.1, abs=0.012)
     assert (c.source != torch.arange(64)).all()  # "another" patch
     assert c.corrupted.float().mean(0).min() > 0.35  # every position gets corrupted, not a fixed set
+    assert (draw_corruption(3, 9, generator=gen()).corrupted.sum(1) == 5).all()  # 9 - int(9 * 0.5)
 
 
 def test_mpp_feeds_the_corrupted_embeddings_to_the_encoder():
@@ -324,6 +325,10 @@ def test_unknown_method_and_bad_options_raise():
         MaskedAutoencoder(toy_vit(), mask_ratio=0.9)
     with pytest.raises(ValueError, match="one value per input channel"):
         MaskedPatchPrediction(toy_vit(), mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5))
+    with pytest.raises(ValueError, match="sum to at most 1"):
+        MaskedPatchPrediction(toy_vit(), mask_prob=0.9, random_prob=0.2)
+    with pytest.raises(ValueError, match="corrupt_ratio"):
+        MaskedPatchPrediction(toy_vit(), corrupt_ratio=1.0)
 
 
 @pytest.mark.parametrize("method", ["mae", "mpp"])

@@ -26,7 +26,7 @@ from torch import nn
 
 from ..models.layers import Block, init_weights_vit, sincos_2d_pos_embed, to_2tuple
 from ..models.vit import VisionTransformer
-from .encoder import check_encoder, output_norm, set_aside_head
+from .encoder import check_encoder, set_aside_head
 from .masking import Masking, gather_tokens, num_visible, random_masking, restore_tokens
 
 
@@ -88,6 +88,7 @@ class MAEDecoder(nn.Module):
         self.norm_in = norm_layer(embed_dim) if norm_in else nn.Identity()  # GAP encoders end without a norm
         self.embed = nn.Linear(embed_dim, dim)
         self.mask_token = nn.Parameter(torch.zeros(1, 1, dim))
+        # MAE's 2D sin-cos formula; the first half of the channels encodes the row (MAE's, the column)
         self.register_buffer("pos_embed", sincos_2d_pos_embed(self.grid_size, dim)[None], persistent=False)
         self.blocks = nn.Sequential(*[Block(dim, num_heads, mlp_ratio, qkv_bias=True, norm_layer=norm_layer)
                                       for _ in range(depth)])
@@ -140,7 +141,7 @@ class MaskedAutoencoder(nn.Module):
         self.patch_size = tuple(embed.patch_size)
         self.decoder = MAEDecoder(encoder.embed_dim, embed.grid_size, self.patch_size, embed.proj.in_channels,
                                   encoder.num_prefix_tokens, dim, depth, heads, decoder_mlp_ratio,
-                                  norm_in=isinstance(output_norm(encoder), nn.LayerNorm))
+                                  norm_in=isinstance(encoder.norm, nn.Identity))
 
     def forward_encoder(self, imgs: torch.Tensor, masking: Masking | None = None,
                         generator: torch.Generator | None = None) -> tuple[torch.Tensor, Masking, tuple[int, int]]:
@@ -160,7 +161,7 @@ class MaskedAutoencoder(nn.Module):
         """Mean squared error per patch, averaged over the hidden patches only."""
         target = patch_targets(patchify(imgs.float(), self.patch_size), self.norm_pix_loss)  # (B, N, P)
         per_patch = (pred.float() - target).pow(2).mean(dim=-1)  # (B, N)
-        return (per_patch * mask).sum() / mask.sum()
+        return (per_patch * mask).sum() / mask.sum().clamp(min=1)  # mask_ratio 0 hides nothing: loss 0
 
     def forward(self, imgs: torch.Tensor, masking: Masking | None = None,
                 generator: torch.Generator | None = None) -> MAEOutput:

@@ -41,14 +41,21 @@ class MPPOutput(NamedTuple):
     corrupted: torch.Tensor  # (B, N) bool
 
 
+def check_options(num_tokens: int, corrupt_ratio: float, mask_prob: float, random_prob: float) -> None:
+    """Raise a one-line ValueError for options that cannot be drawn."""
+    if num_tokens < 2:
+        raise ValueError(f"masked patch prediction needs at least 2 patches per image, got {num_tokens}")
+    if not 0 < corrupt_ratio < 1:
+        raise ValueError(f"corrupt_ratio {corrupt_ratio} must lie in (0, 1)")
+    if not (0 <= mask_prob and 0 <= random_prob and mask_prob + random_prob <= 1):
+        raise ValueError(f"mask_prob {mask_prob} and random_prob {random_prob} must be >= 0 and sum to at most 1")
+
+
 def draw_corruption(batch: int, num_tokens: int, corrupt_ratio: float = 0.5, mask_prob: float = 0.8,
                     random_prob: float = 0.1, device: torch.device | str | None = None,
                     generator: torch.Generator | None = None) -> Corruption:
-    """Per sample, exactly round-down(N * corrupt_ratio) corrupted patches, each then mask / swap / keep."""
-    if num_tokens < 2:
-        raise ValueError("masked patch prediction needs at least 2 patches per image")
-    if not (0 <= mask_prob and 0 <= random_prob and mask_prob + random_prob <= 1):
-        raise ValueError(f"mask_prob {mask_prob} and random_prob {random_prob} must be >= 0 and sum to at most 1")
+    """Per sample exactly N - int(N * (1 - corrupt_ratio)) corrupted patches, each then mask / swap / keep."""
+    check_options(num_tokens, corrupt_ratio, mask_prob, random_prob)
     corrupted = random_masking(batch, num_tokens, 1 - corrupt_ratio, device, generator).mask.bool()
     u = uniform_noise(batch, num_tokens, corrupted.device, generator)  # (B, N), one draw per patch
     mask_token = corrupted & (u < mask_prob)
@@ -81,8 +88,7 @@ class MaskedPatchPrediction(nn.Module):
                  std: Sequence[float] | None = None):
         super().__init__()
         check_encoder(encoder, "mpp")
-        if not 0 < corrupt_ratio < 1:
-            raise ValueError(f"corrupt_ratio {corrupt_ratio} must lie in (0, 1)")
+        check_options(encoder.patch_embed.num_patches, corrupt_ratio, mask_prob, random_prob)
         set_aside_head(encoder)
         in_chans = encoder.patch_embed.proj.in_channels
         mean = (0.0,) * in_chans if mean is None else tuple(mean)
