@@ -111,8 +111,10 @@ def test_linear_probe_separates_toy_data_and_matches_newton():
 
 def test_linear_probe_is_deterministic_and_validates():
     feats, labels = separable()
+    threads = torch.get_num_threads()
     a, b = linear_probe(feats, labels), linear_probe(feats, labels)
     assert torch.equal(a.linear.weight, b.linear.weight) and a.test_accuracy is None
+    assert torch.get_num_threads() == threads  # a small probe runs on one thread and gives the count back
     with pytest.raises(ValueError, match="give both test_feats and test_labels"):
         linear_probe(feats, labels, feats)
     with pytest.raises(ValueError, match="training labels must be"):

@@ -7,6 +7,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+SMALL_PROBLEM = 50_000_000  # features x classes below which the probe runs on one CPU thread
+
 
 def _check(feats: torch.Tensor, labels: torch.Tensor | None, what: str) -> None:
     if not isinstance(feats, torch.Tensor) or feats.dim() != 2 or not len(feats):
@@ -110,7 +112,13 @@ def linear_probe(train_feats: torch.Tensor, train_labels: torch.Tensor, test_fea
         loss.backward()
         return loss
 
-    opt.step(objective)
+    threads = torch.get_num_threads()
+    if x.device.type == "cpu" and x.numel() * c < SMALL_PROBLEM:
+        torch.set_num_threads(1)  # L-BFGS is many tiny ops: extra threads only wait on each other
+    try:
+        opt.step(objective)
+    finally:
+        torch.set_num_threads(threads)
     with torch.no_grad():
         loss = float(F.cross_entropy(z @ w.T + b, y) + 0.5 * weight_decay * (w * w).sum())
         w_raw = w / sd  # logits of raw features: (x - mu) / sd @ w.T + b = x @ (w / sd).T + (b - (w / sd) @ mu)
