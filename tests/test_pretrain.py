@@ -118,6 +118,23 @@ def test_only_visible_tokens_reach_the_encoder(name, overrides, prefix):
     assert torch.allclose(seen[0][:, :prefix], full[:, :prefix])
 
 
+@pytest.mark.parametrize("overrides", [{}, {"class_token": False, "global_pool": "avg"}, {"reg_tokens": 2}])
+def test_nothing_hidden_or_corrupted_is_the_plain_forward(overrides):
+    """With no patch hidden (MAE) or corrupted (MPP) the encoder computes what its own forward_features does."""
+    encoder = vitlab.create_model("vit_nano_patch4_32", **overrides).eval()
+    imgs = torch.randn(2, 3, 32, 32)
+    P = encoder.num_prefix_tokens
+    plain = encoder.forward_features(imgs)  # (B, P + 64, D)
+    mae = MaskedAutoencoder(encoder, mask_ratio=0.0).eval()
+    latent, masking, _ = mae.forward_encoder(imgs, generator=gen())
+    assert torch.allclose(latent[:, :P], plain[:, :P], atol=1e-5)
+    assert torch.allclose(latent[:, P:], gather_tokens(plain[:, P:], masking.ids_keep), atol=1e-5)  # same tokens
+    mpp = MaskedPatchPrediction(encoder).eval()
+    none = torch.zeros(2, 64, dtype=torch.bool)
+    out = mpp(imgs, corruption=Corruption(none, none, none, torch.zeros(2, 64, dtype=torch.long)))
+    assert torch.allclose(out.logits, mpp.head(mpp.norm(plain[:, P:])), atol=1e-5)
+
+
 def test_patchify_order_and_inverse():
     imgs = torch.arange(2 * 2 * 4 * 6, dtype=torch.float32).reshape(2, 2, 4, 6)
     p = patchify(imgs, 2)  # a 2x3 grid of 2x2 patches, 2 channels

@@ -41,6 +41,14 @@ def set_aside_head(encoder: VisionTransformer) -> None:
             module.requires_grad_(False)
 
 
+def run_blocks(encoder: VisionTransformer, x: torch.Tensor) -> torch.Tensor:
+    """(B, T, D) embedded tokens -> the encoder's output tokens: norm_pre (where the model has one), blocks, norm."""
+    norm_pre = getattr(encoder, "norm_pre", None)
+    if norm_pre is not None:
+        x = norm_pre(x)
+    return encoder.norm(encoder.blocks(x))
+
+
 def output_norm(encoder: VisionTransformer) -> nn.Module:
     """A LayerNorm for the token outputs of a model whose final norm is fc_norm on the pooled vector (GAP)."""
     return nn.LayerNorm(encoder.embed_dim, eps=1e-6) if isinstance(encoder.norm, nn.Identity) else nn.Identity()

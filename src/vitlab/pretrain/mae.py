@@ -26,7 +26,7 @@ from torch import nn
 
 from ..models.layers import Block, init_weights_vit, sincos_2d_pos_embed, to_2tuple
 from ..models.vit import VisionTransformer
-from .encoder import check_encoder, set_aside_head
+from .encoder import check_encoder, run_blocks, set_aside_head
 from .masking import Masking, gather_tokens, num_visible, random_masking, restore_tokens
 
 
@@ -155,7 +155,7 @@ class MaskedAutoencoder(nn.Module):
         if masking is None:
             masking = random_masking(B, h * w, self.mask_ratio, x.device, generator)
         x = torch.cat([prefix, gather_tokens(x, masking.ids_keep)], dim=1)  # (B, P + V, D)
-        return e.norm(e.blocks(x)), masking, (h, w)
+        return run_blocks(e, x), masking, (h, w)
 
     def forward_loss(self, imgs: torch.Tensor, pred: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Mean squared error per patch, averaged over the hidden patches only."""

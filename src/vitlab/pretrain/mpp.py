@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..models.vit import VisionTransformer
-from .encoder import check_encoder, output_norm, set_aside_head
+from .encoder import check_encoder, output_norm, run_blocks, set_aside_head
 from .masking import gather_tokens, random_masking, uniform_noise
 
 
@@ -127,7 +127,7 @@ class MaskedPatchPrediction(nn.Module):
                                          grid.device, generator)
         x = self.corrupt(grid.reshape(B, h * w, D), corruption).reshape(B, h, w, D)
         x = e._pos_embed(x)  # (B, P + N, D): the position embedding goes on after the corruption
-        x = self.norm(e.norm(e.blocks(x)))[:, e.num_prefix_tokens:]  # (B, N, D)
+        x = self.norm(run_blocks(e, x))[:, e.num_prefix_tokens:]  # (B, N, D)
         logits = self.head(x)  # (B, N, num_colors)
         targets = self.targets(imgs)  # (B, N)
         loss = F.cross_entropy(logits[corruption.corrupted].float(), targets[corruption.corrupted])
