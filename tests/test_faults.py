@@ -668,3 +668,31 @@ def test_a_write_onto_a_full_disk_is_one_line_and_keeps_the_previous_file(tmp_pa
                 write(tmp)
         assert target.read_bytes() == b"the previous checkpoint"
         assert sorted(p.name for p in disk.iterdir()) == ["checkpoint.pt"]
+
+
+def test_the_folder_of_a_killed_extraction_is_removed_and_a_live_one_kept(tmp_path):
+    from vitlab.atomic import locked_temp_folder
+    dead = tmp_path / ".cifar-10-batches-py.0badc0de.tmp"
+    (dead / "cifar-10-batches-py").mkdir(parents=True)
+    (dead / "cifar-10-batches-py" / "data_batch_1").write_bytes(b"half")
+    _age(dead, 3600)
+    user = tmp_path / ".my-folder.tmp"  # not named like vitlab's
+    user.mkdir()
+    _age(user, 3600)
+    with locked_temp_folder(tmp_path, "cifar-10-batches-py") as live:
+        (live / "x").write_bytes(b"being extracted")
+        assert remove_stale_temps(tmp_path, now=time.time() + 86400) == [dead]
+        assert live.exists() and user.exists()
+    assert not live.exists() and sorted(p.name for p in tmp_path.iterdir()) == [".my-folder.tmp"]
+
+
+def test_a_build_reads_the_files_only_after_their_newest_change_is_a_tick_old(tmp_path, monkeypatch):
+    calls = []
+    real = sources.settle
+    monkeypatch.setattr(sources, "settle", lambda ident: calls.append(ident) or real(ident))
+    root = make_folder(tmp_path / "pets")
+    quiet(root, cache_dir=tmp_path / "c")
+    assert len(calls) == 1 and [e[0] for e in calls[0][1]] == sorted(str(p.relative_to(root))
+                                                                      for p in root.rglob("*.bmp"))
+    quiet(root, cache_dir=tmp_path / "c")
+    assert len(calls) == 1  # a store found in the cache reads no image

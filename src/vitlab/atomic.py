@@ -3,7 +3,8 @@
 The new content goes to ``.<name>.<8 hex digits>.tmp`` beside the file, created with the mode the
 umask gives any new file, and is renamed onto it when complete. The writer holds a lock on the
 temporary file while it exists; a temporary file nobody holds a lock on (its writer was killed) is
-removed by the next write of the same file, or by ``remove_stale_temps``.
+removed by the next write of the same file, or by ``remove_stale_temps`` (which also removes the folders of
+``locked_temp_folder`` left by a killed process).
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import json
 import os
 import re
 import secrets
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +26,7 @@ STALE_AFTER_S = 60.0  # a temporary file this old with no writer holding its loc
 
 
 def is_stale_temp(path: str | os.PathLike, now: float | None = None) -> bool:
-    """Whether ``path`` is a temporary file of an atomic write whose writer is gone: named like one, older
+    """Whether ``path`` is a temporary file (or folder) of a write whose writer is gone: named like one, older
     than STALE_AFTER_S and locked by nobody."""
     path = Path(path)
     if not TEMP_PATTERN.fullmatch(path.name):
@@ -34,9 +36,8 @@ def is_stale_temp(path: str | os.PathLike, now: float | None = None) -> bool:
     except OSError:
         return False
     try:
-        st = os.fstat(fd)
-        old = (time.time() if now is None else now) - st.st_mtime > STALE_AFTER_S
-        if not old or not os.path.isfile(path):
+        old = (time.time() if now is None else now) - os.fstat(fd).st_mtime > STALE_AFTER_S
+        if not old or path.is_symlink():
             return False
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -45,6 +46,27 @@ def is_stale_temp(path: str | os.PathLike, now: float | None = None) -> bool:
         return True
     finally:
         os.close(fd)  # releases the probe's lock
+
+
+@contextlib.contextmanager
+def locked_temp_folder(parent: Path, name: str) -> Iterator[Path]:
+    """A new folder ``.<name>.<8 hex digits>.tmp`` in ``parent``, locked while the block runs and removed after
+    it (whatever the block moved out of it stays); if the process is killed, ``remove_stale_temps`` removes it."""
+    for _ in range(100):
+        tmp = parent / f".{name}.{secrets.token_hex(4)}.tmp"
+        try:
+            tmp.mkdir(parents=True)
+            break
+        except FileExistsError:
+            continue
+    fd = os.open(tmp, os.O_RDONLY)
+    try:
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        yield tmp
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.close(fd)
 
 
 def remove_stale_temps(folder: str | os.PathLike, name: str | None = None, now: float | None = None) -> list[Path]:
@@ -59,7 +81,10 @@ def remove_stale_temps(folder: str | os.PathLike, name: str | None = None, now: 
         m = TEMP_PATTERN.fullmatch(entry.name)
         if m and (name is None or m["name"] == name) and is_stale_temp(entry.path, now):
             with contextlib.suppress(OSError):
-                os.unlink(entry.path)
+                if entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.path)
+                else:
+                    os.unlink(entry.path)
                 removed.append(Path(entry.path))
     return removed
 

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..atomic import DiskFullError
 from .download import Log, download_url, safe_extract
 
 
@@ -169,9 +170,9 @@ def find_or_fetch_cifar(variant: str, cache: Path, download: bool, log: Log) -> 
                          f"or give the path of a {remote.folder} folder or of {remote.filename}")
     try:
         folder = _fetch_and_extract(variant, archive, cache, log)
-    except OSError as e:
+    except (OSError, DiskFullError) as e:
         from .cache import DISK_FULL, space_message
-        if e.errno in DISK_FULL:
+        if isinstance(e, DiskFullError) or e.errno in DISK_FULL:
             raise ValueError(space_message("disk full", f"{variant}", cache, _NEEDS_BYTES)) from None
         raise ValueError(str(e)) from None
     found = cifar_variant(folder)

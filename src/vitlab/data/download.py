@@ -8,15 +8,13 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import shutil
 import tarfile
-import tempfile
 import urllib.error
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-from ..atomic import atomic_path
+from ..atomic import atomic_path, locked_temp_folder, remove_stale_temps
 from ..progress import progress_bar
 
 ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar", ".tar.bz2", ".tbz2", ".tar.xz", ".txz")
@@ -97,15 +95,13 @@ def safe_extract(archive: Path, dest: Path, folder: str) -> Path:
             wanted = [m for m in members if member_parts(m.name)[:1] == (folder,)]
             if not wanted:
                 raise ValueError(f"{archive} holds no {folder}/ folder")
-            tmp = Path(tempfile.mkdtemp(dir=dest, prefix=f".{folder}.", suffix=".tmp"))
-            try:
+            remove_stale_temps(dest, folder)
+            with locked_temp_folder(dest, folder) as tmp:
                 if hasattr(tarfile, "data_filter"):
                     tf.extractall(tmp, members=wanted, filter="data")
                 else:  # pragma: no cover - Python without extraction filters; members were checked above
                     tf.extractall(tmp, members=wanted)
                 os.replace(tmp / folder, dest / folder)
-            finally:
-                shutil.rmtree(tmp, ignore_errors=True)
     except (tarfile.TarError, EOFError) as e:
         raise ValueError(f"{archive} is not a readable tar archive ({e})") from None
     return dest / folder
