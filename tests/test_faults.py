@@ -511,6 +511,25 @@ def test_cache_list_and_clean_remove_only_superseded_stores(tmp_path):
     assert snapshot(root) != before and set(snapshot(root)) == set(before)  # only the user's own edit
 
 
+def test_every_kind_of_source_has_a_current_store_until_it_changes(tmp_path):
+    from test_data import make_cifar
+    pytest.importorskip("pyarrow")
+    make_cifar(tmp_path / "wrapped" / "cifar-10-batches-py")  # found inside the folder given
+    root = make_folder(tmp_path / "pets")
+    (tmp_path / "list.csv").write_text("".join(f"pets/a/{i}.bmp,a\npets/b/{i}.bmp,b\n" for i in range(4)))
+    archive = tmp_path / "pets.tar"
+    subprocess.run(["tar", "cf", str(archive), "-C", str(tmp_path), "pets"], check=True)
+    cache = tmp_path / "c"
+    for source in ("digits", tmp_path / "wrapped", root, tmp_path / "list.csv", archive):
+        quiet(source, cache_dir=cache)
+    assert [e.status for e in vcache.cache_entries(cache)] == ["current"] * 5
+    keep_size_and_mtime(root / "b" / "3.bmp", rewrite_in_place)  # seen by the folder and the list, not the tar
+    status = {e.source: e.status for e in vcache.cache_entries(cache)}
+    changed = "superseded (source changed)"
+    assert status == {"the embedded UCI digits (digits.npz)": "current", str(tmp_path / "wrapped"): "current",
+                      str(root): changed, str(tmp_path / "list.csv"): changed, str(archive): "current"}
+
+
 def test_clean_keeps_a_store_being_built(tmp_path):
     import fcntl
     root = make_folder(tmp_path / "pets")

@@ -229,13 +229,15 @@ def _lock_free(store: Path) -> bool:
 
 def store_status(header: dict[str, Any], identify: Callable[[str, str], Any]) -> str:
     """current, superseded (source changed) or source gone, for a store's header."""
-    kind, source = header.get("kind"), header.get("source", "")
-    if header.get("cache_version") not in (None, CACHE_VERSION):
+    kind, source = header.get("kind"), header.get("fingerprint_of", "")
+    if header.get("cache_version") != CACHE_VERSION:
         return "superseded (older vitlab)"
     try:
         ident = identify(kind, source)
-    except (OSError, ValueError):
+    except FileNotFoundError:
         return "source gone"
+    except (OSError, ValueError):
+        return "superseded (source unreadable)"
     if ident is None:
         return "current" if kind in ("digits", None) else "source gone"
     return "current" if identity_digest(ident) == header.get("fingerprint") else "superseded (source changed)"

@@ -272,10 +272,8 @@ def load_data(source: str | os.PathLike = "digits", *, img_size: int | tuple[int
         return _bundle(store, size, f"from store {src.path} in {time.perf_counter() - t0:.2f} s", log)
 
     listing = list_table(src.path, log) if src.kind == "table" else None
-    if src.kind == "digits":
-        ident: Any = ["digits"]
-    else:
-        ident = source_identity(src.kind, src.cifar[1] if src.kind == "cifar" else src.path, listing)
+    where = str(src.cifar[1] if src.kind == "cifar" else src.path or "")
+    ident: Any = ["digits"] if src.kind == "digits" else source_identity(src.kind, where, listing)
     fit = "crop" if store_size else "squash"
     stored = (store_size, store_size) if store_size else size
     # a source with its own test split is stored under a key without val_fraction and seed
@@ -295,7 +293,7 @@ def load_data(source: str | os.PathLike = "digits", *, img_size: int | tuple[int
             return _bundle(store, train_size, f"from cache {path} in {time.perf_counter() - t0:.2f} s", log)
 
     header = {"name": src.name, "source": src.origin, "kind": src.kind, "fit": fit,
-              "fingerprint": identity_digest(ident), "cache_version": CACHE_VERSION}
+              "fingerprint": identity_digest(ident), "fingerprint_of": where, "cache_version": CACHE_VERSION}
     settle(ident)  # what is read from here on is what the fingerprint stands for
     store = _build(src, header, keys, cache, stored, fit, in_chans, val_fraction, seed, workers, log, listing)
     how = f"decoded from {src.origin} in {time.perf_counter() - t0:.1f} s, stored in {store.path}"
