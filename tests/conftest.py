@@ -1,8 +1,13 @@
 import os
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
+from torch import nn
+
+import vitlab
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("VITLAB_SHARED", ROOT.parent / "shared"))
@@ -22,3 +27,36 @@ def cache_dir(tmp_path, monkeypatch):
     d = tmp_path / "cache"
     monkeypatch.setenv("VITLAB_CACHE", str(d))
     return d
+
+
+@dataclass(frozen=True)
+class Family:
+    """One registered model family, made small for the CPU: the row every per-family test runs over."""
+
+    id: str
+    name: str  # a registered name of the family
+    args: dict[str, Any]  # overrides that keep it small (32x32 RGB input)
+    attention: tuple[str, ...]  # the kinds of its attention blocks, input to output; () for a CNN
+    timm: bool  # exports to a timm folder (else a one-line error says what timm lacks)
+    hf: bool  # exports to a transformers folder
+
+    def create(self, **overrides: Any) -> nn.Module:
+        return vitlab.create_model(self.name, **{**self.args, **overrides})
+
+
+FAMILIES = (
+    Family("vit", "vit_tiny_patch4_32", dict(embed_dim=32, depth=2, num_heads=2), ("mhsa",) * 2, timm=True, hf=True),
+    Family("vit_avg", "vit_tiny_avg_patch4_32", dict(embed_dim=32, depth=2, num_heads=2, init_values=0.1),
+           ("mhsa",) * 2, timm=True, hf=False),
+    Family("deit", "deit_tiny_distilled_patch4_32", dict(embed_dim=32, depth=2, num_heads=2), ("mhsa",) * 2,
+           timm=True, hf=True),
+    Family("convit", "convit_tiny_patch4_32", dict(embed_dim=8, depth=3, num_heads=4, local_up_to_layer=2),
+           ("gpsa", "gpsa", "mhsa"), timm=True, hf=False),
+    Family("cait", "cait_xxs_patch4_32", dict(embed_dim=32, depth=2, num_heads=2, depth_token_only=1),
+           ("talking_heads", "talking_heads", "class_attn"), timm=True, hf=False),
+    Family("hybrid", "vit_tiny_r18_32", dict(embed_dim=32, depth=2, num_heads=2, backbone_layers=(1, 1),
+                                             backbone_widths=(8, 16)), ("mhsa",) * 2, timm=False, hf=False),
+    Family("resnet", "resnet10_32", dict(widths=(8, 16, 32, 64)), (), timm=False, hf=False),  # CIFAR stem: not timm's
+)
+FAMILY = {f.id: f for f in FAMILIES}
+ATTENTION_FAMILIES = [f.id for f in FAMILIES if f.attention]

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import PARITY
+from conftest import ATTENTION_FAMILIES, FAMILY, PARITY
 from matplotlib.text import Text
 from PIL import Image
 
@@ -31,22 +31,11 @@ from vitlab.analysis import (
 )
 from vitlab.cli import inspect as command
 
-TINY = {  # every family, small enough for the CPU
-    "vit": ("vit_tiny_patch4_32", dict(embed_dim=32, depth=2, num_heads=2)),
-    "deit": ("deit_tiny_distilled_patch4_32", dict(embed_dim=32, depth=2, num_heads=2)),
-    "vit_avg": ("vit_tiny_avg_patch4_32", dict(embed_dim=32, depth=2, num_heads=2)),
-    "convit": ("convit_tiny_patch4_32", dict(embed_dim=8, depth=3, num_heads=4, local_up_to_layer=2)),
-    "cait": ("cait_xxs_patch4_32", dict(embed_dim=32, depth=2, num_heads=2, depth_token_only=1)),
-    "hybrid": ("vit_tiny_r18_32", dict(embed_dim=32, depth=2, num_heads=2, backbone_layers=(1, 1),
-                                       backbone_widths=(8, 16))),
-}
-KINDS = {"vit": ["mhsa"] * 2, "deit": ["mhsa"] * 2, "vit_avg": ["mhsa"] * 2, "convit": ["gpsa", "gpsa", "mhsa"],
-         "cait": ["talking_heads", "talking_heads", "class_attn"], "hybrid": ["mhsa"] * 2}
+TINY = {f: FAMILY[f] for f in ATTENTION_FAMILIES}  # every family with attention, small enough for the CPU
 
 
 def tiny(family: str):
-    name, kw = TINY[family]
-    return vitlab.create_model(name, **kw).eval()
+    return TINY[family].create().eval()
 
 
 def _hooks(model):
@@ -62,7 +51,7 @@ def test_attention_maps_shapes_and_rows(family):
     model = tiny(family)
     x = torch.randn(2, 3, 32, 32)
     maps = attention_maps(model, x)
-    assert [m.kind for m in maps] == KINDS[family]
+    assert [m.kind for m in maps] == list(TINY[family].attention)
     gh, gw = model.patch_embed.grid_size
     for m in maps:
         B, H, Q, K = m.attn.shape

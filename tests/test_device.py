@@ -11,6 +11,7 @@ import socket
 import pytest
 import torch
 import torch.nn as nn
+from conftest import FAMILIES, FAMILY
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import vitlab
@@ -23,15 +24,13 @@ from vitlab.train.setup import any_size, make_optimizer
 from vitlab.train.step import EpochMeter, train_step
 
 META = torch.device("meta")
-# every family, made shallow: on the meta device each op runs through Python reference code
-FAMILIES = {"vit_micro_patch2_8": {"depth": 2}, "deit_nano_distilled_patch4_32": {"depth": 2},
-            "convit_tiny_patch4_32": {"depth": 2, "local_up_to_layer": 1},
-            "cait_xxs_patch4_32": {"depth": 2, "depth_token_only": 1}, "vit_nano_r18_32": {"depth": 1},
-            "resnet10_32": {}}
 
 
-def small(name: str, **kw) -> nn.Module:
-    return vitlab.create_model(name, num_classes=10, **FAMILIES[name], **kw)
+def small(family: str, **kw) -> nn.Module:
+    """A family's small model (on the meta device each op runs through Python reference code)."""
+    return FAMILY[family].create(num_classes=10, **kw)
+
+
 EVERYTHING_ON = AugmentConfig(crop="pad", auto_augment="rand", random_erasing=0.5, mixup=0.8, cutmix=1.0)
 
 
@@ -47,8 +46,8 @@ def batch_for(model, n=8, device=META):
             torch.empty(n, dtype=torch.long, device=device))
 
 
-@pytest.mark.parametrize("name, cfg", [(name, EVERYTHING_ON) for name in FAMILIES] + [
-    ("vit_micro_patch2_8", AugmentConfig(crop="rrc", auto_augment="trivial", repeated_aug=3))])
+@pytest.mark.parametrize("name, cfg", [(f.id, EVERYTHING_ON) for f in FAMILIES] + [
+    ("vit", AugmentConfig(crop="rrc", auto_augment="trivial", repeated_aug=3))])
 def test_train_step_on_another_device(name, cfg):
     """Every tensor the step makes or combines lives on the model's device: augmentation parameters drawn on
     the host reach it by copy, never by mixing; gradients, optimiser state and the EMA stay there."""
@@ -70,7 +69,7 @@ def test_train_step_on_another_device(name, cfg):
 
 
 def test_distillation_step_on_another_device():
-    student = small("deit_nano_distilled_patch4_32").to(META)
+    student = small("deit").to(META)
     teacher = vitlab.create_model("resnet10_32", num_classes=10).to(META)
     teacher.pretrained_cfg["mean"], teacher.pretrained_cfg["std"] = [0.4, 0.4, 0.4], [0.2, 0.2, 0.2]
     augment = BatchAugment(EVERYTHING_ON, (32, 32), (0.5,) * 3, (0.25,) * 3, 10).to(META)
@@ -82,7 +81,7 @@ def test_distillation_step_on_another_device():
         assert loss.device == META
 
 
-@pytest.mark.parametrize("name", FAMILIES)
+@pytest.mark.parametrize("name", FAMILY)
 def test_evaluation_and_prediction_on_another_device(name):
     model = small(name).to(META)
     images, labels = batch_for(model, n=6)

@@ -3,27 +3,17 @@ import json
 
 import pytest
 import torch
-from conftest import PARITY
+from conftest import ATTENTION_FAMILIES, FAMILIES, FAMILY, PARITY
 from safetensors.torch import load_file
 
 import vitlab
 from vitlab.cli import main
 from vitlab.export import export
 
-# one small model per registered family (ViT, DeiT distilled, ConViT, CaiT, hybrid, ResNet)
-FAMILIES = {
-    "vit": ("vit_nano_patch4_32", dict(depth=2)),
-    "deit_distilled": ("deit_nano_distilled_patch4_32", dict(depth=2)),
-    "convit": ("convit_tiny_patch4_32", dict(depth=3, local_up_to_layer=2)),
-    "cait": ("cait_xxs_patch4_32", dict(depth=2, depth_token_only=1)),
-    "hybrid": ("vit_nano_r18_32", dict(depth=2)),
-    "resnet": ("resnet10_32", {}),
-}
-
 
 def noisy(name, std=0.05, **args):
-    """A model whose every parameter matters (init plus noise), in eval mode."""
-    model = vitlab.create_model(name, **args)
+    """A model whose every parameter matters (init plus noise), in eval mode; ``name`` registered or a family."""
+    model = FAMILY[name].create(**args) if name in FAMILY else vitlab.create_model(name, **args)
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p) * std)
@@ -39,13 +29,12 @@ def batch(model, n=2):
     return torch.randn(n, *model.pretrained_cfg["input_size"])
 
 
-@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("family", FAMILY)
 def test_onnx_matches_pytorch_at_two_batch_sizes(tmp_path, family):
     pytest.importorskip("onnxruntime", reason="onnxruntime is not installed (pip install 'vitlab[onnx]')")
     from vitlab.interop.onnx import max_difference
 
-    name, args = FAMILIES[family]
-    model = noisy(name, **args)
+    model = noisy(family)
     path = export(model, "onnx", tmp_path / "onnx", check=False)
     assert path.name == "model.onnx"
     assert max_difference(model, path, batches=(1, 4)) < 1e-4
@@ -53,29 +42,27 @@ def test_onnx_matches_pytorch_at_two_batch_sizes(tmp_path, family):
     assert info["input_size"] == list(model.pretrained_cfg["input_size"]) and info["dynamic_img_size"] is False
 
 
-@pytest.mark.parametrize("family", ["vit", "deit_distilled", "cait", "convit", "hybrid"])
+@pytest.mark.parametrize("family", ATTENTION_FAMILIES)
 def test_onnx_dynamic_image_size(tmp_path, family):
     pytest.importorskip("onnxruntime", reason="onnxruntime is not installed (pip install 'vitlab[onnx]')")
     from vitlab.interop.onnx import max_difference
 
-    name, args = FAMILIES[family]
-    model = noisy(name, dynamic_img_size=True, **args)
+    model = noisy(family, dynamic_img_size=True)
     path = export(model, "onnx", tmp_path / "onnx")  # check=True: the export itself compares at the model's size
     # the position embedding is resampled inside the graph for other sizes (bicubic with antialias)
     assert max_difference(model, path, batches=(1, 3), sizes=[(32, 32), (48, 40), (16, 24)]) < 1e-4
 
 
-@pytest.mark.parametrize("family", ["vit", "deit_distilled", "convit", "cait"])
+@pytest.mark.parametrize("family", [f.id for f in FAMILIES if f.timm])
 def test_timm_folder_round_trip(tmp_path, family):
-    name, args = FAMILIES[family]
-    model = noisy(name, **args)
+    model = noisy(family)
     folder = export(model, "timm", tmp_path / "timm")
     cfg = json.loads((folder / "config.json").read_text())
     assert {"architecture", "num_classes", "model_args", "pretrained_cfg"} <= cfg.keys()
     assert {"input_size", "mean", "std", "interpolation", "crop_pct", "num_classes", "first_conv",
             "classifier"} <= cfg["pretrained_cfg"].keys()
     assert "distilled" not in cfg["model_args"] and "norm_eps" not in cfg["model_args"]
-    assert cfg["architecture"].startswith({"deit_distilled": "deit_", "vit": "vit_", "convit": "convit_",
+    assert cfg["architecture"].startswith({"deit": "deit_", "vit": "vit_", "vit_avg": "vit_", "convit": "convit_",
                                            "cait": "cait_"}[family])
     keys = load_file(folder / "model.safetensors").keys()
     if family == "cait":  # timm's LayerScale names in CaiT
@@ -114,14 +101,13 @@ def test_timm_fixture_exports_timm_keys(tmp_path, fixture):
         assert cfg["model_args"][key] == value, key
 
 
-@pytest.mark.parametrize("family", ["vit", "deit_distilled"])
+@pytest.mark.parametrize("family", [f.id for f in FAMILIES if f.hf])
 def test_hf_folder_round_trip(tmp_path, family):
-    name, args = FAMILIES[family]
-    model = noisy(name, **args)
+    model = noisy(family)
     model.pretrained_cfg["label_names"] = [f"class {i}" for i in range(10)]
     folder = export(model, "hf", tmp_path / "hf")
     cfg = json.loads((folder / "config.json").read_text())
-    assert cfg["architectures"] == ["DeiTForImageClassificationWithTeacher" if family == "deit_distilled"
+    assert cfg["architectures"] == ["DeiTForImageClassificationWithTeacher" if family == "deit"
                                     else "ViTForImageClassification"]
     assert cfg["id2label"]["3"] == "class 3" and cfg["label2id"]["class 3"] == 3
     assert (folder / "preprocessor_config.json").is_file()
@@ -155,11 +141,39 @@ def test_hf_fixture_exports_hub_keys(tmp_path, fixture):
     ("resnet", "timm", "stem='cifar'"),
 ])
 def test_inexpressible_model_names_what_is_missing(tmp_path, family, to, missing):
-    name, args = FAMILIES[family]
     with pytest.raises(ValueError, match=missing) as err:
-        export(vitlab.create_model(name, **args), to, tmp_path / "x")
+        export(FAMILY[family].create(), to, tmp_path / "x")
     assert "\n" not in str(err.value)
     assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("family, to", [(f.id, to) for f in FAMILIES for to, ok in (("timm", f.timm), ("hf", f.hf))
+                                         if not ok])
+def test_a_format_that_cannot_hold_a_family_says_so_in_one_line(tmp_path, family, to):
+    model = FAMILY[family].create()
+    with pytest.raises(ValueError, match="--to onnx") as err:
+        export(model, to, tmp_path / "x")
+    assert "\n" not in str(err.value)
+    assert not (tmp_path / "x").exists()
+
+
+def test_interop_reads_the_facts_off_the_model(tmp_path, monkeypatch):
+    """What timm and transformers lack is the model's own word; a registered timm name is kept on export."""
+    model = FAMILY["hybrid"].create()
+    monkeypatch.setattr(type(model), "no_timm", "timm lacks this one")
+    monkeypatch.setattr(type(model), "no_hf", "this one")
+    with pytest.raises(ValueError, match="^timm lacks this one; export this model with --to onnx$"):
+        export(model, "timm", tmp_path / "t")
+    with pytest.raises(ValueError, match="cannot express this one; export it with --to onnx$"):
+        export(model, "hf", tmp_path / "h")
+    cait = noisy("cait_s24_224", img_size=32, embed_dim=32, depth=1, num_heads=2, depth_token_only=1, num_classes=3)
+    assert _architecture(export(cait, "timm", tmp_path / "c")) == "cait_s24_224"
+    monkeypatch.setattr(type(cait), "timm_names", frozenset())
+    assert _architecture(export(cait, "timm", tmp_path / "b")) == cait.timm_spec.base_arch == "cait_xxs24_224"
+
+
+def _architecture(folder):
+    return json.loads((folder / "config.json").read_text())["architecture"]
 
 
 @pytest.mark.parametrize("args, missing", [

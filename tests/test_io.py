@@ -121,3 +121,23 @@ def test_pickle_weights_are_never_executed(tmp_path):
     torch.save({"x": Payload()}, folder / "pytorch_model.bin")
     with pytest.raises(ValueError, match="cannot be read as plain tensors"):
         vitlab.load(folder)
+
+
+IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+HALF = ((0.5,) * 3, (0.5,) * 3)
+
+
+@pytest.mark.parametrize("fixture, norm, crop_pct", [
+    ("timm_vit_token", HALF, 0.9), ("timm_vit_avg_noclass", HALF, 0.9), ("timm_deit_distilled", IMAGENET, 0.9),
+    ("timm_cait", IMAGENET, 1.0), ("timm_convit", IMAGENET, 0.875),
+    ("hf_vit", HALF, None), ("hf_deit_distilled", HALF, None),  # no preprocessor_config.json: transformers' ViT's
+])
+def test_each_kind_of_folder_loads_with_its_preprocessing(tmp_path, fixture, norm, crop_pct):
+    """timm's pretrained_cfg, else the registered name's, else mean = std = 0.5; a vitlab copy keeps them."""
+    model = vitlab.load(PARITY / fixture)
+    cfg = model.pretrained_cfg
+    assert (tuple(cfg["input_size"]), cfg["interpolation"], cfg.get("crop_pct")) == ((3, 32, 32), "bicubic", crop_pct)
+    assert tuple(cfg["mean"]) == pytest.approx(norm[0]) and tuple(cfg["std"]) == pytest.approx(norm[1])
+    copy = vitlab.load(vitlab.save(model, tmp_path / "copy")).pretrained_cfg
+    assert {k: (tuple(v) if isinstance(v, list) else v) for k, v in copy.items()} == \
+        {k: (tuple(v) if isinstance(v, list) else v) for k, v in cfg.items()}

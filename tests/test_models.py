@@ -4,13 +4,13 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import PARITY
+from conftest import ATTENTION_FAMILIES, FAMILY, PARITY
 from safetensors.torch import load_file
 
 import vitlab
 from vitlab.models import Cait, ConVit, VisionTransformer
 from vitlab.models.layers import resample_abs_pos_embed
-from vitlab.models.registry import get_spec
+from vitlab.models.registry import accepted_args, get_spec
 
 FIXTURES = sorted(p.name for p in PARITY.glob("*") if (p / "io.safetensors").exists())
 
@@ -66,20 +66,6 @@ def test_every_model_forward_backward(name):
         assert feats.shape[0] == 2
 
 
-FAMILIES = {
-    "vit": lambda: vitlab.create_model("vit_tiny_patch4_32", embed_dim=48, depth=2, num_heads=3),
-    "vit_avg_layerscale": lambda: vitlab.create_model("vit_tiny_avg_patch4_32", embed_dim=48, depth=2, num_heads=3,
-                                                      init_values=0.1),
-    "deit_distilled": lambda: vitlab.create_model("deit_tiny_distilled_patch4_32", embed_dim=48, depth=2,
-                                                  num_heads=3),
-    "convit": lambda: vitlab.create_model("convit_tiny_patch4_32", embed_dim=12, depth=3, num_heads=4,
-                                          local_up_to_layer=2),
-    "cait": lambda: vitlab.create_model("cait_xxs_patch4_32", embed_dim=48, depth=2, num_heads=3,
-                                        depth_token_only=2),
-    "hybrid": lambda: vitlab.create_model("vit_tiny_r18_32", embed_dim=48, depth=2, num_heads=3),
-}
-
-
 def _perturb(model):
     """Noise on every parameter, so that gates, LayerScale and zero-initialised heads all matter."""
     with torch.no_grad():
@@ -98,9 +84,9 @@ def _capture(model):
     return maps, handles
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", ATTENTION_FAMILIES)
 def test_slow_path_equals_fused_and_rows_sum_to_one(family):
-    model = _perturb(FAMILIES[family]()).eval()
+    model = _perturb(FAMILY[family].create()).eval()
     x = torch.randn(3, 3, 32, 32)
     with torch.no_grad():
         fused = model(x)
@@ -127,9 +113,9 @@ def test_slow_path_equals_fused_and_rows_sum_to_one(family):
             assert (a >= 0).all()
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", FAMILY)
 def test_save_load_roundtrip_exact(family, tmp_path):
-    model = _perturb(FAMILIES[family]()).eval()
+    model = _perturb(FAMILY[family].create()).eval()
     model.pretrained_cfg["label_names"] = [f"class {i}" for i in range(model.num_classes)]
     vitlab.save(model, tmp_path / "m")
     loaded = vitlab.load(tmp_path / "m")
@@ -143,7 +129,7 @@ def test_save_load_roundtrip_exact(family, tmp_path):
 
 
 def test_deit_returns_both_heads_in_training_and_their_mean_in_eval():
-    model = _perturb(FAMILIES["deit_distilled"]())
+    model = _perturb(FAMILY["deit"].create())
     x = torch.randn(2, 3, 32, 32)
     model.train()
     cls, dist = model(x)
@@ -154,11 +140,64 @@ def test_deit_returns_both_heads_in_training_and_their_mean_in_eval():
 
 
 def test_reset_classifier_replaces_both_heads():
-    model = FAMILIES["deit_distilled"]()
+    model = FAMILY["deit"].create()
     model.reset_classifier(4)
     assert model.head.out_features == 4 and model.head_dist.out_features == 4
     model.eval()
     assert model(torch.randn(1, 3, 32, 32)).shape == (1, 4)
+
+
+def test_deit_forward_heads_gives_both_heads_in_eval_too():
+    model = _perturb(FAMILY["deit"].create()).eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        cls, dist = model.forward_heads(model.forward_features(x))
+        torch.testing.assert_close((cls + dist) / 2, model(x))
+        assert not torch.allclose(cls, dist)
+
+
+# --- one head API and the facts every family carries -----------------------------------------------
+
+
+@pytest.mark.parametrize("family", FAMILY)
+def test_every_family_has_timms_head_api(family):
+    model = _perturb(FAMILY[family].create())
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        model.eval()
+        feats = model.forward_features(x)
+        assert model.forward_head(feats, pre_logits=True).shape == (2, model.num_features)
+        assert [len(h) for h in model.forward_heads(feats)] == [2] * len(model.classifier_names)
+        model.reset_classifier(3)
+        assert model.get_classifier() is getattr(model, model.classifier_names[0])
+        assert all(getattr(model, n).out_features == 3 for n in model.classifier_names)
+        assert model(x).shape == (2, 3) and model.num_classes == 3
+        model.reset_classifier(0)
+        assert model(x).shape == (2, model.num_features)
+    tables = {n for n in ("pos_embed", "cls_token", "dist_token", "reg_token")
+              if isinstance(getattr(model, n, None), torch.nn.Parameter)}
+    assert tables <= model.no_weight_decay() and (tables or family == "resnet")
+    with pytest.raises(ValueError, match="accepted"):
+        model.reset_classifier(3, global_pool="max")
+
+
+@pytest.mark.parametrize("name", vitlab.list_models())
+def test_registered_models_carry_consistent_facts(name):
+    """The facts interop and reports read: a family label, classifier layers, timm's and transformers' names."""
+    spec = get_spec(name)
+    with torch.device("meta"):
+        model = vitlab.create_model(name)
+    assert model.family and model.classifier_names
+    assert all(isinstance(getattr(model, n), torch.nn.Linear) for n in model.classifier_names)
+    timm = model.timm_spec
+    if timm is None:
+        assert model.no_timm and name not in type(model).timm_names
+    else:
+        accepted = accepted_args(spec.cls)
+        assert set(timm.args) | set(timm.fixed) | set(timm.dropped) <= set(accepted)
+        assert get_spec(timm.base_arch).cls is spec.cls
+        assert all(get_spec(n).cls is spec.cls for n in type(model).timm_names)
+    assert model.hf_model_type in ("vit", "deit") or (model.hf_model_type is None and model.no_hf)
 
 
 # --- any resolution -------------------------------------------------------------------------

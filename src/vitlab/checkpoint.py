@@ -20,8 +20,9 @@ from torch import nn
 
 from .atomic import atomic_path, atomic_write_json
 from .interop import hf, hub, timm
+from .models.base import make_pretrained_cfg
 from .models.layers import resample_abs_pos_embed, to_2tuple
-from .models.registry import MODEL_CLASSES, build, create_model, get_spec
+from .models.registry import build, check_model, create_model, get_spec, model_class
 
 FORMAT_VERSION = 1
 CONFIG, WEIGHTS = "config.json", "model.safetensors"
@@ -47,8 +48,7 @@ def current_args(model: nn.Module) -> dict[str, Any]:
 
 def save(model: nn.Module, path: str | os.PathLike, extra: dict[str, Any] | None = None) -> Path:
     """Write ``model`` to a folder as config.json + model.safetensors that vitlab.load reads."""
-    if type(model).__name__ not in MODEL_CLASSES:
-        raise TypeError(f"vitlab.save takes a vitlab model ({', '.join(MODEL_CLASSES)}), got {type(model).__name__}")
+    check_model(model, "vitlab.save")
     folder = Path(path)
     folder.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
@@ -157,9 +157,6 @@ def load_state_strict(model: nn.Module, state: dict[str, torch.Tensor], source: 
     model.load_state_dict(state, strict=True)
 
 
-HEAD_PREFIXES = ("head.", "head_dist.", "fc.")
-
-
 def load(path: str | os.PathLike, **overrides: Any) -> nn.Module:
     """A ready model (eval mode) from a vitlab, timm or Hugging Face folder; overrides change its arguments.
 
@@ -169,24 +166,22 @@ def load(path: str | os.PathLike, **overrides: Any) -> nn.Module:
     folder, cfg = read_config(path)
     expected_sha = None
     if cfg.get("library") == "vitlab":
-        arch, cls_name = cfg.get("architecture"), cfg.get("class")
+        arch = cfg.get("architecture")
+        cls = None if arch else model_class(cfg.get("class"), str(folder / CONFIG))
         args, preprocess = dict(cfg.get("model_args") or {}), dict(cfg.get("pretrained_cfg") or {})
         expected_sha = cfg.get("sha256")
         convert = dict
     elif timm.is_timm_config(cfg):
         arch, args, preprocess = timm.model_args(cfg)
-        cls_name = None
-        convert = timm.convert_state_dict
+        cls, convert = None, timm.convert_state_dict
     elif hf.is_hf_config(cfg):
-        cls_name, args, preprocess = hf.model_args(cfg)
+        cls, args, preprocess = hf.model_args(cfg)
         preprocess.update(hf.preprocessing(folder))
         arch = None
         convert = lambda s: hf.convert_state_dict(s, cfg)
     else:
         raise ValueError(f"{folder / CONFIG} is not a model config vitlab knows: expected 'library': 'vitlab', "
                          "'architecture' (timm) or 'model_type' (Hugging Face)")
-    if arch is None and cls_name not in MODEL_CLASSES:
-        raise ValueError(f"{folder / CONFIG}: unknown model class {cls_name!r}; accepted: {', '.join(MODEL_CLASSES)}")
     old_img = args.get("img_size", get_spec(arch).args.get("img_size", 224) if arch else 224)
     old_classes = args.get("num_classes", get_spec(arch).args.get("num_classes", 1000) if arch else 1000)
     state = convert(read_weights(folder, expected_sha))
@@ -194,18 +189,14 @@ def load(path: str | os.PathLike, **overrides: Any) -> nn.Module:
     if arch:
         model = create_model(arch, **args)
     else:
-        model = build(MODEL_CLASSES[cls_name], args)
+        model = build(cls, args)
         model.arch, model.model_args = None, dict(args)
-        in_chans = args.get("in_chans", 3)
-        model.pretrained_cfg = {"input_size": (in_chans, *to_2tuple(args.get("img_size", 224))),
-                                "mean": (0.5,) * in_chans, "std": (0.5,) * in_chans,
-                                "interpolation": "bicubic", "label_names": None}
+        model.pretrained_cfg = make_pretrained_cfg(model, args.get("in_chans", 3))
     new_head = "num_classes" in overrides and overrides["num_classes"] != old_classes
     if new_head:
-        state = {k: v for k, v in state.items() if not k.startswith(HEAD_PREFIXES)}
-        for k, v in model.state_dict().items():
-            if k.startswith(HEAD_PREFIXES):
-                state[k] = v
+        heads = tuple(f"{name}." for name in model.classifier_names)
+        state = {k: v for k, v in state.items() if not k.startswith(heads)}
+        state.update({k: v for k, v in model.state_dict().items() if k.startswith(heads)})
         preprocess.pop("label_names", None)
     _adapt_pos_embed(model, state, old_img)
     load_state_strict(model, state, str(folder))

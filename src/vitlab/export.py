@@ -19,7 +19,7 @@ from torch import nn
 from .atomic import atomic_path, atomic_write_json
 from .checkpoint import CONFIG, WEIGHTS, current_args, load
 from .interop import hf, timm
-from .models.registry import MODEL_CLASSES, get_spec
+from .models.registry import check_model, get_spec
 
 FORMATS = ("onnx", "timm", "hf")
 
@@ -70,8 +70,7 @@ def export(model: nn.Module | str | os.PathLike, to: str, out: str | os.PathLike
         raise ValueError(f"unknown export format {to!r}; accepted: {', '.join(FORMATS)}")
     if not isinstance(model, nn.Module):
         model = load(model)
-    if type(model).__name__ not in MODEL_CLASSES:
-        raise TypeError(f"export takes a vitlab model ({', '.join(MODEL_CLASSES)}), got {type(model).__name__}")
+    check_model(model, "export")
     model = model.eval()
     if to == "onnx":
         from .interop.onnx import export_onnx

@@ -33,13 +33,7 @@ class Section:
 
 def model_family(model: nn.Module) -> str:
     """A readable family name: ViT, DeiT (distilled), ConViT, CaiT, hybrid ViT, ResNet."""
-    name = type(model).__name__
-    if name == "VisionTransformer":
-        if getattr(model, "dist_token", None) is not None:
-            return "DeiT (distilled: class + distillation token)"
-        return "ViT" if model.cls_token is not None else "ViT (no class token, average pooling)"
-    return {"ConVit": "ConViT", "Cait": "CaiT", "HybridVisionTransformer": "hybrid ViT (ResNet patch embedding)",
-            "ResNet": "ResNet (CNN)"}.get(name, name)
+    return getattr(model, "family", None) or type(model).__name__
 
 
 def model_header(model: nn.Module, class_names: Sequence[str] | None) -> list[tuple[str, str]]:

@@ -27,7 +27,7 @@ FLAG_THRESHOLD = 0.5  # mean rank correlation at or above which a map "did not c
 
 def randomisation_stages(model: nn.Module) -> list[tuple[str, list[str]]]:
     """(label, module names) of the cascade, top first: the head(s), each block from the last, the embeddings."""
-    stages = [("head", [n for n in ("head", "head_dist") if isinstance(getattr(model, n, None), nn.Module)])]
+    stages = [("head", [n for n in model.classifier_names if isinstance(getattr(model, n, None), nn.Module)])]
     for name, _, _ in reversed(attention_modules(model)):
         stages.append((name, [name]))
     embed = [n for n in ("patch_embed", "pos_embed", "cls_token", "dist_token", "reg_token")

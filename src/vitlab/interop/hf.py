@@ -8,6 +8,8 @@ from typing import Any
 
 import torch
 
+from ..models.vit import VisionTransformer
+
 # transformers' hidden_act -> vitlab act_layer
 HF_ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh",
                   "relu": "relu", "silu": "silu", "swish": "silu", "quick_gelu": "quick_gelu"}
@@ -31,8 +33,8 @@ def _get(cfg: dict[str, Any], key: str, default: Any) -> Any:
     return default if value is None else value
 
 
-def model_args(cfg: dict[str, Any]) -> tuple[str, dict[str, Any], dict[str, Any]]:
-    """(vitlab class name, arguments, preprocessing) from a transformers ViT/DeiT config.json."""
+def model_args(cfg: dict[str, Any]) -> tuple[type[VisionTransformer], dict[str, Any], dict[str, Any]]:
+    """(vitlab class, arguments, preprocessing) from a transformers ViT/DeiT config.json."""
     model_type = cfg["model_type"]
     if model_type not in HF_MODEL_TYPES:
         raise ValueError(f"Hugging Face model_type {model_type!r} is not supported; "
@@ -73,7 +75,7 @@ def model_args(cfg: dict[str, Any]) -> tuple[str, dict[str, Any], dict[str, Any]
         names = [str(id2label.get(str(i), id2label.get(i, i))) for i in range(num_classes)]
         if names != default_labels(num_classes):  # transformers' placeholders are no names
             preprocess["label_names"] = names
-    return "VisionTransformer", args, preprocess
+    return VisionTransformer, args, preprocess
 
 
 def default_labels(num_classes: int) -> list[str]:
@@ -203,12 +205,9 @@ def export_config(model: torch.nn.Module, args: dict[str, Any]) -> dict[str, Any
 
     Raises ValueError naming what transformers' ViT/DeiT cannot express.
     """
-    cls = type(model).__name__
-    if cls != "VisionTransformer":
-        what = {"HybridVisionTransformer": "a hybrid ViT (its ResNet backbone)", "Cait": "CaiT",
-                "ConVit": "ConViT", "ResNet": "a ResNet"}.get(cls, cls)
-        other = "--to onnx" if cls == "HybridVisionTransformer" else "--to timm or --to onnx"
-        raise ValueError(f"transformers' ViT and DeiT classes cannot express {what}; export it with {other}")
+    if model.hf_model_type is None:
+        other = "--to onnx" if model.timm_spec is None else "--to timm or --to onnx"
+        raise ValueError(f"transformers' ViT and DeiT classes cannot express {model.no_hf}; export it with {other}")
     a = {"class_token": True, "reg_tokens": 0, "no_embed_class": False, "pos_embed": "learn", "init_values": None,
          "global_pool": "token", "fc_norm": None, "act_layer": "gelu", "mlp_ratio": 4.0, "qkv_bias": True,
          "norm_eps": 1e-6, "in_chans": 3, "distilled": False, **args}
@@ -235,12 +234,12 @@ def export_config(model: torch.nn.Module, args: dict[str, Any]) -> dict[str, Any
         missing.append(f"an MLP width of {hidden:g} (mlp_ratio x embed_dim must be whole)")
     if missing:
         raise ValueError(f"transformers' ViT/DeiT cannot express {', '.join(missing)}; export with --to timm or onnx")
-    distilled = bool(a["distilled"])
+    distilled = model.hf_model_type == "deit"
     names = list((getattr(model, "pretrained_cfg", {}) or {}).get("label_names") or default_labels(model.num_classes))
     drop = float(a.get("proj_drop_rate", 0.0))
     return {
         "architectures": ["DeiTForImageClassificationWithTeacher" if distilled else "ViTForImageClassification"],
-        "model_type": "deit" if distilled else "vit",
+        "model_type": model.hf_model_type,
         "hidden_size": dim,
         "num_hidden_layers": len(model.blocks),
         "num_attention_heads": model.blocks[0].attn.num_heads,

@@ -11,9 +11,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .base import Model, TimmSpec
 from .layers import (
     Block,
-    ClassTokenHead,
     DropPath,
     LayerScale,
     Mlp,
@@ -104,7 +104,18 @@ class ClassAttentionBlock(nn.Module):
         return x_cls
 
 
-class Cait(ClassTokenHead, nn.Module):
+class Cait(Model):
+    family = "CaiT"
+    timm_names = frozenset(f"cait_{n}" for n in ("s24_224", "s24_384", "s36_384", "xs24_384", "xxs24_224", "xxs24_384",
+                                                 "xxs36_224", "xxs36_384"))
+    timm_spec = TimmSpec("Cait", ("img_size", "patch_size", "in_chans", "num_classes", "global_pool", "embed_dim",
+                                  "depth", "num_heads", "mlp_ratio", "qkv_bias", "init_values", "depth_token_only",
+                                  "mlp_ratio_token_only", "drop_rate", "pos_drop_rate", "proj_drop_rate",
+                                  "attn_drop_rate", "drop_path_rate"),
+                         "cait_xxs24_224", fixed={"norm_eps": 1e-6, "act_layer": "gelu", "dynamic_img_size": False},
+                         layer_scale_as_gamma=True)
+    no_hf = "CaiT"
+
     def __init__(self, img_size=224, patch_size=16, in_chans=3, num_classes=1000, global_pool="token",
                  embed_dim=768, depth=12, num_heads=12, mlp_ratio=4.0, qkv_bias=True, init_values=1e-4,
                  depth_token_only=2, mlp_ratio_token_only=4.0, dynamic_img_size=False, act_layer="gelu",

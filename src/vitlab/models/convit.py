@@ -11,10 +11,10 @@ from functools import partial
 import torch
 from torch import nn
 
+from .base import Model, TimmSpec
 from .layers import (
     Attention,
     Block,
-    ClassTokenHead,
     PatchEmbed,
     drop_path_rates,
     init_weights_vit,
@@ -95,7 +95,16 @@ class GPSA(nn.Module):
         return self.proj_drop(self.proj(x))
 
 
-class ConVit(ClassTokenHead, nn.Module):
+class ConVit(Model):
+    family = "ConViT"
+    timm_names = frozenset({"convit_tiny", "convit_small", "convit_base"})
+    timm_spec = TimmSpec("ConVit", ("img_size", "patch_size", "in_chans", "num_classes", "global_pool", "embed_dim",
+                                    "depth", "num_heads", "mlp_ratio", "qkv_bias", "local_up_to_layer",
+                                    "locality_strength", "use_pos_embed", "drop_rate", "pos_drop_rate",
+                                    "proj_drop_rate", "attn_drop_rate", "drop_path_rate"),
+                         "convit_tiny", fixed={"norm_eps": 1e-6, "dynamic_img_size": False})
+    no_hf = "ConViT"
+
     def __init__(self, img_size=224, patch_size=16, in_chans=3, num_classes=1000, global_pool="token",
                  embed_dim=48, depth=12, num_heads=12, mlp_ratio=4.0, qkv_bias=False, local_up_to_layer=3,
                  locality_strength=1.0, use_pos_embed=True, dynamic_img_size=False, norm_eps=1e-6,

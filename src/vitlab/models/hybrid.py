@@ -40,6 +40,13 @@ class HybridEmbed(nn.Module):
 
 
 class HybridVisionTransformer(VisionTransformer):
+    family = "hybrid ViT (ResNet patch embedding)"
+    timm_names = frozenset()
+    timm_spec = None
+    no_timm = "timm has no hybrid ViT on a ResNet-18-style backbone (its hybrids use ResNetV2 stems)"
+    hf_model_type = None
+    no_hf = "a hybrid ViT (its ResNet backbone)"
+
     def __init__(self, img_size=224, in_chans=3, embed_dim=384, backbone_layers=(2, 2, 2),
                  backbone_widths=(64, 128, 256), backbone_stem="imagenet", dynamic_img_size=False, **kwargs):
         stride = resnet_reduction(backbone_stem, len(backbone_layers))

@@ -199,36 +199,6 @@ class Block(nn.Module):
         return x
 
 
-class ClassTokenHead:
-    """timm's head API for models whose tokens are [class, patches...] and whose head is one Linear."""
-
-    def no_weight_decay(self) -> set[str]:
-        return {"pos_embed", "cls_token"}
-
-    def get_classifier(self) -> nn.Module:
-        return self.head
-
-    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
-        """A new head for num_classes (0: none); optionally another pooling ('token' or 'avg')."""
-        if global_pool is not None:
-            self.global_pool = global_pool
-        self.num_classes = num_classes
-        device = self.cls_token.device
-        self.head = nn.Linear(self.embed_dim, num_classes, device=device) if num_classes > 0 else nn.Identity()
-
-    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        """(B, 1 + N, D) tokens -> logits, from the class token or the mean of the patch tokens."""
-        if self.global_pool == "avg":
-            x = x[:, 1:].mean(dim=1)
-        elif self.global_pool == "token":
-            x = x[:, 0]
-        x = self.head_drop(x)
-        return x if pre_logits else self.head(x)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.forward_head(self.forward_features(x))
-
-
 # ---------------------------------------------------------------------------------------------
 # Position embeddings
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from torch import nn
 
+from .base import DEFAULT_MEAN, DEFAULT_STD, Model, make_pretrained_cfg
 from .cait import Cait
 from .convit import ConVit
 from .hybrid import HybridVisionTransformer
@@ -15,11 +16,24 @@ from .resnet import ResNet
 from .vit import VisionTransformer
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-INCEPTION_MEAN, INCEPTION_STD = (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)
+INCEPTION_MEAN, INCEPTION_STD = DEFAULT_MEAN, DEFAULT_STD
 CIFAR_MEAN, CIFAR_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
 
-MODEL_CLASSES: dict[str, type[nn.Module]] = {
+MODEL_CLASSES: dict[str, type[Model]] = {
     c.__name__: c for c in (VisionTransformer, ConVit, Cait, HybridVisionTransformer, ResNet)}
+
+
+def model_class(name: str | None, source: str) -> type[Model]:
+    """The model class a config names; an unknown name is an error naming ``source`` and the accepted ones."""
+    if name not in MODEL_CLASSES:
+        raise ValueError(f"{source}: unknown model class {name!r}; accepted: {', '.join(MODEL_CLASSES)}")
+    return MODEL_CLASSES[name]
+
+
+def check_model(model: object, what: str) -> None:
+    """TypeError unless ``model`` is an instance of a vitlab model class (``what`` names the caller)."""
+    if type(model) not in MODEL_CLASSES.values():
+        raise TypeError(f"{what} takes a vitlab model ({', '.join(MODEL_CLASSES)}), got {type(model).__name__}")
 
 
 class ModelSpec:
@@ -148,16 +162,9 @@ def create_model(name: str, **overrides: Any) -> nn.Module:
     spec = get_spec(name)
     args = {**spec.args, **overrides}
     model = build(spec.cls, args)
-    in_chans = args.get("in_chans", 3)
-    mean, std = spec.mean, spec.std
-    if len(mean) != in_chans:
-        mean, std = (sum(mean) / len(mean),) * in_chans, (sum(std) / len(std),) * in_chans
     model.arch = name
     model.model_args = dict(overrides)
-    img = getattr(model, "patch_embed", model).img_size
-    img = (img, img) if isinstance(img, int) else tuple(img)
-    model.pretrained_cfg = {"input_size": (in_chans, *img), "mean": tuple(mean), "std": tuple(std),
-                            "interpolation": "bicubic", "label_names": None}
+    model.pretrained_cfg = make_pretrained_cfg(model, args.get("in_chans", 3), spec.mean, spec.std)
     return model
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .base import Model, TimmSpec
+
 
 def resnet_reduction(stem: str, num_stages: int) -> int:
     """How many input pixels one feature-map cell spans along each side."""
@@ -35,7 +37,16 @@ class BasicBlock(nn.Module):
         return self.act2(x + shortcut)
 
 
-class ResNet(nn.Module):
+class ResNet(Model):
+    family = "ResNet (CNN)"
+    classifier_names = ("fc",)
+    no_weight_decay_names = ()
+    timm_names = frozenset({"resnet18", "resnet34"})
+    timm_spec = TimmSpec("ResNet", ("layers", "num_classes", "in_chans", "drop_rate"), "resnet18",
+                         fixed={"stem": "imagenet", "widths": [64, 128, 256, 512]},
+                         dropped=("img_size",))  # fully convolutional: timm's takes any size
+    no_hf = "a ResNet"
+
     def __init__(self, layers=(2, 2, 2, 2), widths=(64, 128, 256, 512), stem="cifar", in_chans=3,
                  num_classes=1000, img_size=32, drop_rate=0.0):
         super().__init__()
@@ -72,16 +83,11 @@ class ResNet(nn.Module):
             if isinstance(m, BasicBlock):
                 nn.init.zeros_(m.bn2.weight)
 
-    def no_weight_decay(self) -> set[str]:
-        return set()
-
-    def get_classifier(self) -> nn.Module:
-        return self.fc
-
     def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
-        self.num_classes = num_classes
-        self.fc = nn.Linear(self.num_features, num_classes, device=self.conv1.weight.device) \
-            if num_classes > 0 else nn.Identity()
+        """A new untrained fc for num_classes (0: none); the pooling is always the average."""
+        if global_pool not in (None, "avg"):
+            raise ValueError(f"global_pool {global_pool!r} is not valid for a ResNet; accepted: 'avg'")
+        super().reset_classifier(num_classes)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """(B, C, H, W) -> (B, num_features, H / reduction, W / reduction)."""
@@ -90,9 +96,6 @@ class ResNet(nn.Module):
             x = getattr(self, f"layer{i + 1}")(x)
         return x
 
-    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        x = self.head_drop(x.mean(dim=(2, 3)))
-        return x if pre_logits else self.fc(x)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.forward_head(self.forward_features(x))
+    def pool(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, C, h, w) feature map -> (B, C), the average over positions."""
+        return x.mean(dim=(2, 3))

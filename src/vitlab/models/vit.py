@@ -10,6 +10,7 @@ from functools import partial
 import torch
 from torch import nn
 
+from .base import Model, TimmSpec
 from .layers import (
     Block,
     PatchEmbed,
@@ -22,9 +23,42 @@ from .layers import (
 
 POS_EMBEDS = ("learn", "sincos", "none")
 GLOBAL_POOLS = ("token", "avg", "")
+# the arguments timm's VisionTransformer takes with vitlab's names and meaning
+TIMM_ARGS = ("img_size", "patch_size", "in_chans", "num_classes", "global_pool", "embed_dim", "depth", "num_heads",
+             "mlp_ratio", "qkv_bias", "init_values", "class_token", "pos_embed", "no_embed_class", "reg_tokens",
+             "fc_norm", "dynamic_img_size", "act_layer", "drop_rate", "pos_drop_rate", "proj_drop_rate",
+             "attn_drop_rate", "drop_path_rate")
 
 
-class VisionTransformer(nn.Module):
+class VisionTransformer(Model):
+    no_weight_decay_names = ("pos_embed", "cls_token", "dist_token", "reg_token")
+    timm_names = frozenset(
+        [f"deit_{s}{d}_patch16_224" for s in ("tiny", "small", "base") for d in ("", "_distilled")]
+        + [f"vit_{s}_patch{p}_{i}" for s in ("small", "base", "large") for p in (16, 32) for i in (224, 384)]
+        + ["vit_tiny_patch16_224", "vit_tiny_patch16_384"])
+
+    @property
+    def family(self) -> str:
+        if self.dist_token is not None:
+            return "DeiT (distilled: class + distillation token)"
+        return "ViT" if self.cls_token is not None else "ViT (no class token, average pooling)"
+
+    @property
+    def classifier_names(self) -> tuple[str, ...]:
+        return ("head", "head_dist") if self.dist_token is not None else ("head",)
+
+    @property
+    def timm_spec(self) -> TimmSpec:
+        distilled = self.dist_token is not None
+        return TimmSpec("VisionTransformerDistilled" if distilled else "VisionTransformer", TIMM_ARGS,
+                        "deit_tiny_distilled_patch16_224" if distilled else "vit_tiny_patch16_224",
+                        fixed={"norm_eps": 1e-6}, dropped=("distilled",),
+                        values={"pos_embed": {"sincos": "learn"}})  # the fixed table exported as a learned one
+
+    @property
+    def hf_model_type(self) -> str:
+        return "deit" if self.dist_token is not None else "vit"
+
     def __init__(self, img_size=224, patch_size=16, in_chans=3, num_classes=1000, global_pool="token",
                  embed_dim=768, depth=12, num_heads=12, mlp_ratio=4.0, qkv_bias=True, init_values=None,
                  class_token=True, reg_tokens=0, distilled=False, no_embed_class=False, pos_embed="learn",
@@ -96,24 +130,6 @@ class VisionTransformer(nn.Module):
                 nn.init.trunc_normal_(token, std=0.02)
         self.apply(init_weights_vit)
 
-    def no_weight_decay(self) -> set[str]:
-        return {"pos_embed", "cls_token", "dist_token", "reg_token"}
-
-    def get_classifier(self) -> nn.Module:
-        return self.head
-
-    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
-        """New zero-initialised head(s) for num_classes (0: none, forward returns pooled features)."""
-        if global_pool is not None:
-            if global_pool not in GLOBAL_POOLS or (self.cls_token is None and global_pool == "token"):
-                raise ValueError(f"global_pool {global_pool!r} is not valid for this model")
-            self.global_pool = global_pool
-        self.num_classes = num_classes
-        device = self.patch_embed.proj.weight.device
-        self.head = nn.Linear(self.embed_dim, num_classes, device=device) if num_classes > 0 else nn.Identity()
-        if self.head_dist is not None:
-            self.head_dist = nn.Linear(self.embed_dim, num_classes, device=device) if num_classes > 0 else nn.Identity()
-
     def _pos_embed(self, x: torch.Tensor) -> torch.Tensor:
         """(B, h, w, D) grid -> (B, prefix + h*w, D) with prefix tokens and position embedding."""
         B, h, w, D = x.shape
@@ -138,20 +154,21 @@ class VisionTransformer(nn.Module):
         x = self.blocks(x)
         return self.norm(x)
 
+    def pool(self, x: torch.Tensor) -> torch.Tensor:
+        """Tokens -> (B, D): the pooled token, through fc_norm (an identity unless pooling by average)."""
+        return self.fc_norm(super().pool(x))
+
+    def forward_heads(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Tokens -> (logits,), or a distilled model's (class logits, distillation logits) in any mode."""
+        if self.dist_token is None:
+            return super().forward_heads(x)
+        return self.head(self.head_drop(x[:, 0])), self.head_dist(self.head_drop(x[:, 1]))
+
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False):
         """Tokens -> logits; a distilled model in training returns (class logits, distillation logits)."""
-        if self.dist_token is not None:
-            x, x_dist = self.head_drop(x[:, 0]), self.head_drop(x[:, 1])
-            if pre_logits:
-                return (x + x_dist) / 2
-            x, x_dist = self.head(x), self.head_dist(x_dist)
-            return (x, x_dist) if self.training else (x + x_dist) / 2
-        if self.global_pool == "avg":
-            x = x[:, self.num_prefix_tokens:].mean(dim=1)
-        elif self.global_pool == "token":
-            x = x[:, 0]
-        x = self.head_drop(self.fc_norm(x))
-        return x if pre_logits else self.head(x)
-
-    def forward(self, x: torch.Tensor):
-        return self.forward_head(self.forward_features(x))
+        if self.dist_token is None:
+            return super().forward_head(x, pre_logits)
+        if pre_logits:
+            return (self.head_drop(x[:, 0]) + self.head_drop(x[:, 1])) / 2
+        x, x_dist = self.forward_heads(x)
+        return (x, x_dist) if self.training else (x + x_dist) / 2

@@ -21,10 +21,9 @@ def head_logits(model: nn.Module, x: torch.Tensor, tta: bool = False) -> dict[st
     if tta:
         both = head_logits(model, torch.cat([x, x.flip(-1)]))
         return {name: sum(v.chunk(2)) / 2 for name, v in both.items()}
-    if getattr(model, "dist_token", None) is None:
+    if len(getattr(model, "classifier_names", ())) < 2:
         return {"logits": model(x)}
-    feats = model.forward_features(x)
-    cls, dist = model.head(feats[:, 0]), model.head_dist(feats[:, 1])
+    cls, dist = model.forward_heads(model.forward_features(x))
     return {"logits": (cls + dist) / 2, "cls": cls, "dist": dist}
 
 

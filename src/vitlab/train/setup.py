@@ -15,8 +15,6 @@ from ..models.registry import accepted_args, create_model, get_spec
 from .distributed import Dist, barrier, broadcast_flag
 from .recipe import Recipe, default_model
 
-HEAD_NAMES = ("head", "head_dist", "fc")
-
 
 def build_model_and_data(r: Recipe, d: Dist, log: Callable[[str], None]) -> tuple[nn.Module, DataBundle, tuple, tuple]:
     """The model and the data, sized for each other; returns (model, data, mean, std)."""
@@ -89,7 +87,7 @@ def make_optimizer(model: nn.Module, lr: float, weight_decay: float, device: tor
 def freeze_backbone(model: nn.Module) -> None:
     """Train only the classifier head(s): a linear probe."""
     for name, p in model.named_parameters():
-        p.requires_grad = name.split(".")[0] in HEAD_NAMES
+        p.requires_grad = name.split(".")[0] in model.classifier_names
 
 
 def any_size(model: nn.Module) -> dict[nn.Module, bool]:
