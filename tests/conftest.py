@@ -56,6 +56,8 @@ FAMILIES = (
            ("talking_heads", "talking_heads", "class_attn"), timm=True, hf=False),
     Family("hybrid", "vit_tiny_r18_32", dict(embed_dim=32, depth=2, num_heads=2, backbone_layers=(1, 1),
                                              backbone_widths=(8, 16)), ("mhsa",) * 2, timm=False, hf=False),
+    Family("cct", "cct_7_3x2_32", dict(embed_dim=32, depth=2, num_heads=2, tokenizer_width=8), ("mhsa",) * 2,
+           timm=False, hf=False),
     Family("resnet", "resnet10_32", dict(widths=(8, 16, 32, 64)), (), timm=False, hf=False),  # CIFAR stem: not timm's
 )
 FAMILY = {f.id: f for f in FAMILIES}

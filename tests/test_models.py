@@ -156,6 +156,21 @@ def test_deit_forward_heads_gives_both_heads_in_eval_too():
         assert not torch.allclose(cls, dist)
 
 
+def test_cct_tokens_and_sequence_pooling():
+    """CCT: the convolutional tokenizer's grid (the paper's 256, 64 and 196 tokens), a softmax-weighted token mean."""
+    with torch.device("meta"):
+        grids = [vitlab.create_model(n).patch_embed.grid_size
+                 for n in ("cct_7_3x1_32", "cct_7_3x2_32", "cct_14_7x2_224")]
+    assert grids == [(16, 16), (8, 8), (14, 14)]
+    model = _perturb(FAMILY["cct"].create()).eval()
+    tokens = torch.randn(2, 64, 32)
+    weights = model.attention_pool(tokens).softmax(dim=1)
+    torch.testing.assert_close(model.pool(tokens), (weights * tokens).sum(dim=1))
+    assert model.pool(tokens[:, :1].expand(2, 64, 32)).allclose(tokens[:, 0], atol=1e-6)
+    with pytest.raises(ValueError, match="not divisible by the patch size 4"):
+        vitlab.create_model("cct_7_3x2_32", img_size=30)
+
+
 # --- one head API and the facts every family carries -----------------------------------------------
 
 

@@ -41,6 +41,7 @@ class Model(nn.Module):
     family: str = ""  # a readable label, e.g. "ViT", "ResNet (CNN)"
     classifier_names: tuple[str, ...] = ("head",)  # the Linear layer(s) reset_classifier replaces
     global_pools: tuple[str, ...] = ("token", "avg", "")
+    parent_args_fixed: tuple[str, ...] = ()  # a subclass passing **kwargs on: the parent's arguments it sets itself
     no_weight_decay_names: tuple[str, ...] = ("pos_embed", "cls_token")
     timm_names: frozenset[str] = frozenset()  # registered names that are timm's names for the same model
     timm_spec: TimmSpec | None = None

@@ -41,6 +41,7 @@ class HybridEmbed(nn.Module):
 
 class HybridVisionTransformer(VisionTransformer):
     family = "hybrid ViT (ResNet patch embedding)"
+    parent_args_fixed = ("patch_size",)
     timm_names = frozenset()
     timm_spec = None
     no_timm = "timm has no hybrid ViT on a ResNet-18-style backbone (its hybrids use ResNetV2 stems)"

@@ -10,6 +10,7 @@ from torch import nn
 
 from .base import DEFAULT_MEAN, DEFAULT_STD, Model, make_pretrained_cfg
 from .cait import Cait
+from .cct import CompactTransformer
 from .convit import ConVit
 from .hybrid import HybridVisionTransformer
 from .resnet import ResNet
@@ -18,23 +19,6 @@ from .vit import VisionTransformer
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 INCEPTION_MEAN, INCEPTION_STD = DEFAULT_MEAN, DEFAULT_STD
 CIFAR_MEAN, CIFAR_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
-
-MODEL_CLASSES: dict[str, type[Model]] = {
-    c.__name__: c for c in (VisionTransformer, ConVit, Cait, HybridVisionTransformer, ResNet)}
-
-
-def model_class(name: str | None, source: str) -> type[Model]:
-    """The model class a config names; an unknown name is an error naming ``source`` and the accepted ones."""
-    if name not in MODEL_CLASSES:
-        raise ValueError(f"{source}: unknown model class {name!r}; accepted: {', '.join(MODEL_CLASSES)}")
-    return MODEL_CLASSES[name]
-
-
-def check_model(model: object, what: str) -> None:
-    """TypeError unless ``model`` is an instance of a vitlab model class (``what`` names the caller)."""
-    if type(model) not in MODEL_CLASSES.values():
-        raise TypeError(f"{what} takes a vitlab model ({', '.join(MODEL_CLASSES)}), got {type(model).__name__}")
-
 
 class ModelSpec:
     """A registered name: its class, its default arguments and its preprocessing."""
@@ -117,9 +101,33 @@ register("vit_nano_r18_32", HybridVisionTransformer, CIFAR_MEAN, CIFAR_STD, **_C
          backbone_stem="cifar")
 register("resnet18_32", ResNet, CIFAR_MEAN, CIFAR_STD, **_CIFAR, layers=(2, 2, 2, 2), stem="cifar")
 register("resnet10_32", ResNet, CIFAR_MEAN, CIFAR_STD, **_CIFAR, layers=(1, 1, 1, 1), stem="cifar")
+# CCT (the paper's names: depth / kernel x tokenizer layers): CIFAR from scratch, and ImageNet
+register("cct_7_3x1_32", CompactTransformer, CIFAR_MEAN, CIFAR_STD, **_CIFAR,
+         embed_dim=256, depth=7, num_heads=4, mlp_ratio=2.0, tokenizer_layers=1, tokenizer_kernel=3)
+register("cct_7_3x2_32", CompactTransformer, CIFAR_MEAN, CIFAR_STD, **_CIFAR,
+         embed_dim=256, depth=7, num_heads=4, mlp_ratio=2.0, tokenizer_layers=2, tokenizer_kernel=3)
+register("cct_14_7x2_224", CompactTransformer, embed_dim=384, depth=14, num_heads=6, mlp_ratio=3.0,
+         tokenizer_layers=2, tokenizer_kernel=7, img_size=224)
 # The embedded default (8x8 digits): patch 2, a 4x4 grid, average pooling (which learns faster here)
 register("vit_micro_patch2_8", VisionTransformer, (0.5,), (0.5,), img_size=8, patch_size=2, in_chans=1,
          num_classes=10, embed_dim=64, depth=4, num_heads=4, mlp_ratio=2.0, class_token=False, global_pool="avg")
+
+
+# every class a registered name builds, by class name (config.json's "class")
+MODEL_CLASSES: dict[str, type[Model]] = {spec.cls.__name__: spec.cls for spec in _REGISTRY.values()}
+
+
+def model_class(name: str | None, source: str) -> type[Model]:
+    """The model class a config names; an unknown name is an error naming ``source`` and the accepted ones."""
+    if name not in MODEL_CLASSES:
+        raise ValueError(f"{source}: unknown model class {name!r}; accepted: {', '.join(MODEL_CLASSES)}")
+    return MODEL_CLASSES[name]
+
+
+def check_model(model: object, what: str) -> None:
+    """TypeError unless ``model`` is an instance of a vitlab model class (``what`` names the caller)."""
+    if type(model) not in MODEL_CLASSES.values():
+        raise TypeError(f"{what} takes a vitlab model ({', '.join(MODEL_CLASSES)}), got {type(model).__name__}")
 
 
 def list_models(pattern: str = "*") -> list[str]:
@@ -139,10 +147,11 @@ def get_spec(name: str) -> ModelSpec:
 
 
 def accepted_args(cls: type[nn.Module]) -> list[str]:
+    """The arguments a model class takes, with timm's names."""
     params = inspect.signature(cls.__init__).parameters
     names = [p for p in params if p not in ("self", "kwargs")]
-    if cls is HybridVisionTransformer:
-        names += [p for p in accepted_args(VisionTransformer) if p not in names and p != "patch_size"]
+    if "kwargs" in params:  # the rest go to the parent class, less those this class sets itself
+        names += [p for p in accepted_args(cls.__mro__[1]) if p not in names and p not in cls.parent_args_fixed]
     return names
 
 
