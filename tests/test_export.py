@@ -151,7 +151,7 @@ def test_inexpressible_model_names_what_is_missing(tmp_path, family, to, missing
                                          if not ok])
 def test_a_format_that_cannot_hold_a_family_says_so_in_one_line(tmp_path, family, to):
     model = FAMILY[family].create()
-    with pytest.raises(ValueError, match="--to onnx") as err:
+    with pytest.raises(ValueError, match="; export .*onnx$") as err:
         export(model, to, tmp_path / "x")
     assert "\n" not in str(err.value)
     assert not (tmp_path / "x").exists()
