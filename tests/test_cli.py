@@ -69,10 +69,8 @@ def test_a_command_line_that_names_no_command_prints_the_help(capsys):
 def test_python_m_vitlab_and_the_console_script_reach_the_same_main():
     from pathlib import Path
 
-    import tomllib
-
     import vitlab.cli
-    scripts = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]["scripts"]
-    assert scripts == {"vitlab": "vitlab.cli:main"} and vitlab.cli.main is main
+    pyproject = (Path(__file__).parents[1] / "pyproject.toml").read_text()
+    assert '\nvitlab = "vitlab.cli:main"\n' in pyproject and vitlab.cli.main is main
     source = (Path(vitlab.cli.__file__).parents[1] / "__main__.py").read_text()
     assert "from .cli import main" in source
