@@ -484,9 +484,9 @@ def test_bad_value_is_one_line_naming_it_and_what_is_accepted(field: str, value:
     msg = str(err.value)
     assert "\n" not in msg and msg.startswith(f"{field}=") and f"accepted: {accepted}" in msg, msg
     cfg = AugmentConfig()
-    with pytest.raises(ValueError):  # an assignment is checked too: a BatchAugment never sees a bad value
+    with pytest.raises(ValueError) as err:  # an assignment is checked too: a BatchAugment never sees a bad value
         setattr(cfg, field, value)
-    assert cfg == AugmentConfig()
+    assert str(err.value) == msg and cfg == AugmentConfig()
 
 
 def test_text_values_are_coerced_as_in_a_recipe_and_unknown_options_are_named() -> None:

@@ -13,13 +13,20 @@ from pydantic.fields import FieldInfo
 
 class Settings(BaseModel):
     """A set of declared options. Text coerces to the declared type (``"1e-3"`` is the float 0.001, ``"no"`` is
-    False), as YAML files and command lines deliver it; a bad value raises ValueError as one line."""
+    False), as YAML files and command lines deliver it; a bad value (given or assigned) raises ValueError as one
+    line."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=(), allow_inf_nan=False)
 
     def __init__(self, **values: Any) -> None:
         try:
             super().__init__(**values)
+        except ValidationError as e:
+            raise ValueError(one_line(e, type(self))) from None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        try:
+            super().__setattr__(name, value)
         except ValidationError as e:
             raise ValueError(one_line(e, type(self))) from None
 
