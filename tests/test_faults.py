@@ -715,3 +715,20 @@ def test_a_build_reads_the_files_only_after_their_newest_change_is_a_tick_old(tm
                                                                       for p in root.rglob("*.bmp"))
     quiet(root, cache_dir=tmp_path / "c")
     assert len(calls) == 1  # a store found in the cache reads no image
+
+
+@pytest.mark.parametrize("classes, per_class, val_fraction, one_class, empty_test", [
+    (("a",), 6, 0.2, True, False),
+    (("a", "b", "c"), 1, 0.2, False, True),  # every class has one image: none can be held out
+    (("a", "b"), 4, 0.0, False, True),
+    (("a", "b"), 4, 0.25, False, False),
+])
+def test_a_data_set_with_nothing_to_learn_or_to_test_is_said(tmp_path, classes, per_class, val_fraction, one_class,
+                                                               empty_test):
+    root = make_folder(tmp_path / "set", classes=classes, per_class=per_class)
+    for _ in range(2):  # built, then found in the cache: said both times
+        b, logs = quiet(root, cache_dir=tmp_path / "c", val_fraction=val_fraction)
+        warnings = [line for line in logs if line.startswith("warning:")]
+        assert any("one class ('a')" in line for line in warnings) == one_class
+        assert any("test split of set is empty" in line for line in warnings) == empty_test
+        assert len(warnings) == one_class + empty_test

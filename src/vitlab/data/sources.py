@@ -319,6 +319,12 @@ def _bundle(store: Store, img_size: tuple[int, int] | None, how: str, log: Log) 
     c, sh, sw = store.images.shape[1:]
     train_at = f", training at {bundle.img_size[0]}x{bundle.img_size[1]}" if bundle.img_size != (sh, sw) else ""
     skipped = f", {bundle.skipped} unreadable files skipped" if bundle.skipped else ""
+    if len(bundle.classes) == 1:
+        log(f"warning: {bundle.name} has one class ({bundle.classes[0]!r}): every prediction is right, so its "
+            "accuracy says nothing; a classifier needs two or more")
+    if len(bundle.test.labels) == 0:
+        log(f"warning: the test split of {bundle.name} is empty (a class of one image stays in training, and "
+            "val_fraction=0 holds out nothing): there is nothing to evaluate on")
     log(f"{bundle.name}: {len(bundle.train.labels)} train / {len(bundle.test.labels)} test images, {c}x{sh}x{sw}"
         f"{train_at}, {len(bundle.classes)} classes{skipped} ({how})")
     return bundle
