@@ -48,6 +48,7 @@ class Model(nn.Module):
     no_timm: str = ""  # why timm cannot hold this model, where timm_spec is None
     hf_model_type: str | None = None  # transformers' model_type
     no_hf: str = ""  # what transformers cannot express, where hf_model_type is None
+    no_pretrain: str = ""  # why masked pre-training (MAE, MPP) does not apply, where it does not
 
     def no_weight_decay(self) -> set[str]:
         return set(self.no_weight_decay_names)

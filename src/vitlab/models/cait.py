@@ -115,6 +115,8 @@ class Cait(Model):
                          "cait_xxs24_224", fixed={"norm_eps": 1e-6, "act_layer": "gelu", "dynamic_img_size": False},
                          layer_scale_as_gamma=True)
     no_hf = "CaiT"
+    no_pretrain = ("the objectives run the ViT/DeiT forward (prefix tokens, one stack of blocks), "
+                   "not CaiT's self-attention then class-attention stages")
 
     def __init__(self, img_size=224, patch_size=16, in_chans=3, num_classes=1000, global_pool="token",
                  embed_dim=768, depth=12, num_heads=12, mlp_ratio=4.0, qkv_bias=True, init_values=1e-4,

@@ -61,6 +61,8 @@ class CompactTransformer(VisionTransformer):
     no_timm = "timm has no Compact Convolutional Transformer"
     hf_model_type = None
     no_hf = "a CCT (its convolutional tokenizer and sequence pooling)"
+    no_pretrain = ("its convolutional tokenizer mixes neighbouring pixels across token borders, so a hidden "
+                   "token reaches the encoder through its neighbours")
 
     def __init__(self, img_size=32, in_chans=3, embed_dim=256, tokenizer_layers=1, tokenizer_kernel=3,
                  tokenizer_width=64, dynamic_img_size=False, **kwargs):

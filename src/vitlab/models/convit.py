@@ -104,6 +104,8 @@ class ConVit(Model):
                                     "proj_drop_rate", "attn_drop_rate", "drop_path_rate"),
                          "convit_tiny", fixed={"norm_eps": 1e-6, "dynamic_img_size": False})
     no_hf = "ConViT"
+    no_pretrain = ("its GPSA layers attend over relative offsets on the full patch grid, which the visible "
+                   "patches alone do not form, and its class token joins only after them")
 
     def __init__(self, img_size=224, patch_size=16, in_chans=3, num_classes=1000, global_pool="token",
                  embed_dim=48, depth=12, num_heads=12, mlp_ratio=4.0, qkv_bias=False, local_up_to_layer=3,

@@ -47,6 +47,8 @@ class HybridVisionTransformer(VisionTransformer):
     no_timm = "timm has no hybrid ViT on a ResNet-18-style backbone (its hybrids use ResNetV2 stems)"
     hf_model_type = None
     no_hf = "a hybrid ViT (its ResNet backbone)"
+    no_pretrain = ("its CNN stem mixes neighbouring patches before they become tokens, so a hidden or "
+                   "corrupted patch reaches the encoder through its neighbours")
 
     def __init__(self, img_size=224, in_chans=3, embed_dim=384, backbone_layers=(2, 2, 2),
                  backbone_widths=(64, 128, 256), backbone_stem="imagenet", dynamic_img_size=False, **kwargs):

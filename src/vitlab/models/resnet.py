@@ -46,6 +46,7 @@ class ResNet(Model):
                          fixed={"stem": "imagenet", "widths": [64, 128, 256, 512]},
                          dropped=("img_size",))  # fully convolutional: timm's takes any size
     no_hf = "a ResNet"
+    no_pretrain = "a convolutional network has no patch tokens to hide"
 
     def __init__(self, layers=(2, 2, 2, 2), widths=(64, 128, 256, 512), stem="cifar", in_chans=3,
                  num_classes=1000, img_size=32, drop_rate=0.0):

@@ -7,27 +7,13 @@ from torch import nn
 
 from ..models.vit import VisionTransformer
 
-# Why an objective does not run a family, by (method, class name); (None, class name) for both methods.
-UNSUPPORTED = {
-    ("mae", "ConVit"): "its GPSA layers attend over relative offsets on the full patch grid, "
-                       "which the visible patches alone do not form",
-    ("mpp", "ConVit"): "its class token joins only after the GPSA blocks; MPP runs ViT and DeiT encoders",
-    (None, "HybridVisionTransformer"): "its CNN stem mixes neighbouring patches before they become tokens, "
-                                       "so a hidden or corrupted patch reaches the encoder through its neighbours",
-    (None, "Cait"): "the objectives run the ViT/DeiT forward (prefix tokens, one stack of blocks), "
-                    "not CaiT's self-attention then class-attention stages",
-    (None, "ResNet"): "a convolutional network has no patch tokens to hide",
-}
-
 
 def check_encoder(model: nn.Module, method: str) -> None:
     """Raise a one-line ValueError unless ``method`` ('mae' or 'mpp') applies to the model's family."""
-    if type(model) is VisionTransformer:
-        return
-    name = type(model).__name__
-    reason = UNSUPPORTED.get((method, name)) or UNSUPPORTED.get((None, name)) or \
-        "pre-training runs ViT and DeiT encoders (VisionTransformer) only"
-    raise ValueError(f"{method.upper()} pre-training does not apply to {name}: {reason}")
+    reason = getattr(model, "no_pretrain", "") or (
+        "" if isinstance(model, VisionTransformer) else "pre-training runs ViT and DeiT encoders only")
+    if reason:
+        raise ValueError(f"{method.upper()} pre-training does not apply to {type(model).__name__}: {reason}")
 
 
 def set_aside_head(encoder: VisionTransformer) -> None:

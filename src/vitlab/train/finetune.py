@@ -13,10 +13,8 @@ HEAD_INIT_STD = 2e-5
 
 
 def classifiers(model: nn.Module) -> dict[str, nn.Linear]:
-    """The model's classifier layers by name: 'head' (and 'head_dist' for DeiT), or a ResNet's 'fc'."""
-    found = [model.get_classifier()] if hasattr(model, "get_classifier") else []
-    found.append(getattr(model, "head_dist", None))
-    heads = {name: m for name, m in model.named_children() if any(m is f for f in found)}
+    """The model's classifier layers by name (its ``classifier_names``: 'head', DeiT's 'head_dist', a ResNet's 'fc')."""
+    heads = {name: getattr(model, name, None) for name in getattr(model, "classifier_names", ())}
     return {name: m for name, m in heads.items() if isinstance(m, nn.Linear)}
 
 
