@@ -33,7 +33,7 @@ def test_yaml_recipe_with_text_numbers_trains(tmp_path, cache_dir):
 @pytest.mark.parametrize("text, message", [
     ("lr: fast", "lr='fast' is not valid; accepted: a number > 0"),
     ("epochs: 2.5", "epochs=2.5 is not valid; accepted: an integer >= 1"),
-    ("warmup: 1.5", "warmup=1.5 is not valid; accepted: a number in [0, 1)"),
+    ("warmup: 1.5", "warmup=1.5 is not valid; accepted: a number >= 0 and < 1"),
     ("hflip: maybe", "hflip='maybe' is not valid; accepted: true or false"),
     ("augment: {mixup: -1}", "mixup=-1 is not valid; accepted: a number >= 0"),
     ("rrc_scale: [0.5, 0.2]", "rrc_scale=(0.5, 0.2) is not valid; accepted: a pair lo, hi with 0 < lo <= hi <= 1"),

@@ -49,17 +49,12 @@ def describe(annotation: Any, metadata: list | tuple = ()) -> str:
         return describe(inner[0], metadata) + " (or null)" if len(inner) == 1 else str(annotation)
     base = {int: "an integer", float: "a number", bool: "true or false", str: "text",
             dict: "a mapping"}.get(typing.get_origin(annotation) or annotation, str(annotation))
-    lo = hi = None  # (symbol, value) of the lower and upper bound
+    bounds = []
     for m in metadata:
         for cls, attr, sym in ((at.Gt, "gt", ">"), (at.Ge, "ge", ">="), (at.Lt, "lt", "<"), (at.Le, "le", "<=")):
             if isinstance(m, cls):
-                if attr[0] == "g":
-                    lo = sym, getattr(m, attr)
-                else:
-                    hi = sym, getattr(m, attr)
-    if lo and hi:
-        return f"{base} in {'[' if lo[0] == '>=' else '('}{lo[1]}, {hi[1]}{']' if hi[0] == '<=' else ')'}"
-    return " ".join([base, *(f"{bound[0]} {bound[1]}" for bound in (lo, hi) if bound)])
+                bounds.append(f"{sym} {getattr(m, attr)}")
+    return base + (" " + " and ".join(bounds) if bounds else "")
 
 
 def field_at(model: type[BaseModel], loc: tuple) -> tuple[str, FieldInfo] | None:
