@@ -12,6 +12,9 @@ Cases that load with ``vitlab.load(folder, img_size=...)`` are compared with wha
 is fine-tuned at another resolution: ``timm.create_model(arch, img_size=NEW, **args)`` and ``load_state_dict``
 after timm's own ``resample_abs_pos_embed`` (``checkpoint_filter_fn`` in timm/models/vision_transformer.py).
 
+The tiny fixtures under tests/fixtures/parity/ (benchmarks/make_parity_fixtures.py) are checked too, at both of
+their input sizes, as the rows ``fixture NAME``.
+
 Run with the reference environment (timm, transformers), from the repository root:
 
     PY=$(../shared/tools/reference-env.sh) && $PY benchmarks/parity_vs_peers.py [SUBSTRING ...]
@@ -26,11 +29,13 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import timm
 import torch
 import transformers
+from safetensors.torch import load_file
 from timm.layers import resample_abs_pos_embed
 from timm.models import save_for_hf
 from torch import Tensor, nn
@@ -186,7 +191,33 @@ def timm_cases() -> list[TimmCase]:
         TimmCase("convit patch4 img32", CONVIT, dict(g, patch_size=4)),
         TimmCase("convit avg", CONVIT, dict(g, global_pool="avg")),
         TimmCase("convit load img_size=48", CONVIT, g, load=dict(img_size=48)),
+        *backbone_cases(),
     ]
+
+
+def backbone_cases() -> list[TimmCase]:
+    """Today's backbones by timm name (DeiT III, DINOv2, registers, GAP, CLIP, SigLIP) and the ViT options."""
+    v = dict(SMALL, num_classes=5)
+    cases = []
+    for arch in ("deit3_small_patch16_224", "vit_small_patch14_dinov2", "vit_small_patch14_reg4_dinov2",
+                 "vit_betwixt_patch16_reg4_gap_256", "vit_base_patch16_reg4_gap_256", "vit_medium_patch16_gap_256",
+                 "vit_base_patch16_gap_224", "vit_base_patch16_clip_224", "vit_base_patch16_clip_quickgelu_224",
+                 "vit_base_patch16_siglip_224", "vit_base_patch32_siglip_256", "vit_base_patch16_siglip_gap_224"):
+        heads = 4 if arch == "vit_base_patch16_gap_224" else 3  # its 16 heads: 48 / 4 per head at this width
+        cases.append(TimmCase(arch, arch, dict(v, num_heads=heads)))
+        cases.append(TimmCase(f"{arch} dynamic -> 48x40", arch, dict(v, num_heads=heads, dynamic_img_size=True),
+                              input_size=(48, 40)))
+    cases.append(TimmCase("vit_small_patch14_dinov2 num_classes=0", "vit_small_patch14_dinov2",
+                          dict(v, num_classes=0)))
+    for label, options in (("qk_norm", dict(qk_norm=True)), ("proj_bias=False", dict(proj_bias=False)),
+                           ("pre_norm", dict(pre_norm=True)), ("final_norm=False", dict(final_norm=False)),
+                           ("final_norm=False avg", dict(final_norm=False, global_pool="avg")),
+                           ("fc_norm=True token", dict(fc_norm=True)), ("global_pool=map", dict(global_pool="map")),
+                           ("map no class token", dict(global_pool="map", class_token=False)),
+                           ("act swish", dict(act_layer="swish")), ("act quick_gelu", dict(act_layer="quick_gelu")),
+                           ("qk_norm map reg_tokens=2", dict(qk_norm=True, global_pool="map", reg_tokens=2))):
+        cases.append(TimmCase(f"vit {label}", VIT, dict(v, **options)))
+    return cases
 
 
 # ---------------------------------------------------------------------------------------------
@@ -201,16 +232,21 @@ class HfCase:
     noise: float = NOISE_STD
     peer: str = "transformers"
 
-    def run(self, folder: str) -> Pairs:
-        config_cls = transformers.ViTConfig if self.cls.startswith("ViT") else transformers.DeiTConfig
-        config = config_cls(**self.config)
+    def build(self, folder: str) -> tuple[nn.Module, nn.Module, Tensor]:
+        """The peer's model (perturbed, saved to folder), vitlab's load of that folder, and an input batch."""
+        config = getattr(transformers, CONFIGS[self.cls])(**self.config)
         ref = perturb(getattr(transformers, self.cls)(config), self.noise)
         ref.save_pretrained(folder)
-        ours = vitlab.load(folder)
-        x = image_batch(config.num_channels, pair(config.image_size))
+        return ref, vitlab.load(folder), image_batch(config.num_channels, pair(config.image_size))
+
+    def run(self, folder: str) -> Pairs:
+        ref, ours, x = self.build(folder)
         with torch.no_grad():
             out = ref(pixel_values=x)
             f_ours = ours.forward_features(x)
+            if not self.cls.startswith(("ViT", "DeiT")):  # DINOv2, CLIP, SigLIP: the pooled output (or projection)
+                logits = out.image_embeds if self.cls.endswith("WithProjection") else out.pooler_output
+                return {"logits": (logits, ours(x)), "features": (out.last_hidden_state, f_ours)}
             if self.cls.endswith("Model"):  # no head: the encoder's output
                 return {"features": (out.last_hidden_state, f_ours)}
             base = ref.vit if self.cls.startswith("ViT") else ref.deit
@@ -221,6 +257,12 @@ class HfCase:
         return pairs
 
 
+CONFIGS = {"ViTForImageClassification": "ViTConfig", "ViTModel": "ViTConfig", "DeiTModel": "DeiTConfig",
+           "DeiTForImageClassification": "DeiTConfig", "DeiTForImageClassificationWithTeacher": "DeiTConfig",
+           "Dinov2Model": "Dinov2Config", "Dinov2WithRegistersModel": "Dinov2WithRegistersConfig",
+           "CLIPVisionModel": "CLIPVisionConfig", "CLIPVisionModelWithProjection": "CLIPVisionConfig",
+           "SiglipVisionModel": "SiglipVisionConfig"}
+HF_BACKBONE = dict(hidden_size=48, num_hidden_layers=2, num_attention_heads=3, image_size=32, patch_size=8)
 HF_SMALL = dict(hidden_size=48, num_hidden_layers=2, num_attention_heads=3, intermediate_size=96,
                 image_size=32, patch_size=8, num_labels=5)
 HF_VARIANTS = {
@@ -257,7 +299,49 @@ def hf_cases() -> list[HfCase]:
         HfCase("hf ViTModel", "ViTModel", HF_SMALL),
         HfCase("hf ViTModel hidden64 heads4", "ViTModel", dict(HF_SMALL, **HF_VARIANTS["hidden64 heads4 layers3"])),
         HfCase("hf DeiTModel", "DeiTModel", HF_SMALL),
+        HfCase("hf Dinov2Model", "Dinov2Model", HF_BACKBONE),
+        HfCase("hf Dinov2Model layerscale=0.1 gelu_python", "Dinov2Model",
+               dict(HF_BACKBONE, layerscale_value=0.1, hidden_act="gelu_python")),
+        HfCase("hf Dinov2WithRegistersModel", "Dinov2WithRegistersModel", dict(HF_BACKBONE, num_register_tokens=4)),
+        HfCase("hf CLIPVisionModel", "CLIPVisionModel", dict(HF_BACKBONE, intermediate_size=96)),
+        HfCase("hf CLIPVisionModel gelu", "CLIPVisionModel", dict(HF_BACKBONE, intermediate_size=96,
+                                                                   hidden_act="gelu")),
+        HfCase("hf CLIPVisionModelWithProjection", "CLIPVisionModelWithProjection",
+               dict(HF_BACKBONE, intermediate_size=96, projection_dim=24)),
+        HfCase("hf SiglipVisionModel", "SiglipVisionModel", dict(HF_BACKBONE, intermediate_size=96)),
     ]
+
+
+FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "parity"
+
+
+@dataclass
+class FixtureCase:
+    """A stored folder of tests/fixtures/parity: the peer's outputs at its own size, and at a second one."""
+
+    name: str
+    folder: Path
+
+    @property
+    def peer(self) -> str:
+        return "timm" if self.folder.name.startswith("timm") else "transformers"
+
+    def run(self, _: str) -> Pairs:
+        pairs = {}
+        for io_name, load in (("io.safetensors", {}), ("io_dynamic.safetensors", {"dynamic_img_size": True})):
+            if (self.folder / io_name).is_file():
+                io = load_file(self.folder / io_name)
+                ours = vitlab.load(self.folder, **load)
+                with torch.no_grad():
+                    f = ours.forward_features(io["input"])
+                    tag = "" if not load else f" {'x'.join(map(str, io['input'].shape[-2:]))}"
+                    pairs[f"logits{tag}"] = (io["logits"], ours.forward_head(f))
+                    pairs[f"features{tag}"] = (io["features"], f)
+        return pairs
+
+
+def fixture_cases() -> list[FixtureCase]:
+    return [FixtureCase(f"fixture {p.name}", p) for p in sorted(FIXTURES.iterdir()) if (p / "io.safetensors").is_file()]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -265,7 +349,7 @@ def hf_cases() -> list[HfCase]:
 
 @dataclass
 class Result:
-    case: TimmCase | HfCase
+    case: TimmCase | HfCase | FixtureCase
     diffs: dict[str, float]
     error: str | None = None
 
@@ -278,7 +362,7 @@ class Result:
         return self.error is None and self.max_diff <= TOL
 
 
-def run_case(case: TimmCase | HfCase, seed: int) -> Result:
+def run_case(case: TimmCase | HfCase | FixtureCase, seed: int) -> Result:
     torch.manual_seed(seed)
     try:
         with tempfile.TemporaryDirectory() as folder:
@@ -301,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(min(4, torch.get_num_threads()))
     transformers.utils.logging.disable_progress_bar()  # save_pretrained's "Writing model shards"
     logging.getLogger("timm").setLevel(logging.ERROR)  # "Pretrained mean does not match 1 channels"
-    cases: list[TimmCase | HfCase] = [*timm_cases(), *hf_cases()]
+    cases: list[TimmCase | HfCase | FixtureCase] = [*timm_cases(), *hf_cases(), *fixture_cases()]
     if args.only:
         cases = [c for c in cases if any(s in c.name for s in args.only)]
     print(f"vitlab {vitlab.__version__} vs timm {timm.__version__}, transformers {transformers.__version__}, "

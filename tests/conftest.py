@@ -58,6 +58,20 @@ FAMILIES = (
                                              backbone_widths=(8, 16)), ("mhsa",) * 2, timm=False, hf=False),
     Family("cct", "cct_7_3x2_32", dict(embed_dim=32, depth=2, num_heads=2, tokenizer_width=8), ("mhsa",) * 2,
            timm=False, hf=False),
+    Family("deit3", "deit3_small_patch16_224", dict(img_size=32, patch_size=4, embed_dim=32, depth=2, num_heads=2,
+                                                    num_classes=10), ("mhsa",) * 2, timm=True, hf=False),
+    Family("dinov2_reg4", "vit_small_patch14_reg4_dinov2", dict(img_size=32, patch_size=4, embed_dim=32, depth=2,
+                                                                num_heads=2, num_classes=10), ("mhsa",) * 2,
+           timm=True, hf=False),
+    Family("clip", "vit_base_patch16_clip_quickgelu_224", dict(img_size=32, patch_size=4, embed_dim=32, depth=2,
+                                                               num_heads=2, num_classes=10), ("mhsa",) * 2,
+           timm=True, hf=False),
+    Family("siglip", "vit_base_patch16_siglip_224", dict(img_size=32, patch_size=4, embed_dim=32, depth=2,
+                                                         num_heads=2, num_classes=10), ("mhsa",) * 2,
+           timm=True, hf=False),
+    Family("vit_options", "vit_tiny_patch4_32", dict(embed_dim=32, depth=2, num_heads=2, qk_norm=True, proj_bias=False,
+                                                     final_norm=False, global_pool="avg", act_layer="swish"),
+           ("mhsa",) * 2, timm=True, hf=False),
     Family("resnet", "resnet10_32", dict(widths=(8, 16, 32, 64)), (), timm=False, hf=False),  # CIFAR stem: not timm's
 )
 FAMILY = {f.id: f for f in FAMILIES}

@@ -1,5 +1,6 @@
 """vitlab export: ONNX checked with onnxruntime, timm and transformers folders that load back to the same logits."""
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -62,8 +63,8 @@ def test_timm_folder_round_trip(tmp_path, family):
     assert {"input_size", "mean", "std", "interpolation", "crop_pct", "num_classes", "first_conv",
             "classifier"} <= cfg["pretrained_cfg"].keys()
     assert "distilled" not in cfg["model_args"] and "norm_eps" not in cfg["model_args"]
-    assert cfg["architecture"].startswith({"deit": "deit_", "vit": "vit_", "vit_avg": "vit_", "convit": "convit_",
-                                           "cait": "cait_"}[family])
+    assert cfg["architecture"].startswith({"deit": "deit_", "convit": "convit_", "cait": "cait_",
+                                           "deit3": "deit3_"}.get(family, "vit_"))
     keys = load_file(folder / "model.safetensors").keys()
     if family == "cait":  # timm's LayerScale names in CaiT
         assert "blocks.0.gamma_1" in keys and "blocks_token_only.0.gamma_2" in keys
@@ -86,16 +87,21 @@ def test_timm_resnet_and_label_names(tmp_path):
     assert logits_close(model, back, torch.randn(2, 3, 64, 64))
 
 
+BACKBONES = Path(__file__).parent / "fixtures" / "parity"
+
+
 @pytest.mark.parametrize("fixture", ["timm_vit_token", "timm_vit_avg_noclass", "timm_vit_layerscale",
-                                     "timm_deit_distilled", "timm_cait", "timm_convit"])
+                                     "timm_deit_distilled", "timm_cait", "timm_convit"]
+                         + sorted(p.name for p in BACKBONES.glob("timm_*")))
 def test_timm_fixture_exports_timm_keys(tmp_path, fixture):
     """A timm checkpoint loaded into vitlab and exported again has timm's own tensor names and values."""
-    folder = export(vitlab.load(PARITY / fixture), "timm", tmp_path / "t")
-    ours, theirs = load_file(folder / "model.safetensors"), load_file(PARITY / fixture / "model.safetensors")
+    src = (BACKBONES if (BACKBONES / fixture).is_dir() else PARITY) / fixture
+    folder = export(vitlab.load(src), "timm", tmp_path / "t")
+    ours, theirs = load_file(folder / "model.safetensors"), load_file(src / "model.safetensors")
     assert ours.keys() == theirs.keys()
     assert all(torch.equal(ours[k], theirs[k]) for k in theirs)
     cfg = json.loads((folder / "config.json").read_text())
-    ref = json.loads((PARITY / fixture / "config.json").read_text())
+    ref = json.loads((src / "config.json").read_text())
     assert cfg["architecture"] == ref["architecture"]
     for key, value in ref["model_args"].items():
         assert cfg["model_args"][key] == value, key

@@ -2,6 +2,7 @@
 import hashlib
 import json
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ from vitlab.cli import main
 
 pytest.importorskip("huggingface_hub")
 
+BACKBONES = Path(__file__).parent / "fixtures" / "parity"
 TIMM_ID, HF_ID = "hf-hub:timm/vit_test.fixture", "hf-hub:google/vit-test"
 
 
@@ -170,3 +172,17 @@ def test_fine_tune_from_hub_id(hub_cache, tmp_path, cache_dir):
     # the backbone started from the Hub weights: its patch embedding moved only by one epoch of training
     start = vitlab.load(HF_ID).patch_embed.proj.weight
     assert (tuned.patch_embed.proj.weight - start).abs().max() < 0.05
+
+
+@pytest.mark.parametrize("hub_id, fixture", [("hf-hub:timm/vit_small_patch14_dinov2.lvd142m", "timm_dinov2"),
+                                             ("hf-hub:timm/vit_base_patch16_clip_224.openai", "timm_clip"),
+                                             ("hf-hub:timm/vit_base_patch16_siglip_224.webli", "timm_siglip"),
+                                             ("hf-hub:facebook/dinov2-with-registers-small", "hf_dinov2_registers"),
+                                             ("hf-hub:openai/clip-vit-base-patch32", "hf_clip_vision_projection"),
+                                             ("hf-hub:google/siglip-base-patch16-224", "hf_siglip_vision")])
+def test_backbone_hub_ids_load_from_the_cache(hub_cache, hub_id, fixture):
+    folder = BACKBONES / fixture
+    add_repo(hub_cache, hub_id[7:], folder)
+    io = load_file(folder / "io.safetensors")
+    with torch.no_grad():
+        assert torch.allclose(vitlab.load(hub_id)(io["input"]), io["logits"], atol=1e-4)

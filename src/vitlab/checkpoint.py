@@ -137,7 +137,8 @@ def _adapt_pos_embed(model: nn.Module, state: dict[str, torch.Tensor], old_img) 
         h, w = to_2tuple(old_img)
         if (h // patch[0]) * (w // patch[1]) == n_old:
             old_grid = (h // patch[0], w // patch[1])
-    state["pos_embed"] = resample_abs_pos_embed(ckpt, grid, old_grid, num_prefix_tokens=prefix)
+    state["pos_embed"] = resample_abs_pos_embed(ckpt, grid, old_grid, num_prefix_tokens=prefix,
+                                                antialias=getattr(model, "pos_embed_antialias", True))
 
 
 def load_state_strict(model: nn.Module, state: dict[str, torch.Tensor], source: str) -> None:

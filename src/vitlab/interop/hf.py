@@ -11,17 +11,21 @@ import torch
 from ..models.vit import VisionTransformer
 
 # transformers' hidden_act -> vitlab act_layer
-HF_ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh",
-                  "relu": "relu", "silu": "silu", "swish": "silu", "quick_gelu": "quick_gelu"}
-HF_MODEL_TYPES = ("vit", "deit")
-# architectures -> (dist token role, heads)
-HF_ARCHITECTURES = {
-    "ViTForImageClassification": "vit",
-    "ViTModel": "base",
-    "DeiTForImageClassificationWithTeacher": "distilled",
-    "DeiTForImageClassification": "deit",
-    "DeiTModel": "base",
+HF_ACTIVATIONS = {"gelu": "gelu", "gelu_python": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
+                  "gelu_fast": "gelu_tanh", "relu": "relu", "silu": "silu", "swish": "silu", "quick_gelu": "quick_gelu"}
+# model_type -> (its architectures -> the head they carry, the weights' prefix, the default architecture)
+HF_MODEL_TYPES = {
+    "vit": ({"ViTForImageClassification": "vit", "ViTModel": "base"}, "vit", "ViTForImageClassification"),
+    "deit": ({"DeiTForImageClassificationWithTeacher": "distilled", "DeiTForImageClassification": "deit",
+              "DeiTModel": "base"}, "deit", "DeiTForImageClassificationWithTeacher"),
+    "dinov2": ({"Dinov2Model": "base"}, "dinov2", "Dinov2Model"),
+    "dinov2_with_registers": ({"Dinov2WithRegistersModel": "base"}, "dinov2_with_registers",
+                              "Dinov2WithRegistersModel"),
+    "clip_vision_model": ({"CLIPVisionModel": "base", "CLIPVisionModelWithProjection": "projection"},
+                          "vision_model", "CLIPVisionModel"),
+    "siglip_vision_model": ({"SiglipVisionModel": "base"}, "vision_model", "SiglipVisionModel"),
 }
+HF_ARCHITECTURES = {a: role for archs, _, _ in HF_MODEL_TYPES.values() for a, role in archs.items()}
 
 
 def is_hf_config(cfg: dict[str, Any]) -> bool:
@@ -33,25 +37,60 @@ def _get(cfg: dict[str, Any], key: str, default: Any) -> Any:
     return default if value is None else value
 
 
-def model_args(cfg: dict[str, Any]) -> tuple[type[VisionTransformer], dict[str, Any], dict[str, Any]]:
-    """(vitlab class, arguments, preprocessing) from a transformers ViT/DeiT config.json."""
+def architecture(cfg: dict[str, Any]) -> tuple[str, str]:
+    """(model_type, architecture) of a transformers config, each checked against what vitlab reads."""
     model_type = cfg["model_type"]
     if model_type not in HF_MODEL_TYPES:
         raise ValueError(f"Hugging Face model_type {model_type!r} is not supported; "
                          f"accepted: {', '.join(HF_MODEL_TYPES)}")
-    arch = (cfg.get("architectures") or ["ViTForImageClassification" if model_type == "vit"
-                                         else "DeiTForImageClassificationWithTeacher"])[0]
-    if arch not in HF_ARCHITECTURES:
-        raise ValueError(f"Hugging Face architecture {arch!r} is not supported; "
-                         f"accepted: {', '.join(HF_ARCHITECTURES)}")
+    archs, _, default = HF_MODEL_TYPES[model_type]
+    arch = (cfg.get("architectures") or [default])[0]
+    if arch not in archs:
+        raise ValueError(f"Hugging Face architecture {arch!r} is not supported for model_type {model_type!r}; "
+                         f"accepted: {', '.join(archs)}")
+    return model_type, arch
+
+
+def _family_args(cfg: dict[str, Any], model_type: str, role: str, dim: int) -> dict[str, Any]:
+    """The arguments each model_type fixes: DINOv2's LayerScale and registers, CLIP's pre-norm, SigLIP's head."""
+    if model_type in ("vit", "deit"):
+        return dict(qkv_bias=bool(_get(cfg, "qkv_bias", True)), distilled=role == "distilled",
+                    reg_tokens=1 if (model_type == "deit" and role != "distilled") else 0)
+    if model_type.startswith("dinov2"):
+        if cfg.get("use_swiglu_ffn"):
+            raise ValueError("a DINOv2 with use_swiglu_ffn=True (SwiGLU MLP) is not supported")
+        regs = int(_get(cfg, "num_register_tokens", 0)) if model_type == "dinov2_with_registers" else 0
+        return dict(qkv_bias=bool(_get(cfg, "qkv_bias", True)), init_values=float(_get(cfg, "layerscale_value", 1.0)),
+                    reg_tokens=regs, no_embed_class=regs > 0, dynamic_img_size=True,
+                    pos_embed_antialias=regs > 0,  # transformers' Dinov2 resamples its table without antialiasing
+                    mlp_ratio=float(_get(cfg, "mlp_ratio", 4.0)))
+    if model_type == "clip_vision_model":  # pooler_output: post_layernorm on the class token
+        return dict(pre_norm=True, fc_norm=True)
+    if not _get(cfg, "vision_use_head", True):
+        raise ValueError("a SigLIP vision model with vision_use_head=False is not supported")
+    return dict(class_token=False, global_pool="map")
+
+
+def _num_classes(cfg: dict[str, Any], role: str) -> int:
+    if role == "base":
+        return 0
+    if role == "projection":
+        return int(cfg["projection_dim"])
+    return int(cfg.get("num_labels") or len(cfg.get("id2label") or {}) or 2)
+
+
+def model_args(cfg: dict[str, Any]) -> tuple[type[VisionTransformer], dict[str, Any], dict[str, Any]]:
+    """(vitlab class, arguments, preprocessing) from a transformers config.json (HF_MODEL_TYPES)."""
+    model_type, arch = architecture(cfg)
     role = HF_ARCHITECTURES[arch]
     act = _get(cfg, "hidden_act", "gelu")
     if act not in HF_ACTIVATIONS:
         raise ValueError(f"hidden_act {act!r} is not supported; accepted: {', '.join(HF_ACTIVATIONS)}")
     dim = int(cfg["hidden_size"])
     id2label = cfg.get("id2label") or {}
-    num_classes = 0 if role == "base" else int(cfg.get("num_labels") or len(id2label) or 2)
+    num_classes = _num_classes(cfg, role)
     img, patch = _get(cfg, "image_size", 224), _get(cfg, "patch_size", 16)
+    default_eps = 1e-12 if model_type in ("vit", "deit") else 1e-5 if model_type == "clip_vision_model" else 1e-6
     args = dict(
         img_size=tuple(img) if isinstance(img, (list, tuple)) else int(img),
         patch_size=tuple(patch) if isinstance(patch, (list, tuple)) else int(patch),
@@ -61,17 +100,15 @@ def model_args(cfg: dict[str, Any]) -> tuple[type[VisionTransformer], dict[str, 
         depth=int(cfg["num_hidden_layers"]),
         num_heads=int(cfg["num_attention_heads"]),
         mlp_ratio=int(_get(cfg, "intermediate_size", 4 * dim)) / dim,
-        qkv_bias=bool(_get(cfg, "qkv_bias", True)),
         act_layer=HF_ACTIVATIONS[act],
-        norm_eps=float(_get(cfg, "layer_norm_eps", 1e-12)),
+        norm_eps=float(_get(cfg, "layer_norm_eps", default_eps)),
         pos_drop_rate=float(_get(cfg, "hidden_dropout_prob", 0.0)),
         proj_drop_rate=float(_get(cfg, "hidden_dropout_prob", 0.0)),
-        attn_drop_rate=float(_get(cfg, "attention_probs_dropout_prob", 0.0)),
-        distilled=role == "distilled",
-        reg_tokens=1 if (model_type == "deit" and role != "distilled") else 0,
+        attn_drop_rate=float(_get(cfg, "attention_probs_dropout_prob", _get(cfg, "attention_dropout", 0.0))),
     )
+    args.update(_family_args(cfg, model_type, role, dim))
     preprocess: dict[str, Any] = {}
-    if id2label and num_classes:
+    if id2label and num_classes and role != "projection":
         names = [str(id2label.get(str(i), id2label.get(i, i))) for i in range(num_classes)]
         if names != default_labels(num_classes):  # transformers' placeholders are no names
             preprocess["label_names"] = names
@@ -125,14 +162,19 @@ def image_processor(model_cfg: dict[str, Any]) -> dict[str, Any]:
             "image_mean": list(model_cfg["mean"]), "image_std": list(model_cfg["std"])}
 
 
-_LAYER = re.compile(r"^encoder\.layer\.(\d+)\.(.+)$")
-_LAYER_KEYS = {
+_LAYER = re.compile(r"^encoder\.layers?\.(\d+)\.(.+)$")
+_LAYER_KEYS = {  # ViT, DeiT
     "attention.output.dense": "attn.proj",
     "intermediate.dense": "mlp.fc1",
     "output.dense": "mlp.fc2",
     "layernorm_before": "norm1",
     "layernorm_after": "norm2",
 }
+_DINOV2_LAYER_KEYS = {"attention.output.dense": "attn.proj", "mlp.fc1": "mlp.fc1", "mlp.fc2": "mlp.fc2",
+                      "norm1": "norm1", "norm2": "norm2", "layer_scale1": "ls1", "layer_scale2": "ls2"}
+_CLIP_LAYER_KEYS = {"self_attn.out_proj": "attn.proj", "mlp.fc1": "mlp.fc1", "mlp.fc2": "mlp.fc2",
+                    "layer_norm1": "norm1", "layer_norm2": "norm2"}
+_QKV = {"attention.attention.": ("query", "key", "value"), "self_attn.": ("q_proj", "k_proj", "v_proj")}
 _TOP_KEYS = {
     "embeddings.cls_token": "cls_token",
     "embeddings.position_embeddings": "pos_embed",
@@ -141,13 +183,80 @@ _TOP_KEYS = {
     "layernorm.weight": "norm.weight",
     "layernorm.bias": "norm.bias",
 }
-_HEADS = {"classifier": "head", "cls_classifier": "head", "distillation_classifier": "head_dist"}
-IGNORED_PREFIXES = ("pooler.",)  # ViTModel's tanh pooler: not part of the classifier's computation
+_CLIP_TOP_KEYS = {
+    "embeddings.class_embedding": "cls_token",
+    "embeddings.position_embedding.weight": "pos_embed",
+    "embeddings.patch_embedding.weight": "patch_embed.proj.weight",
+    "embeddings.patch_embedding.bias": "patch_embed.proj.bias",
+    "pre_layrnorm.weight": "norm_pre.weight",
+    "pre_layrnorm.bias": "norm_pre.bias",
+    "post_layernorm.weight": "fc_norm.weight",  # CLIP: on the pooled class token
+    "post_layernorm.bias": "fc_norm.bias",
+    "head.probe": "attn_pool.latent",  # SigLIP's attention-pool head
+    "head.attention.out_proj.weight": "attn_pool.proj.weight",
+    "head.attention.out_proj.bias": "attn_pool.proj.bias",
+    "head.layernorm.weight": "attn_pool.norm.weight",
+    "head.layernorm.bias": "attn_pool.norm.bias",
+    "head.mlp.fc1.weight": "attn_pool.mlp.fc1.weight",
+    "head.mlp.fc1.bias": "attn_pool.mlp.fc1.bias",
+    "head.mlp.fc2.weight": "attn_pool.mlp.fc2.weight",
+    "head.mlp.fc2.bias": "attn_pool.mlp.fc2.bias",
+}
+_HEADS = {"classifier": "head", "cls_classifier": "head", "distillation_classifier": "head_dist",
+          "visual_projection": "head"}
+IGNORED = ("pooler.", "embeddings.mask_token", "embeddings.position_ids")  # ViTModel's tanh pooler, DINOv2's mask
+
+
+def _layer_key(i: int, sub: str, layer_keys: dict[str, str]) -> str | None:
+    """A layer's key below ``encoder.layer(s).i`` -> vitlab's (``layer_scale1.lambda1`` -> ``ls1.gamma``)."""
+    mod, _, param = sub.rpartition(".")
+    if mod not in layer_keys:
+        return None
+    return f"blocks.{i}.{layer_keys[mod]}.{'gamma' if param == 'lambda1' else param}"
+
+
+def _top_key(k: str, v: torch.Tensor, model_type: str, distilled: bool, out: dict[str, torch.Tensor]) -> bool:
+    """Place a tensor outside the encoder layers; False where it has no place."""
+    if k == "embeddings.distillation_token":
+        out["dist_token" if distilled else "reg_token"] = v
+    elif k == "embeddings.register_tokens":
+        out["reg_token"] = v
+    elif k == "head.attention.in_proj_weight" or k == "head.attention.in_proj_bias":
+        q, kv = v.split([v.shape[0] // 3, 2 * v.shape[0] // 3])
+        param = k.rsplit("_", 1)[1]
+        out[f"attn_pool.q.{param}"], out[f"attn_pool.kv.{param}"] = q, kv
+    elif model_type.endswith("vision_model") and k in _CLIP_TOP_KEYS:
+        out[_CLIP_TOP_KEYS[k]] = v
+    elif k in _TOP_KEYS:
+        out[_TOP_KEYS[k]] = v
+    else:
+        return False
+    return True
+
+
+def _fix_embeddings(out: dict[str, torch.Tensor], model_type: str) -> None:
+    """CLIP/SigLIP hold the class token as (D,) and the position table as (N, D); DINOv2 with registers gives
+    the class token its position entry and the patches the rest (vitlab's no_embed_class)."""
+    if model_type.endswith("vision_model"):
+        if "cls_token" in out:
+            out["cls_token"] = out["cls_token"].reshape(1, 1, -1)
+        out["pos_embed"] = out["pos_embed"].unsqueeze(0)
+        if model_type == "clip_vision_model" and "head.weight" in out:  # the projection has no bias
+            out["head.bias"] = out["head.weight"].new_zeros(out["head.weight"].shape[0])
+        if model_type == "siglip_vision_model":  # SigLIP: post_layernorm on every token, before the head
+            out.update({f"norm.{p}": out.pop(f"fc_norm.{p}") for p in ("weight", "bias") if f"fc_norm.{p}" in out})
+    if model_type == "dinov2_with_registers":
+        pos = out["pos_embed"]
+        out["cls_token"], out["pos_embed"] = out["cls_token"] + pos[:, :1], pos[:, 1:]
 
 
 def convert_state_dict(state: dict[str, torch.Tensor], cfg: dict[str, Any]) -> dict[str, torch.Tensor]:
     """The Hub's key names -> vitlab's; query/key/value are concatenated into qkv."""
-    distilled = HF_ARCHITECTURES.get((cfg.get("architectures") or [""])[0]) == "distilled"
+    model_type, arch = architecture(cfg)
+    distilled = HF_ARCHITECTURES[arch] == "distilled"
+    prefix = HF_MODEL_TYPES[model_type][1] + "."
+    layer_keys = (_LAYER_KEYS if model_type in ("vit", "deit") else
+                  _DINOV2_LAYER_KEYS if model_type.startswith("dinov2") else _CLIP_LAYER_KEYS)
     out: dict[str, torch.Tensor] = {}
     qkv: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
     unknown = []
@@ -156,34 +265,31 @@ def convert_state_dict(state: dict[str, torch.Tensor], cfg: dict[str, Any]) -> d
         if head in _HEADS and rest in ("weight", "bias"):
             out[f"{_HEADS[head]}.{rest}"] = v
             continue
-        k = rest if head in ("vit", "deit") else key
-        if k.startswith(IGNORED_PREFIXES):
+        k = key.removeprefix(prefix)
+        if k.startswith(IGNORED):
             continue
-        if k == "embeddings.distillation_token":
-            out["dist_token" if distilled else "reg_token"] = v
-        elif k in _TOP_KEYS:
-            out[_TOP_KEYS[k]] = v
-        elif m := _LAYER.match(k):
-            i, sub = int(m.group(1)), m.group(2)
-            if sub.startswith("attention.attention."):
-                which, param = sub[len("attention.attention."):].split(".")
-                qkv.setdefault((i, param), {})[which] = v
-            else:
-                mod, _, param = sub.rpartition(".")
-                if mod not in _LAYER_KEYS:
-                    unknown.append(key)
-                    continue
-                out[f"blocks.{i}.{_LAYER_KEYS[mod]}.{param}"] = v
+        m = _LAYER.match(k)
+        if m is None:
+            if not _top_key(k, v, model_type, distilled, out):
+                unknown.append(key)
+            continue
+        i, sub = int(m.group(1)), m.group(2)
+        attn = next((a for a in _QKV if sub.startswith(a) and sub[len(a):].split(".")[0] in _QKV[a]), None)
+        if attn is not None:
+            which, param = sub[len(attn):].split(".")
+            qkv.setdefault((i, param), {})[_QKV[attn].index(which)] = v
+        elif (name := _layer_key(i, sub, layer_keys)) is not None:
+            out[name] = v
         else:
             unknown.append(key)
     for (i, param), parts in qkv.items():
-        missing = [p for p in ("query", "key", "value") if p not in parts]
-        if missing:
-            raise ValueError(f"layer {i} attention {param} lacks {', '.join(missing)}")
-        out[f"blocks.{i}.attn.qkv.{param}"] = torch.cat([parts["query"], parts["key"], parts["value"]], dim=0)
+        if len(parts) < 3:
+            raise ValueError(f"layer {i} attention {param} lacks one of query, key, value")
+        out[f"blocks.{i}.attn.qkv.{param}"] = torch.cat([parts[0], parts[1], parts[2]], dim=0)
     if unknown:
-        raise ValueError(f"tensors with no place in a ViT/DeiT: {', '.join(unknown[:8])}"
+        raise ValueError(f"tensors with no place in a {model_type} model: {', '.join(unknown[:8])}"
                          + (f" and {len(unknown) - 8} more" if len(unknown) > 8 else ""))
+    _fix_embeddings(out, model_type)
     return out
 
 
@@ -224,6 +330,9 @@ def export_config(model: torch.nn.Module, args: dict[str, Any]) -> dict[str, Any
         missing.append("LayerScale (init_values)")
     if a["fc_norm"]:
         missing.append("fc_norm")
+    missing += [name for name, on in (("qk_norm", a.get("qk_norm")), ("pre_norm", a.get("pre_norm")),
+                                      ("proj_bias=False", a.get("proj_bias") is False),
+                                      ("final_norm=False", a.get("final_norm") is False)) if on]
     if a["act_layer"] not in _HF_ACT_NAMES:
         missing.append(f"act_layer {a['act_layer']!r}")
     if model.num_classes <= 0:

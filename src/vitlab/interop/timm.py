@@ -12,27 +12,36 @@ import torch
 from torch import nn
 
 from ..models.base import make_pretrained_cfg
-from ..models.registry import get_spec, list_models
+from ..models.registry import accepted_args, get_spec, list_models
 
 
 def is_timm_config(cfg: dict[str, Any]) -> bool:
     return "architecture" in cfg and cfg.get("library") != "vitlab"
 
 
+_RESNETV2_HYBRID = re.compile(r"_r(\d+)?_s\d+|_r\d+_s\d+")  # vit_small_r26_s32_224, vit_tiny_r_s16_p8_224
+
+
 def model_args(cfg: dict[str, Any]) -> tuple[str, dict[str, Any], dict[str, Any]]:
     """(vitlab name, its arguments, preprocessing) from a timm config.json."""
     name = cfg["architecture"]
-    try:
-        get_spec(name)
-    except ValueError as e:
+    if name not in list_models(name):
+        what = " (a ViT on a ResNetV2 backbone)" if _RESNETV2_HYBRID.search(name) else ""
         families = sorted({n.split("_")[0] for n in list_models()})
-        raise ValueError(f"timm architecture {name!r} is not one vitlab implements ({e}); "
-                         f"supported families: {', '.join(families)}") from None
+        raise ValueError(f"timm architecture {name!r}{what} is not one vitlab implements; it reads timm's "
+                         f"{', '.join(families)} names (`vitlab models` lists them)")
     args = dict(cfg.get("model_args") or {})
     for key in ("num_classes", "global_pool"):
         if key in cfg and key not in args:
             args[key] = cfg[key]
     pre = cfg.get("pretrained_cfg") or {}
+    spec = get_spec(name)
+    accepted = accepted_args(spec.cls)
+    if "global_pool" not in accepted and args.get("global_pool") == "avg":
+        del args["global_pool"]  # a ResNet's only pooling, which timm writes out
+    size = pre.get("input_size")
+    if "img_size" not in args and "img_size" in accepted and pre.get("fixed_input_size") and size:
+        args["img_size"] = tuple(size[-2:])  # timm builds at the checkpoint's size (older exports say it only here)
     preprocess = {k: pre[k] for k in ("mean", "std", "input_size", "interpolation", "crop_pct") if k in pre}
     names = cfg.get("label_names") or pre.get("label_names")  # save_for_hf writes them at the top level
     if isinstance(names, dict):

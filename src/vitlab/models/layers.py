@@ -36,13 +36,19 @@ ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
     "silu": nn.SiLU,
     "quick_gelu": QuickGELU,
 }
+ACT_ALIASES = {"swish": "silu", "gelu_python": "gelu"}  # other names of the same functions (timm, transformers)
+
+
+def canonical_act(name: str) -> str:
+    """An activation's name in ACTIVATIONS ('swish' -> 'silu'); unknown names are returned as they are."""
+    return ACT_ALIASES.get(name, name)
 
 
 def get_act_layer(name: str) -> Callable[[], nn.Module]:
-    """The activation constructor for a name in ACTIVATIONS."""
-    if name not in ACTIVATIONS:
-        raise ValueError(f"unknown activation {name!r}; accepted: {', '.join(ACTIVATIONS)}")
-    return ACTIVATIONS[name]
+    """The activation constructor for a name in ACTIVATIONS (or an alias in ACT_ALIASES)."""
+    if canonical_act(name) not in ACTIVATIONS:
+        raise ValueError(f"unknown activation {name!r}; accepted: {', '.join([*ACTIVATIONS, *ACT_ALIASES])}")
+    return ACTIVATIONS[canonical_act(name)]
 
 
 class PatchEmbed(nn.Module):
@@ -81,10 +87,12 @@ class Attention(nn.Module):
     """Multi-head self-attention: fused (scaled_dot_product_attention) or the explicit slow path.
 
     The slow path passes the probabilities (B, heads, N, N) through ``attn_map``, an identity
-    that analysis code hooks to read them.
+    that analysis code hooks to read them. ``qk_norm`` normalises each head's queries and keys
+    (``q_norm``, ``k_norm``) before the dot product; ``proj_bias`` is the output projection's bias.
     """
 
-    def __init__(self, dim, num_heads=8, qkv_bias=False, attn_drop=0.0, proj_drop=0.0):
+    def __init__(self, dim, num_heads=8, qkv_bias=False, attn_drop=0.0, proj_drop=0.0, qk_norm=False,
+                 proj_bias=True, norm_layer: Callable[[int], nn.Module] = nn.LayerNorm):
         super().__init__()
         if dim % num_heads:
             raise ValueError(f"embed_dim {dim} is not divisible by num_heads {num_heads}")
@@ -93,15 +101,18 @@ class Attention(nn.Module):
         self.scale = self.head_dim ** -0.5
         self.fused_attn = True
         self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.q_norm = norm_layer(self.head_dim) if qk_norm else nn.Identity()
+        self.k_norm = norm_layer(self.head_dim) if qk_norm else nn.Identity()
         self.attn_drop = nn.Dropout(attn_drop)
         self.attn_map = nn.Identity()
-        self.proj = nn.Linear(dim, dim)
+        self.proj = nn.Linear(dim, dim, bias=proj_bias)
         self.proj_drop = nn.Dropout(proj_drop)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, N, C = x.shape
         qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)  # (B, H, N, hd) each
+        q, k = self.q_norm(q), self.k_norm(k)
         if self.fused_attn:
             x = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop.p if self.training else 0.0)
         else:
@@ -176,12 +187,13 @@ class Block(nn.Module):
     """Pre-norm Transformer block: x + attn(norm1(x)), then x + mlp(norm2(x)), each optionally scaled.
 
     ``attn`` may be any token mixer with the (B, N, D) -> (B, N, D) signature (MHSA, GPSA,
-    talking heads), so every family shares this block.
+    talking heads), so every family shares this block. ``proj_bias`` is the MLP's biases (the
+    attention's own goes in ``attn_kwargs``, as timm's Block passes both).
     """
 
     def __init__(self, dim, num_heads, mlp_ratio=4.0, qkv_bias=False, proj_drop=0.0, attn_drop=0.0,
                  init_values=None, drop_path=0.0, act_layer=nn.GELU, norm_layer=nn.LayerNorm,
-                 attn_layer: Callable[..., nn.Module] = Attention, **attn_kwargs):
+                 attn_layer: Callable[..., nn.Module] = Attention, proj_bias=True, **attn_kwargs):
         super().__init__()
         self.norm1 = norm_layer(dim)
         self.attn = attn_layer(dim, num_heads=num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop,
@@ -189,7 +201,7 @@ class Block(nn.Module):
         self.ls1 = LayerScale(dim, init_values) if init_values else nn.Identity()
         self.drop_path1 = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
         self.norm2 = norm_layer(dim)
-        self.mlp = Mlp(dim, mlp_hidden(dim, mlp_ratio), act_layer=act_layer, drop=proj_drop)
+        self.mlp = Mlp(dim, mlp_hidden(dim, mlp_ratio), act_layer=act_layer, drop=proj_drop, bias=proj_bias)
         self.ls2 = LayerScale(dim, init_values) if init_values else nn.Identity()
         self.drop_path2 = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
 
@@ -197,6 +209,43 @@ class Block(nn.Module):
         x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x))))
         x = x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
         return x
+
+
+class AttentionPoolLatent(nn.Module):
+    """Attention pooling with a learned query (SigLIP's head, timm's ``attn_pool``): tokens (B, N, D) -> (B, D).
+
+    One latent query attends over the tokens (``q`` on the latent, ``kv`` on the tokens), then a
+    projection and a pre-norm MLP with its residual. ``attn_map`` carries the probabilities
+    (B, heads, 1, N) on the slow path, as in Attention.
+    """
+
+    def __init__(self, dim, num_heads=8, mlp_ratio=4.0, qkv_bias=True, norm_layer=nn.LayerNorm, act_layer=nn.GELU):
+        super().__init__()
+        if dim % num_heads:
+            raise ValueError(f"embed_dim {dim} is not divisible by num_heads {num_heads}")
+        self.num_heads, self.head_dim = num_heads, dim // num_heads
+        self.scale = self.head_dim ** -0.5
+        self.fused_attn = True
+        self.latent = nn.Parameter(torch.zeros(1, 1, dim))
+        self.q = nn.Linear(dim, dim, bias=qkv_bias)
+        self.kv = nn.Linear(dim, dim * 2, bias=qkv_bias)
+        self.attn_map = nn.Identity()
+        self.proj = nn.Linear(dim, dim)
+        self.norm = norm_layer(dim)
+        self.mlp = Mlp(dim, mlp_hidden(dim, mlp_ratio), act_layer=act_layer)
+        nn.init.trunc_normal_(self.latent, std=dim ** -0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, N, C = x.shape
+        q = self.q(self.latent.expand(B, -1, -1)).reshape(B, 1, self.num_heads, self.head_dim).transpose(1, 2)
+        k, v = self.kv(x).reshape(B, N, 2, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        if self.fused_attn:
+            x = F.scaled_dot_product_attention(q, k, v)
+        else:
+            x = self.attn_map(((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1)) @ v
+        x = self.proj(x.transpose(1, 2).reshape(B, 1, C))
+        x = x + self.mlp(self.norm(x))
+        return x[:, 0]
 
 
 # ---------------------------------------------------------------------------------------------

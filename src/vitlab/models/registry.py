@@ -14,10 +14,11 @@ from .cct import CompactTransformer
 from .convit import ConVit
 from .hybrid import HybridVisionTransformer
 from .resnet import ResNet
-from .vit import VisionTransformer
+from .vit import TIMM_PRESETS, VisionTransformer
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 INCEPTION_MEAN, INCEPTION_STD = DEFAULT_MEAN, DEFAULT_STD
+CLIP_MEAN, CLIP_STD = (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)
 CIFAR_MEAN, CIFAR_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
 
 class ModelSpec:
@@ -48,6 +49,11 @@ for _size in ("tiny", "small", "base"):
              patch_size=16, embed_dim=_dim, depth=_depth, num_heads=_heads)
     register(f"deit_{_size}_distilled_patch16_224", VisionTransformer,
              patch_size=16, embed_dim=_dim, depth=_depth, num_heads=_heads, distilled=True)
+# DeiT III, DINOv2, register and GAP ViTs, CLIP and SigLIP image towers: timm's names and arguments
+for _name, _args in TIMM_PRESETS.items():
+    _mean_std = ((CLIP_MEAN, CLIP_STD) if "_clip_" in _name else (INCEPTION_MEAN, INCEPTION_STD)
+                 if "gap" in _name or "siglip" in _name else (IMAGENET_MEAN, IMAGENET_STD))
+    register(_name, VisionTransformer, *_mean_std, **_args)
 # CaiT
 _CAIT = {"xxs24": (192, 24, 4, 1e-5), "xxs36": (192, 36, 4, 1e-5), "xs24": (288, 24, 6, 1e-5),
          "s24": (384, 24, 8, 1e-5), "s36": (384, 36, 8, 1e-6)}

@@ -12,6 +12,8 @@ from torch import nn
 
 from .base import Model, TimmSpec
 from .layers import (
+    Attention,
+    AttentionPoolLatent,
     Block,
     PatchEmbed,
     drop_path_rates,
@@ -22,25 +24,88 @@ from .layers import (
 )
 
 POS_EMBEDS = ("learn", "sincos", "none")
-GLOBAL_POOLS = ("token", "avg", "")
+GLOBAL_POOLS = ("token", "avg", "map", "")
 # the arguments timm's VisionTransformer takes with vitlab's names and meaning
 TIMM_ARGS = ("img_size", "patch_size", "in_chans", "num_classes", "global_pool", "embed_dim", "depth", "num_heads",
-             "mlp_ratio", "qkv_bias", "init_values", "class_token", "pos_embed", "no_embed_class", "reg_tokens",
-             "fc_norm", "dynamic_img_size", "act_layer", "drop_rate", "pos_drop_rate", "proj_drop_rate",
-             "attn_drop_rate", "drop_path_rate")
+             "mlp_ratio", "qkv_bias", "qk_norm", "proj_bias", "init_values", "class_token", "pos_embed",
+             "no_embed_class", "reg_tokens", "pre_norm", "final_norm", "fc_norm", "dynamic_img_size", "act_layer",
+             "drop_rate", "pos_drop_rate", "proj_drop_rate", "attn_drop_rate", "drop_path_rate")
+
+_SIZES = {"small": (384, 12, 6), "medium": (512, 12, 8), "betwixt": (640, 12, 10), "base": (768, 12, 12),
+          "large": (1024, 24, 16), "huge": (1280, 32, 16), "so400m": (1152, 27, 16)}
+
+
+def _size(size: str, patch: int, img: int, **options) -> dict:
+    dim, depth, heads = _SIZES[size]
+    return {"img_size": img, "patch_size": patch, "embed_dim": dim, "depth": depth, "num_heads": heads, **options}
+
+
+def timm_presets() -> dict[str, dict]:
+    """timm's names for the modern ViTs (DeiT III, DINOv2, register and GAP ViTs, CLIP and SigLIP towers), with
+    the arguments timm's registered functions give them (CLIP's LayerNorm eps 1e-5 as norm_eps)."""
+    out = {}
+    for size, patch, img in (("small", 16, 224), ("small", 16, 384), ("medium", 16, 224), ("base", 16, 224),
+                             ("base", 16, 384), ("large", 16, 224), ("large", 16, 384), ("huge", 14, 224)):
+        out[f"deit3_{size}_patch{patch}_{img}"] = _size(size, patch, img, no_embed_class=True, init_values=1e-6)
+    for size in ("small", "base", "large"):
+        out[f"vit_{size}_patch14_dinov2"] = _size(size, 14, 518, init_values=1e-5)
+        out[f"vit_{size}_patch14_reg4_dinov2"] = _size(size, 14, 518, init_values=1e-5, reg_tokens=4,
+                                                       no_embed_class=True)
+    reg4 = dict(class_token=False, no_embed_class=True, reg_tokens=4, global_pool="avg")
+    for size, img in (("medium", 256), ("betwixt", 256), ("betwixt", 384)):
+        out[f"vit_{size}_patch16_reg4_gap_{img}"] = _size(size, 16, img, init_values=1e-5, **reg4)
+    out["vit_base_patch16_reg4_gap_256"] = _size("base", 16, 256, **reg4)
+    gap = dict(class_token=False, global_pool="avg", fc_norm=False)
+    out["vit_base_patch16_gap_224"] = dict(_size("base", 16, 224, **gap), num_heads=16)
+    for size, img in (("medium", 240), ("medium", 256), ("medium", 384), ("betwixt", 256)):
+        out[f"vit_{size}_patch16_gap_{img}"] = _size(size, 16, img, qkv_bias=False, init_values=1e-6, **gap)
+    clip = dict(pre_norm=True, norm_eps=1e-5)
+    for size, patch, img in (("medium", 32, 224), ("medium", 16, 224), ("betwixt", 32, 224), ("base", 32, 224),
+                             ("base", 16, 224), ("large", 14, 224), ("large", 14, 336), ("huge", 14, 224)):
+        out[f"vit_{size}_patch{patch}_clip_{img}"] = _size(size, patch, img, **clip)
+    for size, patch, img in (("base", 32, 224), ("base", 16, 224), ("large", 14, 224), ("large", 14, 336),
+                             ("huge", 14, 224)):
+        out[f"vit_{size}_patch{patch}_clip_quickgelu_{img}"] = _size(size, patch, img, act_layer="quick_gelu", **clip)
+    siglip = dict(class_token=False, global_pool="map")
+    for img in (224, 256, 384, 512):
+        out[f"vit_base_patch16_siglip_{img}"] = _size("base", 16, img, **siglip)
+        out[f"vit_base_patch16_siglip_gap_{img}"] = _size("base", 16, img, **gap)
+    out["vit_base_patch32_siglip_256"] = _size("base", 32, 256, act_layer="gelu_tanh", **siglip)
+    for img in (256, 384, 512):
+        tanh = {"act_layer": "gelu_tanh"} if img == 512 else {}
+        out[f"vit_large_patch16_siglip_{img}"] = _size("large", 16, img, **tanh, **siglip)
+        out[f"vit_so400m_patch16_siglip_{img}"] = _size("so400m", 16, img, mlp_ratio=3.7362, act_layer="gelu_tanh",
+                                                        **siglip)
+    for img in (224, 378, 384):
+        out[f"vit_so400m_patch14_siglip_{img}"] = _size("so400m", 14, img, mlp_ratio=3.7362, **siglip)
+    return out
+
+
+TIMM_PRESETS = timm_presets()
+CLIP_NORM_EPS = 1e-5
 
 
 class VisionTransformer(Model):
+    """timm's VisionTransformer and its options: DeiT (distilled), DeiT III, DINOv2, CLIP, SigLIP, register ViTs.
+
+    ``pre_norm`` adds CLIP's LayerNorm ``norm_pre`` after the position embedding (and drops the patch
+    projection's bias); ``qk_norm`` normalises queries and keys per head; ``final_norm=False`` drops
+    the final norm (and fc_norm); ``global_pool='map'`` pools with SigLIP's attention-pool head ``attn_pool``.
+    """
+
+    global_pools = GLOBAL_POOLS
     no_weight_decay_names = ("pos_embed", "cls_token", "dist_token", "reg_token")
     timm_names = frozenset(
         [f"deit_{s}{d}_patch16_224" for s in ("tiny", "small", "base") for d in ("", "_distilled")]
         + [f"vit_{s}_patch{p}_{i}" for s in ("small", "base", "large") for p in (16, 32) for i in (224, 384)]
-        + ["vit_tiny_patch16_224", "vit_tiny_patch16_384"])
+        + ["vit_tiny_patch16_224", "vit_tiny_patch16_384"] + list(TIMM_PRESETS))
 
     @property
     def family(self) -> str:
         if self.dist_token is not None:
             return "DeiT (distilled: class + distillation token)"
+        if self.global_pool == "map":
+            return "ViT (attention-pool head)"
         return "ViT" if self.cls_token is not None else "ViT (no class token, average pooling)"
 
     @property
@@ -49,10 +114,15 @@ class VisionTransformer(Model):
 
     @property
     def timm_spec(self) -> TimmSpec:
+        """timm's class; the base name is CLIP's where the LayerNorm eps is CLIP's (timm sets it by name)."""
         distilled = self.dist_token is not None
+        arch = getattr(self, "arch", None)
+        clip = "_clip_" in arch if arch in self.timm_names else self.norm_eps == CLIP_NORM_EPS
+        base = "vit_base_patch16_clip_224" if clip else "vit_tiny_patch16_224"
         return TimmSpec("VisionTransformerDistilled" if distilled else "VisionTransformer", TIMM_ARGS,
-                        "deit_tiny_distilled_patch16_224" if distilled else "vit_tiny_patch16_224",
-                        fixed={"norm_eps": 1e-6}, dropped=("distilled",),
+                        "deit_tiny_distilled_patch16_224" if distilled else base,
+                        fixed={"norm_eps": CLIP_NORM_EPS if clip else 1e-6, "pos_embed_antialias": True},
+                        dropped=("distilled",),
                         values={"pos_embed": {"sincos": "learn"}})  # the fixed table exported as a learned one
 
     @property
@@ -62,8 +132,9 @@ class VisionTransformer(Model):
     def __init__(self, img_size=224, patch_size=16, in_chans=3, num_classes=1000, global_pool="token",
                  embed_dim=768, depth=12, num_heads=12, mlp_ratio=4.0, qkv_bias=True, init_values=None,
                  class_token=True, reg_tokens=0, distilled=False, no_embed_class=False, pos_embed="learn",
-                 dynamic_img_size=False, fc_norm=None, act_layer="gelu", norm_eps=1e-6,
-                 drop_rate=0.0, pos_drop_rate=0.0, proj_drop_rate=0.0, attn_drop_rate=0.0, drop_path_rate=0.0):
+                 dynamic_img_size=False, fc_norm=None, act_layer="gelu", norm_eps=1e-6, qk_norm=False, proj_bias=True,
+                 pre_norm=False, final_norm=True, pos_embed_antialias=True, drop_rate=0.0, pos_drop_rate=0.0,
+                 proj_drop_rate=0.0, attn_drop_rate=0.0, drop_path_rate=0.0):
         super().__init__()
         if global_pool not in GLOBAL_POOLS:
             raise ValueError(f"global_pool {global_pool!r} is not one of {GLOBAL_POOLS}")
@@ -77,6 +148,7 @@ class VisionTransformer(Model):
         if global_pool == "token" and not class_token:
             raise ValueError("global_pool='token' needs a class token; use global_pool='avg' with class_token=False")
         norm_layer = partial(nn.LayerNorm, eps=norm_eps)
+        self.norm_eps = norm_eps
         use_fc_norm = global_pool == "avg" if fc_norm is None else fc_norm
         self.num_classes = num_classes
         self.global_pool = global_pool
@@ -84,8 +156,10 @@ class VisionTransformer(Model):
         self.num_prefix_tokens = int(class_token) + int(distilled) + reg_tokens
         self.no_embed_class = no_embed_class
         self.dynamic_img_size = dynamic_img_size
+        self.pos_embed_antialias = pos_embed_antialias  # resampling the table for another size (timm: True)
 
-        self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim, dynamic_img_size=dynamic_img_size)
+        self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim, bias=not pre_norm,
+                                      dynamic_img_size=dynamic_img_size)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if class_token else None
         self.dist_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if distilled else None
         self.reg_token = nn.Parameter(torch.zeros(1, reg_tokens, embed_dim)) if reg_tokens else None
@@ -96,16 +170,21 @@ class VisionTransformer(Model):
             self.pos_embed = nn.Parameter(torch.zeros(1, embed_len, embed_dim), requires_grad=pos_embed == "learn")
         self.pos_embed_type = pos_embed
         self.pos_drop = nn.Dropout(pos_drop_rate)
+        self.norm_pre = norm_layer(embed_dim) if pre_norm else nn.Identity()
 
         dpr = drop_path_rates(drop_path_rate, depth)  # stochastic depth grows with depth
         act = get_act_layer(act_layer)
         self.blocks = nn.Sequential(*[
             Block(embed_dim, num_heads, mlp_ratio, qkv_bias=qkv_bias, proj_drop=proj_drop_rate,
                   attn_drop=attn_drop_rate, init_values=init_values, drop_path=dpr[i],
-                  act_layer=act, norm_layer=norm_layer)
+                  act_layer=act, norm_layer=norm_layer, proj_bias=proj_bias,
+                  attn_layer=partial(Attention, qk_norm=qk_norm, proj_bias=proj_bias, norm_layer=norm_layer))
             for i in range(depth)])
-        self.norm = nn.Identity() if use_fc_norm else norm_layer(embed_dim)
-        self.fc_norm = norm_layer(embed_dim) if use_fc_norm else nn.Identity()
+        self.norm = norm_layer(embed_dim) if final_norm and not use_fc_norm else nn.Identity()
+        self.attn_pool = None
+        if global_pool == "map":
+            self.attn_pool = AttentionPoolLatent(embed_dim, num_heads, mlp_ratio, norm_layer=norm_layer, act_layer=act)
+        self.fc_norm = norm_layer(embed_dim) if final_norm and use_fc_norm else nn.Identity()
         self.head_drop = nn.Dropout(drop_rate)
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
         self.head_dist = None
@@ -140,7 +219,8 @@ class VisionTransformer(Model):
         pos_embed = self.pos_embed
         if (h, w) != self.patch_embed.grid_size:
             pos_embed = resample_abs_pos_embed(pos_embed, (h, w), self.patch_embed.grid_size,
-                                               num_prefix_tokens=0 if self.no_embed_class else self.num_prefix_tokens)
+                                               num_prefix_tokens=0 if self.no_embed_class else self.num_prefix_tokens,
+                                               antialias=self.pos_embed_antialias)
         if self.no_embed_class:
             x = torch.cat(prefix + [x + pos_embed], dim=1)
         else:
@@ -150,12 +230,16 @@ class VisionTransformer(Model):
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """(B, C, H, W) images -> (B, prefix + N, D) tokens after the final norm."""
         x = self.patch_embed(x)  # (B, h, w, D)
-        x = self._pos_embed(x)  # (B, prefix + N, D)
+        x = self.norm_pre(self._pos_embed(x))  # (B, prefix + N, D)
         x = self.blocks(x)
         return self.norm(x)
 
     def pool(self, x: torch.Tensor) -> torch.Tensor:
-        """Tokens -> (B, D): the pooled token, through fc_norm (an identity unless pooling by average)."""
+        """Tokens -> (B, D): the pooled token (or the attention pool's output), through fc_norm."""
+        if self.global_pool == "map":
+            if self.attn_pool is None:
+                raise ValueError("global_pool='map' needs the attention-pool head built with the model")
+            return self.fc_norm(self.attn_pool(x[:, self.num_prefix_tokens:]))
         return self.fc_norm(super().pool(x))
 
     def forward_heads(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:

@@ -1,0 +1,144 @@
+"""Write tests/fixtures/parity/: tiny random-weight backbones in timm's and transformers' own folder layouts.
+
+Each folder is written by the peer library itself (timm ``save_for_hf``, transformers ``save_pretrained``),
+read back by that library to check it, and holds ``io.safetensors``: ``input`` (B, C, H, W) and the peer's
+eval-mode outputs, ``logits`` and ``features`` (the token sequence ``forward_features`` returns). Where the
+model takes other input sizes, ``io_dynamic.safetensors`` holds the same at a second size: timm models
+built with ``dynamic_img_size=True`` (vitlab loads them with ``dynamic_img_size=True``), DINOv2 in
+transformers (which always interpolates its position table). Every parameter gets Gaussian noise so
+that each one matters. The format is /work/shared/parity/README.md's.
+
+Runs only in the reference environment, from the repository root:
+
+    PY=$(../shared/tools/reference-env.sh) && $PY benchmarks/make_parity_fixtures.py
+"""
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import timm
+import torch
+import transformers
+from safetensors.torch import save_file
+from timm.models import save_for_hf
+from torch import nn
+
+OUT = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "parity"
+NOISE = 0.1
+BATCH = 2
+TINY = dict(embed_dim=16, depth=2, num_heads=2, mlp_ratio=2.0)
+
+# name -> (timm architecture, model_args, second input size or None)
+TIMM = {
+    "timm_deit3": ("deit3_small_patch16_224", dict(TINY, img_size=16, patch_size=4, num_classes=5), (24, 20)),
+    "timm_dinov2": ("vit_small_patch14_dinov2", dict(TINY, img_size=16, patch_size=4, num_classes=0), (24, 20)),
+    "timm_dinov2_reg4": ("vit_small_patch14_reg4_dinov2", dict(TINY, img_size=16, patch_size=4, num_classes=0),
+                         (20, 28)),
+    "timm_vit_reg4_gap": ("vit_betwixt_patch16_reg4_gap_256", dict(TINY, img_size=16, patch_size=4, num_classes=5),
+                          (24, 20)),
+    "timm_vit_gap": ("vit_medium_patch16_gap_256", dict(TINY, img_size=16, patch_size=4, num_classes=5), (24, 20)),
+    "timm_vit_qk_norm": ("vit_tiny_patch16_224", dict(TINY, img_size=16, patch_size=4, num_classes=5, qk_norm=True,
+                                                      act_layer="swish"), (24, 20)),
+    "timm_vit_no_final_norm": ("vit_tiny_patch16_224", dict(TINY, img_size=16, patch_size=4, num_classes=5,
+                                                            final_norm=False, proj_bias=False), (24, 20)),
+    "timm_vit_fc_norm_token": ("vit_tiny_patch16_224", dict(TINY, img_size=16, patch_size=4, num_classes=5,
+                                                                fc_norm=True), (24, 20)),
+    "timm_clip": ("vit_base_patch16_clip_224", dict(TINY, img_size=16, patch_size=4, num_classes=5), (24, 20)),
+    "timm_clip_quickgelu": ("vit_base_patch16_clip_quickgelu_224", dict(TINY, img_size=16, patch_size=4,
+                                                                         num_classes=5), (24, 20)),
+    "timm_siglip": ("vit_base_patch16_siglip_224", dict(TINY, img_size=16, patch_size=4, num_classes=5), (24, 20)),
+    "timm_siglip_no_head": ("vit_base_patch16_siglip_224", dict(TINY, img_size=16, patch_size=4, num_classes=0),
+                            None),
+}
+# the size only in pretrained_cfg.input_size, as older timm exports write it
+SIZE_IN_PRETRAINED_CFG = {"timm_dinov2"}
+
+# name -> (transformers class, config class, config, second input size or None)
+HF_TINY = dict(hidden_size=16, num_hidden_layers=2, num_attention_heads=2, image_size=16, patch_size=4)
+HF = {
+    "hf_dinov2": ("Dinov2Model", "Dinov2Config", dict(HF_TINY, mlp_ratio=2), (24, 20)),
+    "hf_dinov2_registers": ("Dinov2WithRegistersModel", "Dinov2WithRegistersConfig",
+                            dict(HF_TINY, mlp_ratio=2, num_register_tokens=4), (20, 28)),
+    "hf_clip_vision": ("CLIPVisionModel", "CLIPVisionConfig", dict(HF_TINY, intermediate_size=32), None),
+    "hf_clip_vision_projection": ("CLIPVisionModelWithProjection", "CLIPVisionConfig",
+                                  dict(HF_TINY, intermediate_size=32, projection_dim=24), None),
+    "hf_siglip_vision": ("SiglipVisionModel", "SiglipVisionConfig", dict(HF_TINY, intermediate_size=32), None),
+}
+
+
+def perturb(model: nn.Module) -> nn.Module:
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * NOISE)
+    return model.eval()
+
+
+def write_io(path: Path, x: torch.Tensor, logits: torch.Tensor, features: torch.Tensor) -> None:
+    save_file({"input": x.contiguous(), "logits": logits.contiguous(), "features": features.contiguous()}, path)
+
+
+def timm_folder(name: str, arch: str, args: dict[str, Any], second: tuple[int, int] | None) -> None:
+    folder = OUT / name
+    ref = perturb(timm.create_model(arch, pretrained=False, **args))
+    save_for_hf(ref, folder, model_args=args, safe_serialization=True)
+    if name in SIZE_IN_PRETRAINED_CFG:
+        cfg = json.loads((folder / "config.json").read_text())
+        size = cfg["model_args"].pop("img_size")
+        cfg["pretrained_cfg"]["input_size"] = [3, *(size if isinstance(size, list) else (size, size))]
+        (folder / "config.json").write_text(json.dumps(cfg, indent=2))
+    back = timm.create_model(f"local-dir:{folder}", pretrained=True).eval()  # timm reads its own folder back
+    x = torch.randn(BATCH, 3, *ref.patch_embed.img_size)
+    with torch.no_grad():
+        assert torch.equal(back(x), ref(x)), f"{name}: timm does not read back its own folder"
+        write_io(folder / "io.safetensors", x, ref(x), ref.forward_features(x))
+        if second:
+            dyn = timm.create_model(arch, pretrained=False, **{**args, "dynamic_img_size": True}).eval()
+            dyn.load_state_dict(ref.state_dict())
+            x = torch.randn(BATCH, 3, *second)
+            write_io(folder / "io_dynamic.safetensors", x, dyn(x), dyn.forward_features(x))
+
+
+def hf_folder(name: str, cls: str, config_cls: str, config: dict[str, Any], second: tuple[int, int] | None) -> None:
+    folder = OUT / name
+    model_cls = getattr(transformers, cls)
+    ref = perturb(model_cls(getattr(transformers, config_cls)(**config)))
+    ref.save_pretrained(folder)
+    back = model_cls.from_pretrained(folder).eval()
+
+    def outputs(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        out = ref(pixel_values=x)
+        logits = out.image_embeds if cls.endswith("WithProjection") else out.pooler_output
+        return logits, out.last_hidden_state
+
+    x = torch.randn(BATCH, 3, config["image_size"], config["image_size"])
+    with torch.no_grad():
+        assert torch.equal(outputs(x)[0], back(pixel_values=x)[0 if "Projection" in cls else 1]), name
+        write_io(folder / "io.safetensors", x, *outputs(x))
+        if second:
+            x = torch.randn(BATCH, 3, *second)
+            write_io(folder / "io_dynamic.safetensors", x, *outputs(x))
+
+
+def main() -> int:
+    logging.getLogger("timm").setLevel(logging.ERROR)
+    transformers.utils.logging.disable_progress_bar()
+    torch.set_num_threads(1)
+    only = sys.argv[1:]
+    for seed, (name, spec) in enumerate({**TIMM, **HF}.items()):
+        if only and name not in only:
+            continue
+        torch.manual_seed(seed)
+        shutil.rmtree(OUT / name, ignore_errors=True)
+        (timm_folder if name in TIMM else hf_folder)(name, *spec)
+        size = sum(p.stat().st_size for p in (OUT / name).iterdir())
+        print(f"{name:<28} {size / 1024:6.1f} KiB")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

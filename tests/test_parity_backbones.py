@@ -1,0 +1,121 @@
+"""Today's backbones (DeiT III, DINOv2, register and GAP ViTs, CLIP and SigLIP image towers) load exactly.
+
+The folders under tests/fixtures/parity/ were written by timm's ``save_for_hf`` and transformers'
+``save_pretrained`` (benchmarks/make_parity_fixtures.py, in the reference environment), with the peer's own
+outputs; ``io_dynamic.safetensors`` holds the peer's outputs at a second input size.
+"""
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import vitlab
+from vitlab.interop import timm as timm_interop
+from vitlab.models.layers import QuickGELU
+
+BACKBONES = Path(__file__).parent / "fixtures" / "parity"
+EXPECTED = {"timm_deit3", "timm_dinov2", "timm_dinov2_reg4", "timm_vit_reg4_gap", "timm_vit_gap", "timm_vit_qk_norm",
+            "timm_vit_no_final_norm", "timm_vit_fc_norm_token", "timm_clip", "timm_clip_quickgelu", "timm_siglip",
+            "timm_siglip_no_head", "hf_dinov2", "hf_dinov2_registers", "hf_clip_vision", "hf_clip_vision_projection",
+            "hf_siglip_vision"}
+DYNAMIC = sorted(p.parent.name for p in BACKBONES.glob("*/io_dynamic.safetensors"))
+TOL = 1e-4
+
+
+def test_every_backbone_fixture_is_there():
+    assert {p.name for p in BACKBONES.iterdir() if (p / "io.safetensors").is_file()} == EXPECTED
+    assert len(DYNAMIC) >= 12
+
+
+def check(model, io):
+    with torch.no_grad():
+        features = model.forward_features(io["input"])
+        logits = model.forward_head(features)
+    assert logits.shape == io["logits"].shape and features.shape == io["features"].shape
+    assert (logits - io["logits"]).abs().max() <= TOL
+    assert (features - io["features"]).abs().max() <= TOL
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_backbone_matches_its_peer(name):
+    check(vitlab.load(BACKBONES / name), load_file(BACKBONES / name / "io.safetensors"))
+
+
+@pytest.mark.parametrize("name", DYNAMIC)
+def test_backbone_matches_its_peer_at_another_size(name):
+    io = load_file(BACKBONES / name / "io_dynamic.safetensors")
+    model = vitlab.load(BACKBONES / name, dynamic_img_size=True)
+    assert tuple(io["input"].shape[-2:]) != tuple(model.patch_embed.img_size)
+    check(model, io)
+
+
+def test_options_are_read_off_the_folders():
+    clip = vitlab.load(BACKBONES / "timm_clip")
+    assert clip.arch == "vit_base_patch16_clip_224" and clip.norm_pre.eps == 1e-5 and clip.patch_embed.proj.bias is None
+    assert isinstance(vitlab.load(BACKBONES / "timm_clip_quickgelu").blocks[0].mlp.act, QuickGELU)
+    siglip = vitlab.load(BACKBONES / "timm_siglip")
+    assert siglip.global_pool == "map" and siglip.attn_pool is not None and siglip.family == "ViT (attention-pool head)"
+    qk = vitlab.load(BACKBONES / "timm_vit_qk_norm")
+    assert qk.blocks[0].attn.q_norm.normalized_shape == (8,) and isinstance(qk.blocks[0].mlp.act, torch.nn.SiLU)
+    no_final = vitlab.load(BACKBONES / "timm_vit_no_final_norm")
+    assert isinstance(no_final.norm, torch.nn.Identity) and no_final.blocks[0].attn.proj.bias is None
+    dinov2 = vitlab.load(BACKBONES / "hf_dinov2_registers")
+    assert dinov2.reg_token.shape[1] == 4 and dinov2.no_embed_class and dinov2.num_classes == 0
+
+
+def test_clip_projection_is_the_head_with_zero_bias():
+    model = vitlab.load(BACKBONES / "hf_clip_vision_projection")
+    state = load_file(BACKBONES / "hf_clip_vision_projection" / "model.safetensors")
+    assert torch.equal(model.head.weight, state["visual_projection.weight"])
+    assert model.num_classes == 24 and not model.head.bias.any()
+
+
+def test_size_only_in_pretrained_cfg_builds_at_that_size():
+    cfg = json.loads((BACKBONES / "timm_dinov2" / "config.json").read_text())
+    assert "img_size" not in cfg["model_args"] and cfg["pretrained_cfg"]["input_size"] == [3, 16, 16]
+    model = vitlab.load(BACKBONES / "timm_dinov2")
+    assert model.patch_embed.img_size == (16, 16)  # not the registered 518, resampled without a word
+    state = load_file(BACKBONES / "timm_dinov2" / "model.safetensors")
+    assert torch.equal(model.pos_embed, state["pos_embed"])
+
+
+def test_timm_names_of_the_backbones_build_with_timms_arguments():
+    for name, expected in {"deit3_base_patch16_224": dict(no_embed_class=True, init_values=1e-6),
+                           "vit_large_patch14_reg4_dinov2": dict(img_size=518, reg_tokens=4, init_values=1e-5),
+                           "vit_base_patch16_gap_224": dict(num_heads=16, fc_norm=False, class_token=False),
+                           "vit_large_patch14_clip_quickgelu_336": dict(pre_norm=True, act_layer="quick_gelu"),
+                           "vit_so400m_patch14_siglip_384": dict(global_pool="map", mlp_ratio=3.7362)}.items():
+        args = vitlab.models.registry.get_spec(name).args
+        assert {k: args[k] for k in expected} == expected, name
+
+
+def test_resnet_export_with_global_pool_avg_loads():
+    name, args, _ = timm_interop.model_args({"architecture": "resnet18", "num_classes": 7, "global_pool": "avg",
+                                             "model_args": {"global_pool": "avg"}})
+    assert name == "resnet18" and args == {"num_classes": 7}
+    _, args, _ = timm_interop.model_args({"architecture": "resnet18", "model_args": {"global_pool": "max"}})
+    with pytest.raises(ValueError, match="does not take 'global_pool'"):
+        vitlab.create_model(name, **args)
+
+
+@pytest.mark.parametrize("option", [{"dynamic_img_pad": True}, {"pos_embed": "rope"}, {"global_pool": "prr"}])
+def test_an_option_vitlab_lacks_is_one_line_naming_it(tmp_path, option):
+    folder = tmp_path / "m"
+    shutil.copytree(BACKBONES / "timm_deit3", folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["model_args"].update(option)
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError) as e:
+        vitlab.load(folder)
+    message = str(e.value)
+    assert "\n" not in message and (next(iter(option)) in message or repr(next(iter(option.values()))) in message)
+
+
+def test_resnetv2_hybrid_is_named_not_redirected():
+    with pytest.raises(ValueError) as e:
+        timm_interop.model_args({"architecture": "vit_small_r26_s32_224"})
+    message = str(e.value)
+    assert "vit_small_r26_s32_224" in message and "ResNetV2" in message and "did you mean" not in message
