@@ -87,7 +87,7 @@ def test_timm_names_of_the_backbones_build_with_timms_arguments():
                            "vit_large_patch14_reg4_dinov2": dict(img_size=518, reg_tokens=4, init_values=1e-5),
                            "vit_base_patch16_gap_224": dict(num_heads=16, fc_norm=False, class_token=False),
                            "vit_large_patch14_clip_quickgelu_336": dict(pre_norm=True, act_layer="quick_gelu"),
-                           "vit_so400m_patch14_siglip_384": dict(global_pool="map", mlp_ratio=3.7362)}.items():
+                           "vit_so400m_patch14_siglip_378": dict(global_pool="map", mlp_ratio=3.7362)}.items():
         args = vitlab.models.registry.get_spec(name).args
         assert {k: args[k] for k in expected} == expected, name
 

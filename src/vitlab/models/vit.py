@@ -76,7 +76,7 @@ def timm_presets() -> dict[str, dict]:
         out[f"vit_large_patch16_siglip_{img}"] = _size("large", 16, img, **tanh, **siglip)
         out[f"vit_so400m_patch16_siglip_{img}"] = _size("so400m", 16, img, mlp_ratio=3.7362, act_layer="gelu_tanh",
                                                         **siglip)
-    for img in (224, 378, 384):
+    for img in (224, 378):  # timm's 384 crops the input to 378 (27 patches of 14): vitlab refuses that size
         out[f"vit_so400m_patch14_siglip_{img}"] = _size("so400m", 14, img, mlp_ratio=3.7362, **siglip)
     return out
 
