@@ -6,7 +6,8 @@ import yaml
 from PIL import Image
 
 from vitlab.cli import main
-from vitlab.train.compare import compare, format_table, read_run
+from vitlab.runs.compare import compare, format_table, read_run
+from vitlab.runs.format import Summary, write_summary
 
 ROW_KEYS = ("train_loss", "train_acc", "test_top1", "test_top5", "lr", "images_per_second")
 
@@ -24,10 +25,12 @@ def make_run(folder, epochs, finished=True, model="vit_micro_patch2_8", planned=
     (folder / "config.yaml").write_text(yaml.safe_dump({"model": model, "data": "digits",
                                                         "epochs": planned or epochs}))
     if finished:
-        (folder / "summary.json").write_text(json.dumps({
-            "top1": rows[-1]["test_top1"], "top5": 0.95, "model": model, "parameters": 123_456, "data": "digits",
-            "epochs": epochs, "elapsed_seconds": 10.0 * epochs, "images_per_second": 1000.0,
-            "wall_seconds": 10.0 * epochs + 1}))
+        write_summary(folder, Summary(
+            top1=rows[-1]["test_top1"], top5=0.95, test_loss=0.5, per_class={}, images_per_second=1000.0,
+            train_seconds=10.0 * epochs, epochs=epochs, steps=10 * epochs, stopped_early=False, model=model,
+            parameters=123_456, precision="fp32", device="cpu", data="digits", num_train=100, num_test=10,
+            classes=[], ema=False, tta=False, processes=1, replicas_in_sync=True, nonfinite_steps=0, distill="none",
+            teacher=None, time_budget_minutes=None, wall_seconds=10.0 * epochs + 1))
     return folder
 
 
@@ -82,7 +85,9 @@ def test_compare_table_and_figure(tmp_path, capsys, monkeypatch):
     assert out[0].split()[:4] == ["run", "status", "model", "params"]
     row_a, row_b = out[1], out[2]
     assert row_a.startswith("a ") and "finished" in row_a and "0.12M" in row_a and "60.00%" in row_a
+    assert row_a.split()[6:8] == ["30", "s"]  # its training time
     assert row_b.startswith("b ") and "unfinished (2/5 epochs)" in row_b and "30.00%" in row_b
+    assert "20 s" in row_b  # the training time of its last epoch
     assert "vit_nano_patch4_32" in row_b
     figure = tmp_path / "compare.png"
     with Image.open(figure) as im:
@@ -91,6 +96,7 @@ def test_compare_table_and_figure(tmp_path, capsys, monkeypatch):
     rows = json.loads(capsys.readouterr().out)
     assert [r["status"] for r in rows] == ["finished", "unfinished (2/5 epochs)"]
     assert rows[1]["epochs"] == 2 and rows[1]["top1"] == pytest.approx(0.3) and rows[1]["parameters"] is None
+    assert rows[0]["train_seconds"] == 30.0 and rows[1]["train_seconds"] == 20.0 and rows[1]["wall_seconds"] is None
     assert (tmp_path / "f" / "c.png").is_file()
 
 

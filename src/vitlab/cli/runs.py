@@ -33,7 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_compare(args: argparse.Namespace) -> int:
-    from ..train.compare import compare, format_table
+    from ..runs.compare import compare, format_table
     rows = compare(args.runs, out=args.out)
     if args.json:
         print(json.dumps([{k: v for k, v in r.items() if k != "history"} for r in rows], indent=2))

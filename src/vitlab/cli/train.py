@@ -37,8 +37,8 @@ def parse_model_args(items: list[str]) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..runs.format import CONFIG_YAML
     from ..train import load_recipe, train
-    from ..train.runfolder import CONFIG_YAML
     if args.resume:
         folder = Path(args.resume)
         if not (folder / CONFIG_YAML).is_file():

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from .distributed import Dist, broadcast_value
 
@@ -13,22 +14,25 @@ class RunClock:
     set-up, so a cold and a warm data cache follow the same schedule), plus ``seconds`` from earlier
     sessions of a resumed run. Only rank 0 reads its clock; the other ranks take its value, so every
     replica uses the same learning rate and input size and stops after the same step.
+
+    ``now`` is the time source in seconds (``time.perf_counter``; a test passes a fake one).
     """
 
     def __init__(self, d: Dist, total_steps: int, budget_seconds: float | None = None, seconds: float = 0.0,
-                 reserve: float = 0.0):
+                 reserve: float = 0.0, now: Callable[[], float] = time.perf_counter):
         self.d, self.total_steps, self.budget = d, total_steps, budget_seconds
         self.before, self.reserve = seconds, reserve
+        self.now = now
         self.t0: float | None = None
 
     def start(self) -> None:
         """Start counting (call right before the first step of this session)."""
         if self.t0 is None:
-            self.t0 = time.perf_counter()
+            self.t0 = self.now()
 
     def seconds(self) -> float:
         """Training seconds so far (this rank's clock; rank 0's is the one that counts)."""
-        return self.before + (time.perf_counter() - self.t0 if self.t0 is not None else 0.0)
+        return self.before + (self.now() - self.t0 if self.t0 is not None else 0.0)
 
     def progress(self, step: int) -> float:
         """The share of the schedule done after ``step`` steps; the same value on every rank."""

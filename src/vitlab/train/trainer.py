@@ -8,11 +8,13 @@ clock it is not a bit-exact replay.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,16 +23,26 @@ import torch.nn as nn
 
 from .. import checkpoint
 from ..data.augment import BatchAugment, repeated_aug_indices
+from ..data.sources import DataBundle
 from ..data.views import eval_view
 from ..progress import Progress, log_line
+from ..runs.figures import plot_confusion, plot_curves
+from ..runs.format import (
+    CONFUSION_PNG,
+    CURVES_PNG,
+    EpochRow,
+    Summary,
+    check_out_dir,
+    write_config,
+    write_metrics,
+    write_summary,
+)
 from .clock import RunClock
 from .distill import TrainLoss
 from .distributed import Dist, all_reduce_sum, all_reduce_value, barrier, cleanup, init_distributed, replicas_agree
 from .evaluate import confusion_counts, metrics_from_counts
 from .feed import BatchFeeder, fits_on_device
 from .recipe import Recipe
-from .report import plot_confusion, plot_curves
-from .runfolder import check_out_dir, epoch_line, write_config, write_metrics, write_summary
 from .schedule import Plateau, progressive_size, warmup_cosine
 from .setup import (
     any_size,
@@ -54,21 +66,132 @@ def figures_every(device: torch.device) -> int:
     return 50 if device.type == "cuda" else 5
 
 
-def train(r: Recipe, resume: bool = False, log: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Train as the recipe says and write the run folder; returns the summary (empty on ranks other than 0)."""
+def train(r: Recipe, resume: bool = False, log: Callable[[str], None] | None = None,
+          now: Callable[[], float] = time.perf_counter) -> dict[str, Any]:
+    """Train as the recipe says and write the run folder; returns the summary (empty on ranks other than 0).
+
+    ``now`` is the clock in seconds that the time budget, the timings and the summary's seconds are read
+    from. torch's global settings that the run changes (thread count, TF32 and cudnn.benchmark on a GPU,
+    the global random generators it seeds) are restored when it returns; a process group that torchrun
+    started is left as the run found it.
+    """
     if r.out is None:
         raise ValueError("a training run needs an output folder: --out DIR")
-    d = init_distributed(r.device)
-    log = log or log_line
-    log = log if d.is_main else (lambda s: None)
+    with torch_globals_kept():
+        d = init_distributed(r.device)
+        log = log or log_line
+        log = log if d.is_main else (lambda s: None)
+        try:
+            return _train(r, d, resume, log, now)
+        finally:
+            cleanup(d)
+
+
+@contextlib.contextmanager
+def torch_globals_kept() -> Iterator[None]:
+    """Restore, on leaving, the torch globals a run changes: threads, TF32, cudnn.benchmark, the RNG states."""
+    threads = torch.get_num_threads()
+    flags = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark)
+    rng = torch.random.get_rng_state()
+    cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
     try:
-        return _train(r, d, resume, log)
+        yield
     finally:
-        cleanup(d)
+        torch.set_num_threads(threads)
+        (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+         torch.backends.cudnn.benchmark) = flags
+        torch.random.set_rng_state(rng)
+        if cuda_rng is not None:
+            torch.cuda.set_rng_state_all(cuda_rng)
 
 
-def _train(r: Recipe, d: Dist, resume: bool, log: Callable[[str], None]) -> dict[str, Any]:
-    t_start = time.perf_counter()
+@dataclass
+class Run:
+    """Everything a run is made of once it is set up; the loop below reads and advances it."""
+
+    r: Recipe
+    d: Dist
+    out: Path
+    log: Callable[[str], None]
+    now: Callable[[], float]
+    model: nn.Module
+    net: nn.Module               # the model as it is run: compiled and/or replicated
+    data: DataBundle
+    classes: list[str]
+    mean: tuple
+    std: tuple
+    feeder: BatchFeeder
+    augment: BatchAugment
+    loss_fn: TrainLoss
+    state: TrainState
+    clock: RunClock
+    tb: TensorBoardLog | None
+    view: Callable | None        # how stored test images larger than the training size are evaluated
+    img_size: tuple[int, int]
+    batch_size: int
+    per_epoch: int
+    channels_last: bool
+    size_flags: dict
+    n_params: int
+    bar: Progress | None = None
+    last_size: tuple[int, int] | None = None  # progressive resizing: the input size of the latest step
+
+    @property
+    def budget(self) -> float | None:
+        return self.clock.budget
+
+    @property
+    def precision(self) -> str:
+        return self.state.precision
+
+    def out_of_time(self) -> bool:
+        """A time budget that is spent (the reserve for the end kept back); the same answer on every rank."""
+        return self.budget is not None and self.clock.progress(self.state.step) >= 1
+
+    def evaluate(self, m: nn.Module, limit: int | None = None) -> dict[str, dict]:
+        """Metrics per head on the test split, each rank on its contiguous shard (a view, read batch by batch),
+        summed on the device; ``limit`` stops after that many images of the shard."""
+        d, test = self.d, self.data.test
+        start, stop = len(test.images) * d.rank // d.world, len(test.images) * (d.rank + 1) // d.world
+        n = stop - start if limit is None else min(limit, stop - start)
+        counts = confusion_counts(m, test.images.narrow(0, start, n), test.labels.narrow(0, start, n),
+                                  self.mean, self.std, len(self.classes), batch_size=self.eval_batch,
+                                  precision=self.precision, tta=self.r.tta, view=self.view)
+        for c in counts.values():
+            for k in c:
+                c[k] = all_reduce_sum(c[k], d)
+        return {name: metrics_from_counts(c, self.classes) for name, c in counts.items()}
+
+    @property
+    def eval_batch(self) -> int:
+        return max(self.batch_size // self.d.world, 256)
+
+
+def _train(r: Recipe, d: Dist, resume: bool, log: Callable[[str], None], now: Callable[[], float]) -> dict[str, Any]:
+    t_start = now()
+    run = set_up(r, d, resume, log, now)
+    if run.budget is not None and run.clock.reserve == 0:
+        keep_back_final_evaluation(run)
+    final_metrics, stopped_early = None, False
+    end = run.out_of_time()  # a resumed run whose budget is already spent trains no more
+    while not end and (run.budget is not None or run.state.epoch < r.epochs):
+        row, cut = train_epoch(run)
+        if row is None:  # the budget ran out before this epoch's first step: no epoch
+            break
+        end = cut or (run.budget is None and row.epoch == r.epochs) or run.out_of_time()
+        if end or row.epoch % r.eval_every == 0:
+            final_metrics, score = evaluate_epoch(run, row)
+            end = end or run.out_of_time()  # the reserve for the end may have grown past what is left
+            track_best(run, score)
+            stopped_early = not end and early_stop_due(run)
+            end = end or stopped_early
+        record_epoch(run, row)
+    run.bar.close()
+    return finish(run, final_metrics, stopped_early, t_start)
+
+
+def set_up(r: Recipe, d: Dist, resume: bool, log: Callable[[str], None], now: Callable[[], float]) -> Run:
+    """Check the output folder, build the model, data, augmentation and loss, restore a checkpoint, start the bar."""
     out = Path(r.out)
     check_out_dir(out, resume)
     if r.threads:
@@ -80,7 +203,6 @@ def _train(r: Recipe, d: Dist, resume: bool, log: Callable[[str], None]) -> dict
     torch.manual_seed(r.seed)
     tb = TensorBoardLog(out) if r.log == "tensorboard" and d.is_main else None  # a missing package: before any data
 
-    # --- model, data, augmentation, loss ---
     model, data, mean, std = build_model_and_data(r, d, log)
     classes = list(data.classes)
     if r.freeze_backbone:
@@ -99,20 +221,11 @@ def _train(r: Recipe, d: Dist, resume: bool, log: Callable[[str], None]) -> dict
         data.train.images.nbytes, d.device)
     feeder = BatchFeeder(data.train.images, data.train.labels, d.device, on_device)
     img_size = tuple(data.img_size)  # stored photos may be larger: training crops, evaluation resizes and crops
-    stored = tuple(data.train.images.shape[-2:])
     crop_pct = (model.pretrained_cfg.get("crop_pct") or r.crop_pct) if r.init else r.crop_pct
-    view = (lambda b: eval_view(b, img_size, crop_pct)) if stored != img_size else None
+    view = (lambda b: eval_view(b, img_size, crop_pct)) if tuple(data.train.images.shape[-2:]) != img_size else None
     augment = BatchAugment(r.augment, img_size, mean, std, len(classes)).to(d.device)
-    teacher = None
-    if r.teacher:
-        teacher = checkpoint.load(r.teacher).to(d.device)
-        if teacher.num_classes != len(classes):
-            raise ValueError(f"teacher {r.teacher} predicts {teacher.num_classes} classes, the data has {len(classes)}")
-        log(f"teacher: {r.teacher} ({type(teacher).__name__}), {r.distill} distillation")
-    teacher_norm = (teacher.pretrained_cfg["mean"], teacher.pretrained_cfg["std"]) if teacher else None
-    loss_fn = TrainLoss(teacher, r.distill, r.tau, r.alpha, student_norm=(mean, std), teacher_norm=teacher_norm)
+    loss_fn = make_loss(r, d, len(classes), mean, std, log)
 
-    # --- the state that a checkpoint carries ---
     ckpt = load_checkpoint(out) if resume else None
     precision = ckpt["precision"] if ckpt is not None else choose_precision(
         r, model, augment, *feeder.gather(torch.arange(min(n_train, batch_size // d.world))), d, log)
@@ -129,200 +242,237 @@ def _train(r: Recipe, d: Dist, resume: bool, log: Callable[[str], None]) -> dict
     elif resume:
         log(f"no checkpoint in {out} yet: starting the run from the beginning")
 
-    # --- how the model runs: other sizes, compiled, replicated ---
-    progressive = r.progressive_scale < 1
-    size_flags = any_size(model) if progressive else {}  # every vitlab model takes other sizes this way
-    px = size_step(model)
+    size_flags = any_size(model) if r.progressive_scale < 1 else {}  # every vitlab model takes other sizes this way
     net = torch.compile(model, dynamic=False) if r.compile else model  # progressive resizing: one graph per size
     if d.enabled:
         net = nn.parallel.DistributedDataParallel(net, device_ids=[d.device.index] if d.device.type == "cuda" else None)
-
     per_epoch = n_train // batch_size  # the last partial batch is dropped
     budget = r.time_budget * 60 if r.time_budget else None
-    clock = RunClock(d, per_epoch * r.epochs, budget, seconds=state.seconds, reserve=state.reserve)
+    clock = RunClock(d, per_epoch * r.epochs, budget, seconds=state.seconds, reserve=state.reserve, now=now)
     n_params = sum(p.numel() for p in model.parameters())
-    log(f"model {getattr(model, 'arch', None) or type(model).__name__} ({n_params / 1e6:.2f}M parameters) on "
-        f"{d.device}, {n_train} training images {tuple(data.train.images.shape[1:])}"
-        f"{f' trained at {img_size[0]}x{img_size[1]}' if view is not None else ''}"
-        f"{' (on the device)' if d.device.type == 'cuda' and feeder.on_device else ''}, {len(classes)} classes, "
-        f"batch {batch_size}{f' over {d.world} processes' if d.enabled else ''}"
-        f"{f' in {r.accum_steps} micro-batches' if r.accum_steps > 1 else ''}, {precision}, "
-        + (f"time budget {r.time_budget:g} min" if budget else f"{r.epochs} epochs of {per_epoch} steps"))
-    bar = Progress(total=int(budget) if budget else clock.total_steps,
-                   initial=min(int(state.seconds), int(budget)) if budget else state.step,
-                   disable=not d.is_main, unit="s" if budget else "step", dynamic_ncols=True,
-                   mininterval=1.0, file=sys.stderr,
-                   bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}{postfix}]")
+    run = Run(r, d, out, log, now, model, net, data, classes, mean, std, feeder, augment, loss_fn, state, clock, tb,
+              view, img_size, batch_size, per_epoch, channels_last, size_flags, n_params)
+    log(describe(run))
+    run.bar = Progress(total=int(budget) if budget else clock.total_steps,
+                       initial=min(int(state.seconds), int(budget)) if budget else state.step,
+                       disable=not d.is_main, unit="s" if budget else "step", dynamic_ncols=True,
+                       mininterval=1.0, file=sys.stderr,
+                       bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}{postfix}]")
+    return run
 
-    eval_batch = max(batch_size // d.world, 256)
 
-    def evaluate(m: nn.Module, limit: int | None = None) -> dict[str, dict]:
-        """Metrics per head on the test split, each rank on its contiguous shard (a view, read batch by batch),
-        summed on the device; ``limit`` stops after that many images of the shard."""
-        n_test = len(data.test.images)
-        start, stop_ = n_test * d.rank // d.world, n_test * (d.rank + 1) // d.world
-        n = stop_ - start if limit is None else min(limit, stop_ - start)
-        counts = confusion_counts(m, data.test.images.narrow(0, start, n), data.test.labels.narrow(0, start, n),
-                                  mean, std, len(classes), batch_size=eval_batch, precision=precision, tta=r.tta,
-                                  view=view)
-        for c in counts.values():
-            for k in c:
-                c[k] = all_reduce_sum(c[k], d)
-        return {name: metrics_from_counts(c, classes) for name, c in counts.items()}
+def make_loss(r: Recipe, d: Dist, num_classes: int, mean: tuple, std: tuple, log: Callable[[str], None]) -> TrainLoss:
+    """The training loss: the recipe's, with its teacher loaded when it distils."""
+    teacher = None
+    if r.teacher:
+        teacher = checkpoint.load(r.teacher).to(d.device)
+        if teacher.num_classes != num_classes:
+            raise ValueError(f"teacher {r.teacher} predicts {teacher.num_classes} classes, the data has {num_classes}")
+        log(f"teacher: {r.teacher} ({type(teacher).__name__}), {r.distill} distillation")
+    teacher_norm = (teacher.pretrained_cfg["mean"], teacher.pretrained_cfg["std"]) if teacher else None
+    return TrainLoss(teacher, r.distill, r.tau, r.alpha, student_norm=(mean, std), teacher_norm=teacher_norm)
 
-    if budget is not None and clock.reserve == 0:
-        # Keep back the end's evaluation before the first one has been timed: one batch, timed, scaled to the
-        # test split (an over-estimate: the first batch pays for warm-up), so that a run evaluated only at
-        # the end still ends within its budget.
-        t_probe = time.perf_counter()
-        evaluate(model, limit=eval_batch)  # every rank: it sums over them; its metrics are read back (a device sync)
-        shard = len(data.test.images) // d.world
-        clock.keep_back((2.0 if state.ema is not None else 1.0) * (time.perf_counter() - t_probe)
-                        * shard / min(eval_batch, shard))
-        log(f"kept back {clock.reserve:.0f} s of the budget for the final evaluation")
 
-    # --- the loop ---
-    every = figures_every(d.device)
-    stop = budget is not None and clock.progress(state.step) >= 1
-    stopped_early = False
-    final_metrics = None
-    last_size = None
-    while not stop and (budget is not None or state.epoch < r.epochs):
-        epoch = state.epoch
-        torch.manual_seed(epoch_seed(r.seed, epoch, d.rank))
-        g = torch.Generator().manual_seed(epoch_seed(r.seed, epoch, 0))
-        if r.augment.repeated_aug > 1:
-            order = repeated_aug_indices(n_train, r.augment.repeated_aug, g)
-        else:
-            order = torch.randperm(n_train, generator=g)
-        batches = [order[i * batch_size:(i + 1) * batch_size][d.rank::d.world] for i in range(per_epoch)]
-        model.train()
-        loss_fn.train()
-        meter = EpochMeter(d.device)
-        epoch_t0 = time.perf_counter()
-        clock.start()
-        lr = r.lr
-        steps_before = state.step
-        for i, (images, labels) in enumerate(feeder.batches(batches)):
-            p = clock.progress(state.step)
-            if budget is not None and p >= 1:
-                stop = True
-                break
-            lr = warmup_cosine(p, r.lr, r.min_lr, r.warmup) * state.plateau.scale
-            size = progressive_size(p, img_size, r.progressive_scale, r.progressive_until, px) if progressive else None
-            if size is not None and size != last_size:
-                log(f"training input size {size[0]}x{size[1]}")
-                last_size = size
-            for group in state.optimizer.param_groups:
-                group["lr"] = lr
-            loss, hits = train_step(net, augment, loss_fn, state.optimizer, images, labels, precision, r.clip_grad,
-                                    state.ema, r.ema_decay, size, r.accum_steps, state.scaler, channels_last)
-            state.step += 1
-            meter.add(loss, hits, len(images))
-            if i % every == 0 or i == per_epoch - 1:
-                running = meter.totals()
-                check_finite(all_reduce_value(running["nonfinite"], d) + state.nonfinite, precision,
-                             r.max_nonfinite, state.step)
-                if d.is_main:
-                    rate = running["seen"] * d.world / max(time.perf_counter() - epoch_t0, 1e-9)
-                    bar.set_postfix_str(f"epoch {epoch + 1} loss {running['loss']:.3f} acc {running['acc']:.3f} "
-                                        f"{rate:.0f} img/s", refresh=False)
-            if budget:
-                bar.goto(clock.seconds())
-            else:
-                bar.update(1)
-        epoch_seconds = time.perf_counter() - epoch_t0
-        if stop and state.step == steps_before:  # the budget ran out before this epoch's first step: no epoch
+def model_name(model: nn.Module) -> str:
+    return getattr(model, "arch", None) or type(model).__name__
+
+
+def describe(run: Run) -> str:
+    """The line that says what is trained, on what, how."""
+    r, d, train_images = run.r, run.d, run.data.train.images
+    return (f"model {model_name(run.model)} ({run.n_params / 1e6:.2f}M parameters) on "
+            f"{d.device}, {len(train_images)} training images {tuple(train_images.shape[1:])}"
+            f"{f' trained at {run.img_size[0]}x{run.img_size[1]}' if run.view is not None else ''}"
+            f"{' (on the device)' if d.device.type == 'cuda' and run.feeder.on_device else ''}, "
+            f"{len(run.classes)} classes, batch {run.batch_size}{f' over {d.world} processes' if d.enabled else ''}"
+            f"{f' in {r.accum_steps} micro-batches' if r.accum_steps > 1 else ''}, {run.precision}, "
+            + (f"time budget {r.time_budget:g} min" if run.budget else f"{r.epochs} epochs of {run.per_epoch} steps"))
+
+
+def keep_back_final_evaluation(run: Run) -> None:
+    """Keep back the end's evaluation before the first one has been timed: one batch, timed, scaled to the test
+    split (an over-estimate: the first batch pays for warm-up), so that a run evaluated only at the end still
+    ends within its budget."""
+    t_probe = run.now()
+    run.evaluate(run.model, limit=run.eval_batch)  # every rank: it sums over them; its metrics are read back
+    shard = len(run.data.test.images) // run.d.world
+    run.clock.keep_back((2.0 if run.state.ema is not None else 1.0) * (run.now() - t_probe)
+                        * shard / min(run.eval_batch, shard))
+    run.log(f"kept back {run.clock.reserve:.0f} s of the budget for the final evaluation")
+
+
+def epoch_batches(run: Run, epoch: int) -> list[torch.Tensor]:
+    """This rank's share of every batch of the epoch, in an order that depends on (seed, epoch) only."""
+    r, d, n_train = run.r, run.d, len(run.data.train.images)
+    g = torch.Generator().manual_seed(epoch_seed(r.seed, epoch, 0))
+    if r.augment.repeated_aug > 1:
+        order = repeated_aug_indices(n_train, r.augment.repeated_aug, g)
+    else:
+        order = torch.randperm(n_train, generator=g)
+    return [order[i * run.batch_size:(i + 1) * run.batch_size][d.rank::d.world] for i in range(run.per_epoch)]
+
+
+def train_epoch(run: Run) -> tuple[EpochRow | None, bool]:
+    """One epoch of steps; returns its row (None when the budget ran out before its first step) and whether the
+    budget cut it short."""
+    r, d, state = run.r, run.d, run.state
+    epoch = state.epoch
+    torch.manual_seed(epoch_seed(r.seed, epoch, d.rank))
+    batches = epoch_batches(run, epoch)
+    run.model.train()
+    run.loss_fn.train()
+    meter = EpochMeter(d.device)
+    epoch_t0 = run.now()
+    run.clock.start()
+    lr, steps_before, cut, every = r.lr, state.step, False, figures_every(d.device)
+    for i, (images, labels) in enumerate(run.feeder.batches(batches)):
+        p = run.clock.progress(state.step)
+        if run.budget is not None and p >= 1:
+            cut = True
             break
-        totals = meter.totals(d)
-        state.nonfinite += int(totals["nonfinite"])
-        row = {"epoch": epoch + 1, "step": state.step, "train_loss": totals["loss"], "train_acc": totals["acc"],
-               "lr": lr, "images_per_second": totals["seen"] / max(epoch_seconds, 1e-9)}
-        if last_size is not None:
-            row["input_size"] = list(last_size)
-        last = stop or (budget is None and epoch + 1 == r.epochs) or (budget is not None and clock.progress(
-            state.step) >= 1)
-        if last or (epoch + 1) % r.eval_every == 0:
-            t_eval = time.perf_counter()
-            metrics = evaluate(model)
-            row.update(test_loss=metrics["logits"]["loss"], test_top1=metrics["logits"]["top1"],
-                       test_top5=metrics["logits"]["top5"])
-            for head in ("cls", "dist"):
-                if head in metrics:
-                    row[f"test_top1_{head}"] = metrics[head]["top1"]
-            score = metrics["logits"]["top1"]
-            if state.ema is not None:
-                ema_metrics = evaluate(state.ema)
-                row["ema_test_top1"] = ema_metrics["logits"]["top1"]
-                if row["ema_test_top1"] > score:
-                    metrics, score = {**ema_metrics, "ema": True}, row["ema_test_top1"]
-            final_metrics = metrics
-            clock.keep_back(time.perf_counter() - t_eval)
-            # the reserve for the end may have grown past what is left: then this evaluation was the last
-            last = last or (budget is not None and clock.progress(state.step) >= 1)
-            if state.plateau.step(score) and r.plateau_patience:
-                log(f"no improvement for {r.plateau_patience} evaluations: lr scale now {state.plateau.scale:g}")
-            if score > state.best:
-                state.best, state.since_best = score, 0
-            else:
-                state.since_best += 1
-            if r.early_stop and state.since_best >= r.early_stop and not last:
-                log(f"early stop: no improvement for {state.since_best} evaluations")
-                stopped_early = stop = True
-        stop = stop or last
-        state.seconds, state.reserve = clock.seconds(), clock.reserve
-        row["elapsed_seconds"] = state.seconds
-        state.history.append(row)
-        state.epoch += 1
-        if d.is_main:
-            log(epoch_line(row))
-            save_checkpoint(out, state)
-            write_metrics(out, state.history)
-            if tb is not None:
-                tb.scalars(row["epoch"], row)
-        barrier(d)
-    bar.close()
+        lr = warmup_cosine(p, r.lr, r.min_lr, r.warmup) * state.plateau.scale
+        size = input_size(run, p)
+        for group in state.optimizer.param_groups:
+            group["lr"] = lr
+        loss, hits = train_step(run.net, run.augment, run.loss_fn, state.optimizer, images, labels, run.precision,
+                                r.clip_grad, state.ema, r.ema_decay, size, r.accum_steps, state.scaler,
+                                run.channels_last)
+        state.step += 1
+        meter.add(loss, hits, len(images))
+        if i % every == 0 or i == run.per_epoch - 1:
+            show_running(run, meter, epoch, epoch_t0)
+        if run.budget:
+            run.bar.goto(run.clock.seconds())
+        else:
+            run.bar.update(1)
+    epoch_seconds = run.now() - epoch_t0
+    if cut and state.step == steps_before:
+        return None, cut
+    totals = meter.totals(d)
+    state.nonfinite += int(totals["nonfinite"])
+    row = EpochRow(epoch=epoch + 1, step=state.step, train_loss=totals["loss"], train_acc=totals["acc"], lr=lr,
+                   images_per_second=totals["seen"] / max(epoch_seconds, 1e-9),
+                   input_size=list(run.last_size) if run.last_size is not None else None)
+    return row, cut
 
-    # --- the end: evaluate, save the model, plots, summary (last: it marks the run finished) ---
+
+def input_size(run: Run, p: float) -> tuple[int, int] | None:
+    """Progressive resizing: the input size at progress ``p`` (None: the full size, no resizing)."""
+    r = run.r
+    if r.progressive_scale >= 1:
+        return None
+    size = progressive_size(p, run.img_size, r.progressive_scale, r.progressive_until, size_step(run.model))
+    if size != run.last_size:
+        run.log(f"training input size {size[0]}x{size[1]}")
+        run.last_size = size
+    return size
+
+
+def show_running(run: Run, meter: EpochMeter, epoch: int, epoch_t0: float) -> None:
+    """Read the running totals back: stop a diverged run, and show loss, accuracy and speed on the bar."""
+    d, state = run.d, run.state
+    running = meter.totals()
+    check_finite(all_reduce_value(running["nonfinite"], d) + state.nonfinite, run.precision, run.r.max_nonfinite,
+                 state.step)
+    if d.is_main:
+        rate = running["seen"] * d.world / max(run.now() - epoch_t0, 1e-9)
+        run.bar.set_postfix_str(f"epoch {epoch + 1} loss {running['loss']:.3f} acc {running['acc']:.3f} "
+                                f"{rate:.0f} img/s", refresh=False)
+
+
+def evaluate_epoch(run: Run, row: EpochRow) -> tuple[dict[str, dict], float]:
+    """Evaluate the model (and its EMA copy) into the row; returns the better one's metrics (marked ``ema``
+    when it is the EMA copy's) and its top-1. Its time is kept back for the run's final evaluation."""
+    t_eval = run.now()
+    metrics = run.evaluate(run.model)
+    logits = metrics["logits"]
+    row.test_loss, row.test_top1, row.test_top5 = logits["loss"], logits["top1"], logits["top5"]
+    if "cls" in metrics:
+        row.test_top1_cls, row.test_top1_dist = metrics["cls"]["top1"], metrics["dist"]["top1"]
+    score = logits["top1"]
+    if run.state.ema is not None:
+        ema_metrics = run.evaluate(run.state.ema)
+        row.ema_test_top1 = ema_metrics["logits"]["top1"]
+        if row.ema_test_top1 > score:
+            metrics, score = {**ema_metrics, "ema": True}, row.ema_test_top1
+    run.clock.keep_back(run.now() - t_eval)
+    return metrics, score
+
+
+def track_best(run: Run, score: float) -> None:
+    """Step the plateau schedule and the best score so far."""
+    r, state = run.r, run.state
+    if state.plateau.step(score) and r.plateau_patience:
+        run.log(f"no improvement for {r.plateau_patience} evaluations: lr scale now {state.plateau.scale:g}")
+    if score > state.best:
+        state.best, state.since_best = score, 0
+    else:
+        state.since_best += 1
+
+
+def early_stop_due(run: Run) -> bool:
+    """True (and said) when the recipe's early stopping ends the run here."""
+    if run.r.early_stop and run.state.since_best >= run.r.early_stop:
+        run.log(f"early stop: no improvement for {run.state.since_best} evaluations")
+        return True
+    return False
+
+
+def record_epoch(run: Run, row: EpochRow) -> None:
+    """Add the row to the history, then (rank 0) log it, checkpoint and rewrite metrics.jsonl."""
+    state = run.state
+    state.seconds, state.reserve = run.clock.seconds(), run.clock.reserve
+    row.elapsed_seconds = state.seconds
+    state.history.append(row.to_dict())
+    state.epoch += 1
+    if run.d.is_main:
+        run.log(row.line())
+        save_checkpoint(run.out, state)
+        write_metrics(run.out, [EpochRow.from_dict(h) for h in state.history])
+        if run.tb is not None:
+            run.tb.scalars(row.epoch, row.to_dict())
+    barrier(run.d)
+
+
+def finish(run: Run, final_metrics: dict | None, stopped_early: bool, t_start: float) -> dict[str, Any]:
+    """The end: evaluate, save the model, the figures and the summary (last: it marks the run finished)."""
+    r, d, state, model = run.r, run.d, run.state, run.model
     if final_metrics is None or "test_top1" not in state.history[-1]:
-        final_metrics = evaluate(model)
+        final_metrics = run.evaluate(model)
     in_sync = replicas_agree(model, d)
     if not in_sync:
-        log("warning: the replicas' weights differ between processes; the saved model is rank 0's")
+        run.log("warning: the replicas' weights differ between processes; the saved model is rank 0's")
     use_ema = bool(final_metrics.pop("ema", False))
     final_model = state.ema if use_ema else model
-    restore_size_flags(size_flags)  # the saved model takes the size it was trained for (the EMA copy never changed)
-    summary: dict[str, Any] = {}
-    if d.is_main:
-        history = state.history
-        m = final_metrics["logits"]
-        summary = {
-            "top1": m["top1"], "top5": m["top5"], "test_loss": m["loss"], "per_class": m["per_class"],
-            "images_per_second": sum(h["images_per_second"] for h in history) / len(history),
-            "train_seconds": state.seconds, "epochs": len(history), "steps": state.step,
-            "stopped_early": stopped_early, "model": getattr(model, "arch", None) or type(model).__name__,
-            "parameters": n_params, "precision": precision, "device": str(d.device), "data": data.name,
-            "num_train": n_train, "num_test": len(data.test.images), "classes": classes, "ema": use_ema,
-            "tta": r.tta, "processes": d.world, "replicas_in_sync": in_sync, "nonfinite_steps": state.nonfinite,
-            "distill": r.distill, "teacher": r.teacher, "time_budget_minutes": r.time_budget,
-        }
-        if "cls" in final_metrics:
-            summary["heads"] = {"cls": final_metrics["cls"]["top1"], "dist": final_metrics["dist"]["top1"],
-                                "mean": m["top1"]}
-        if r.freeze_backbone:
-            for p in final_model.parameters():
-                p.requires_grad = True
-        checkpoint.save(final_model, out)
-        plot_curves(history, out / "curves.png", title=f"{summary['model']} on {data.name}")
-        plot_confusion(m["confusion"], classes, out / "confusion.png",
-                       title=f"Confusion matrix, test top-1 {100 * m['top1']:.2f}%")
-        if tb is not None:
-            for name in ("curves", "confusion"):
-                tb.image(name, out / f"{name}.png", len(history))
-            tb.close()
-        summary["wall_seconds"] = time.perf_counter() - t_start
-        write_summary(out, summary)
-    return summary
+    restore_size_flags(run.size_flags)  # the saved model takes the size it was trained for (the EMA never changed)
+    if not d.is_main:
+        return {}
+    history = [EpochRow.from_dict(h) for h in state.history]
+    m = final_metrics["logits"]
+    summary = Summary(
+        top1=m["top1"], top5=m["top5"], test_loss=m["loss"], per_class=m["per_class"],
+        images_per_second=sum(h.images_per_second for h in history) / len(history),
+        train_seconds=state.seconds, epochs=len(history), steps=state.step, stopped_early=stopped_early,
+        model=model_name(model), parameters=run.n_params, precision=run.precision, device=str(d.device),
+        data=run.data.name, num_train=len(run.data.train.images), num_test=len(run.data.test.images),
+        classes=run.classes, ema=use_ema, tta=r.tta, processes=d.world, replicas_in_sync=in_sync,
+        nonfinite_steps=state.nonfinite, distill=r.distill, teacher=r.teacher, time_budget_minutes=r.time_budget,
+        heads={"cls": final_metrics["cls"]["top1"], "dist": final_metrics["dist"]["top1"], "mean": m["top1"]}
+        if "cls" in final_metrics else None)
+    if r.freeze_backbone:
+        for p in final_model.parameters():
+            p.requires_grad = True
+    checkpoint.save(final_model, run.out)
+    plot_curves(history, run.out / CURVES_PNG, title=f"{summary.model} on {run.data.name}")
+    plot_confusion(m["confusion"], run.classes, run.out / CONFUSION_PNG,
+                   title=f"Confusion matrix, test top-1 {100 * m['top1']:.2f}%")
+    if run.tb is not None:
+        for png in (CURVES_PNG, CONFUSION_PNG):
+            run.tb.image(Path(png).stem, run.out / png, len(history))
+        run.tb.close()
+    summary.wall_seconds = run.now() - t_start
+    write_summary(run.out, summary)
+    return summary.to_dict()
 
 
 def check_finite(nonfinite: float, precision: str, bound: int, step: int) -> None:
@@ -336,4 +486,3 @@ def check_finite(nonfinite: float, precision: str, bound: int, step: int) -> Non
     if nonfinite > bound:
         raise FloatingPointError(f"{int(nonfinite)} fp16 steps had a non-finite loss and were skipped (bound "
                                  f"--max-nonfinite {bound}); try --precision bf16 or fp32, or a lower --lr")
-

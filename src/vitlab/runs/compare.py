@@ -1,0 +1,89 @@
+"""``vitlab compare RUN [RUN...]``: a table of run folders and one figure with their curves overlaid.
+
+A finished run is read from its summary.json; an unfinished one (no summary.json yet, e.g. still
+training or killed) from its metrics.jsonl and config.yaml, and is marked as such.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from .figures import plot_runs
+from .format import METRICS, SUMMARY, EpochRow, is_finished, read_config, read_history, read_summary
+
+COLUMNS = [("run", "run"), ("status", "status"), ("model", "model"), ("params", "parameters"), ("data", "data"),
+           ("epochs", "epochs"), ("train", "train_seconds"), ("wall", "wall_seconds"),
+           ("img/s", "images_per_second"), ("top-1", "top1"), ("top-5", "top5")]
+
+
+def read_run(path: str | os.PathLike) -> dict[str, Any]:
+    """One run's row: run, path, status, model, parameters, data, epochs, training and wall seconds, img/s,
+    top-1, top-5, and its history (the metrics.jsonl rows as dicts)."""
+    folder = Path(path)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"no run folder at {folder}")
+    history = read_history(folder)
+    recipe = read_config(folder)
+    if not history and not is_finished(folder):
+        raise FileNotFoundError(f"{folder} is not a run folder: it has neither {SUMMARY} nor {METRICS}")
+    row: dict[str, Any] = {"run": folder.name or str(folder), "path": str(folder), "model": recipe.get("model"),
+                           "data": recipe.get("data"), "parameters": None, "history": [h.to_dict() for h in history]}
+    if is_finished(folder):
+        s = read_summary(folder)
+        row.update(status="finished", model=s.model, data=s.data, parameters=s.parameters, epochs=s.epochs,
+                   train_seconds=s.train_seconds, wall_seconds=s.wall_seconds,
+                   images_per_second=s.images_per_second, top1=s.top1, top5=s.top5)
+        return row
+    tested = [h for h in history if h.evaluated]
+    rates = [h.images_per_second for h in history]
+    planned = recipe.get("epochs") if not recipe.get("time_budget") else None
+    row.update(status=f"unfinished ({len(history)}/{planned} epochs)" if planned else "unfinished",
+               epochs=len(history), train_seconds=history[-1].elapsed_seconds if history else None,
+               wall_seconds=None, images_per_second=sum(rates) / len(rates) if rates else None,
+               top1=tested[-1].test_top1 if tested else None, top5=tested[-1].test_top5 if tested else None)
+    return row
+
+
+def _seconds(value: float) -> str:
+    return f"{value / 60:.1f} min" if value >= 120 else f"{value:.0f} s"
+
+
+def _cell(key: str, value: Any) -> str:
+    if value is None:
+        return "-"
+    if key in ("top1", "top5"):
+        return f"{100 * value:.2f}%"
+    if key == "parameters":
+        return f"{value / 1e6:.2f}M"
+    if key in ("train_seconds", "wall_seconds"):
+        return _seconds(value)
+    if key == "images_per_second":
+        return f"{value:.0f}"
+    return str(value)
+
+
+def format_table(runs: Sequence[dict[str, Any]]) -> str:
+    """The runs as an aligned text table, one line each."""
+    cells = [[title for title, _ in COLUMNS]] + [[_cell(key, r.get(key)) for _, key in COLUMNS] for r in runs]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(COLUMNS))]
+    lines = []
+    for n, row in enumerate(cells):
+        lines.append("  ".join(c.ljust(w) if i < 3 or n == 0 else c.rjust(w) for i, (c, w) in
+                               enumerate(zip(row, widths))).rstrip())
+    return "\n".join(lines)
+
+
+def compare(runs: Sequence[str | os.PathLike], out: str | os.PathLike = "compare.png") -> list[dict[str, Any]]:
+    """Read the run folders and write the overlaid curves to ``out``; returns the runs' rows (with histories)."""
+    if not runs:
+        raise ValueError("compare needs at least one run folder")
+    rows = [read_run(r) for r in runs]
+    names = [r["run"] for r in rows]
+    if len(set(names)) < len(names):  # same folder names under different parents: label by path
+        for r in rows:
+            r["run"] = r["path"]
+    plot_runs([(r["run"], [EpochRow.from_dict(h) for h in r["history"]]) for r in rows], Path(out))
+    return rows
+

@@ -1,0 +1,93 @@
+"""Run-folder figures: learning curves, the confusion matrix, and several runs' curves overlaid.
+
+Drawn on matplotlib Figures with the Agg canvas: no display and no pyplot state.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from .format import EpochRow
+
+
+def new_figure(width: float, height: float) -> Figure:
+    """A Figure on the Agg canvas."""
+    fig = Figure(figsize=(width, height))
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def save(fig: Figure, path: Path, dpi: int = 110) -> Path:
+    """Lay the figure out and write it as a PNG (the folder is made if needed)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    return path
+
+
+def plot_curves(history: Sequence[EpochRow], path: Path, title: str = "") -> Path:
+    """Loss and accuracy against epoch, train and test."""
+    epochs = [h.epoch for h in history]
+    fig = new_figure(11, 4)
+    ax_loss, ax_acc = fig.subplots(1, 2)
+    ax_loss.plot(epochs, [h.train_loss for h in history], label="train")
+    tested = [h for h in history if h.evaluated]
+    ax_loss.plot([h.epoch for h in tested], [h.test_loss for h in tested], label="test", marker=".")
+    ax_loss.set(xlabel="epoch", ylabel="cross-entropy loss", title="Loss")
+    ax_acc.plot(epochs, [100 * h.train_acc for h in history], label="train (augmented)")
+    ax_acc.plot([h.epoch for h in tested], [100 * h.test_top1 for h in tested], label="test top-1", marker=".")
+    if any(h.ema_test_top1 is not None for h in tested):
+        ax_acc.plot([h.epoch for h in tested], [100 * h.ema_test_top1 if h.ema_test_top1 is not None else np.nan
+                                                for h in tested], label="test top-1 (EMA)", linestyle="--")
+    ax_acc.set(xlabel="epoch", ylabel="accuracy (%)", title="Accuracy")
+    for ax in (ax_loss, ax_acc):
+        ax.grid(alpha=0.3)
+        ax.legend()
+    if title:
+        fig.suptitle(title)
+    return save(fig, path)
+
+
+def plot_confusion(confusion: Sequence[Sequence[int]], classes: Sequence[str], path: Path, title: str = "") -> Path:
+    """Row-normalised confusion matrix (each true class sums to 1) with class names."""
+    conf = np.asarray(confusion, dtype=np.float64)
+    norm = conf / np.maximum(conf.sum(1, keepdims=True), 1)
+    k = len(classes)
+    size = max(5.0, min(0.45 * k + 2, 24))
+    fig = new_figure(size + 1, size)
+    ax = fig.subplots()
+    im = ax.imshow(norm, cmap="Blues", vmin=0, vmax=1)
+    fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label="share of the true class")
+    ax.set(xlabel="predicted class", ylabel="true class", title=title or "Confusion matrix (normalised)")
+    if k <= 40:
+        ax.set_xticks(range(k), classes, rotation=45 if k > 10 or max(map(len, classes)) > 4 else 0, ha="right")
+        ax.set_yticks(range(k), classes)
+    if k <= 20:
+        for i in range(k):
+            for j in range(k):
+                if norm[i, j] >= 0.005:
+                    ax.text(j, i, f"{norm[i, j]:.2f}", ha="center", va="center", fontsize=8,
+                            color="white" if norm[i, j] > 0.5 else "black")
+    return save(fig, path)
+
+
+def plot_runs(runs: Sequence[tuple[str, Sequence[EpochRow]]], path: Path) -> Path:
+    """Train loss and test top-1 against epoch, one line per (name, history), in one figure."""
+    fig = new_figure(12, 4.5)
+    ax_loss, ax_acc = fig.subplots(1, 2)
+    for name, h in runs:
+        line, = ax_loss.plot([x.epoch for x in h], [x.train_loss for x in h], label=name)
+        tested = [x for x in h if x.evaluated]
+        ax_acc.plot([x.epoch for x in tested], [100 * x.test_top1 for x in tested], marker=".",
+                    color=line.get_color(), label=name)
+    ax_loss.set(xlabel="epoch", ylabel="train loss", title="Training loss")
+    ax_acc.set(xlabel="epoch", ylabel="test top-1 (%)", title="Test accuracy")
+    for ax in (ax_loss, ax_acc):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    return save(fig, path)

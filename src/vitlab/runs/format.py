@@ -1,0 +1,227 @@
+"""The run folder, declared once: its file names, the typed rows of metrics.jsonl and the typed summary.json,
+each with its writer and its reader side by side.
+
+A run folder holds::
+
+    config.yaml        the recipe as run (a `--resume` reads it back)
+    checkpoint.pt      everything needed to continue (train/state.py)
+    metrics.jsonl      one EpochRow per line, rewritten after every epoch
+    config.json, model.safetensors   the trained model (vitlab.checkpoint)
+    curves.png, confusion.png        figures (runs/figures.py)
+    summary.json       a Summary, written last: a folder without it is an unfinished run
+
+A key that one part of vitlab writes and another reads is a field here, so a reader cannot ask for a
+key that no writer sets: ``from_dict`` refuses a record that lacks a required field.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import MISSING, dataclass, field, fields
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from ..atomic import atomic_write_bytes, atomic_write_json
+from ..checkpoint import CONFIG as MODEL_CONFIG
+from ..checkpoint import WEIGHTS as MODEL_WEIGHTS
+from ..train.recipe import Recipe
+from ..train.state import CHECKPOINT
+
+SUMMARY, METRICS, CONFIG_YAML = "summary.json", "metrics.jsonl", "config.yaml"
+CURVES_PNG, CONFUSION_PNG = "curves.png", "confusion.png"
+FILES = (CONFIG_YAML, CHECKPOINT, METRICS, MODEL_CONFIG, MODEL_WEIGHTS, CURVES_PNG, CONFUSION_PNG, SUMMARY)
+
+T = TypeVar("T")
+OMIT = {"omit_if_none": True}  # a field left out of the file when it has no value (not written as null)
+
+
+def _to_dict(record: Any) -> dict[str, Any]:
+    """The record as the JSON object written to disk, in field order."""
+    out = {}
+    for f in fields(record):
+        value = getattr(record, f.name)
+        if value is None and f.metadata.get("omit_if_none"):
+            continue
+        out[f.name] = list(value) if isinstance(value, tuple) else value
+    return out
+
+
+def _from_dict(cls: type[T], data: dict[str, Any], where: str) -> T:
+    """A record from its JSON object; a missing required field is an error, keys it does not know are ignored."""
+    missing = [f.name for f in fields(cls) if f.name not in data and f.default is MISSING
+               and f.default_factory is MISSING]
+    if missing:
+        raise ValueError(f"{where} lacks {', '.join(missing)}: it was not written by this vitlab version")
+    return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
+
+
+@dataclass
+class EpochRow:
+    """One line of metrics.jsonl: an epoch's training figures, and its test figures when it was evaluated."""
+
+    epoch: int                    # epochs completed, from 1
+    step: int                     # optimiser steps taken so far
+    train_loss: float
+    train_acc: float              # on the augmented training batches
+    lr: float                     # the learning rate of the epoch's last step
+    images_per_second: float      # training throughput of this epoch on this process
+    input_size: list[int] | None = field(default=None, metadata=OMIT)  # progressive resizing: the last size
+    test_loss: float | None = field(default=None, metadata=OMIT)
+    test_top1: float | None = field(default=None, metadata=OMIT)
+    test_top5: float | None = field(default=None, metadata=OMIT)
+    test_top1_cls: float | None = field(default=None, metadata=OMIT)   # distilled models: the class head
+    test_top1_dist: float | None = field(default=None, metadata=OMIT)  # and the distillation head
+    ema_test_top1: float | None = field(default=None, metadata=OMIT)   # the EMA weights' top-1
+    elapsed_seconds: float = 0.0  # training time so far on the run's clock (from the first step)
+
+    @property
+    def evaluated(self) -> bool:
+        return self.test_top1 is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        return _to_dict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> EpochRow:
+        return _from_dict(cls, data, METRICS)
+
+    def line(self) -> str:
+        """The one-line report of an epoch."""
+        return (f"epoch {self.epoch}: loss {self.train_loss:.4f} train acc {self.train_acc:.3f}"
+                + (f" test top-1 {self.test_top1:.4f}" if self.test_top1 is not None else "")
+                + (f" (EMA {self.ema_test_top1:.4f})" if self.ema_test_top1 is not None else "")
+                + f" lr {self.lr:.2e} {self.images_per_second:.0f} img/s")
+
+
+@dataclass
+class Summary:
+    """summary.json: the finished run's final test metrics, what it ran on and how long it took."""
+
+    top1: float
+    top5: float
+    test_loss: float
+    per_class: dict[str, float]   # test top-1 of each class, by class name
+    images_per_second: float      # mean over the epochs
+    train_seconds: float          # training time on the run's clock (from the first step; a time budget counts it)
+    epochs: int
+    steps: int
+    stopped_early: bool
+    model: str
+    parameters: int
+    precision: str                # fp32, bf16 or fp16
+    device: str
+    data: str
+    num_train: int
+    num_test: int
+    classes: list[str]
+    ema: bool                     # the final model is the EMA copy
+    tta: bool
+    processes: int
+    replicas_in_sync: bool
+    nonfinite_steps: int
+    distill: str
+    teacher: str | None
+    time_budget_minutes: float | None
+    heads: dict[str, float] | None = field(default=None, metadata=OMIT)  # distilled models: cls, dist and mean top-1
+    wall_seconds: float = 0.0     # the whole call, set-up and the final save included
+
+    def to_dict(self) -> dict[str, Any]:
+        return _to_dict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Summary:
+        return _from_dict(cls, data, SUMMARY)
+
+
+@dataclass
+class EvalSummary:
+    """summary.json of `vitlab eval --out`: a saved model's metrics on a data set's test split."""
+
+    model: str                    # the model folder evaluated
+    data: str
+    tta: bool
+    heads: dict[str, dict]        # the metrics of every head (logits, and cls and dist for a distilled model)
+    top1: float
+    top5: float
+    per_class: dict[str, float]
+
+    def to_dict(self) -> dict[str, Any]:
+        return _to_dict(self)
+
+
+# --- writers ---
+
+def check_out_dir(out: Path, resume: bool) -> None:
+    """Refuse to overwrite a finished run or to silently restart an unfinished one."""
+    if is_finished(out):
+        raise ValueError(f"{out} holds a finished run ({SUMMARY} exists); choose another --out")
+    if not resume and (out / CHECKPOINT).exists():
+        raise ValueError(f"{out} holds an unfinished run: continue it with `vitlab train --resume {out}` "
+                         "or choose another --out")
+
+
+def write_config(out: Path, r: Recipe, model_name: str | None) -> None:
+    """config.yaml: the recipe as run, with the model's name (a `--resume` reads it back)."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / CONFIG_YAML).write_text(yaml.safe_dump({**r.to_dict(), "model": model_name or r.model}, sort_keys=False))
+
+
+def write_metrics(out: Path, history: Sequence[EpochRow]) -> None:
+    """metrics.jsonl, the whole history at once through an atomic rename."""
+    atomic_write_bytes(out / METRICS, "".join(json.dumps(h.to_dict()) + "\n" for h in history).encode())
+
+
+def write_summary(out: Path, summary: Summary | EvalSummary) -> None:
+    """summary.json; in a run folder it is written last: a folder without it is an unfinished run."""
+    atomic_write_json(out / SUMMARY, summary.to_dict())
+
+
+# --- readers ---
+
+def is_finished(folder: Path) -> bool:
+    return (Path(folder) / SUMMARY).is_file()
+
+
+def has_config(folder: Path) -> bool:
+    return (Path(folder) / CONFIG_YAML).is_file()
+
+
+def read_config(folder: Path) -> dict[str, Any]:
+    """config.yaml as a dict ({} when there is none)."""
+    path = Path(folder) / CONFIG_YAML
+    return (yaml.safe_load(path.read_text()) or {}) if path.is_file() else {}
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        value = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path} is not valid JSON ({e})") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{path} must hold a JSON object")
+    return value
+
+
+def read_summary(folder: Path) -> Summary:
+    """The finished run's summary.json."""
+    path = Path(folder) / SUMMARY
+    try:
+        return Summary.from_dict(_read_json(path))
+    except ValueError as e:
+        raise ValueError(f"{folder}: {e}") from None
+
+
+def read_history(folder: Path) -> list[EpochRow]:
+    """The rows of a run's metrics.jsonl (a torn last line, from a run killed mid-write, is left out)."""
+    path = Path(folder) / METRICS
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(EpochRow.from_dict(json.loads(line)))
+        except (json.JSONDecodeError, ValueError, TypeError):
+            continue
+    return rows
