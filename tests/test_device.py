@@ -16,10 +16,10 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import vitlab
 from vitlab.data.augment import AugmentConfig, BatchAugment, normalize
+from vitlab.infer.predict import class_probabilities
 from vitlab.train.distill import TrainLoss
 from vitlab.train.evaluate import confusion_counts, head_logits
 from vitlab.train.feed import BatchFeeder
-from vitlab.train.predict import class_probabilities
 from vitlab.train.setup import any_size, make_optimizer
 from vitlab.train.step import EpochMeter, train_step
 

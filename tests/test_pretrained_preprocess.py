@@ -6,7 +6,8 @@ import torch
 from PIL import Image
 
 import vitlab
-from vitlab.train.predict import center_crop, eval_transform, predict_files, scale_size
+from vitlab.infer.eval import center_crop, scale_size
+from vitlab.infer.predict import predict_files, prepare_image
 
 
 @pytest.fixture
@@ -24,14 +25,12 @@ def test_scale_size_and_center_crop():
     assert center_crop(x, (2, 2)).tolist() == [[[14, 15], [20, 21]]]
 
 
-def test_eval_transform_keeps_aspect_and_crops_the_centre():
+def test_predict_transform_keeps_aspect_and_crops_the_centre():
     img = torch.zeros(3, 40, 80, dtype=torch.uint8)
     img[:, 10:30, 30:50] = 255  # a white square in the middle
-    out = eval_transform(img, (20, 20), "nearest", crop_pct=1.0)  # shorter side 40 -> 20, width 80 -> 40, crop
+    out = prepare_image(img, {"input_size": (3, 20, 20), "crop_pct": 1.0})  # shorter side 40 -> 20, width 40, crop
     assert out.shape == (3, 20, 20)
-    assert out[:, 5:15, 5:15].float().mean() == 255 and out[:, :4].float().mean() == 0
-    with pytest.raises(ValueError, match="interpolation 'fancy' is not supported"):
-        eval_transform(img, (20, 20), "fancy")
+    assert out[:, 6:14, 6:14].float().mean() == 255 and out[:, :4].float().mean() == 0
 
 
 def test_predict_uses_crop_pct_mean_std_and_label_names(tmp_path, model_folder):
@@ -54,7 +53,7 @@ def test_predict_uses_crop_pct_mean_std_and_label_names(tmp_path, model_folder):
 
 def test_eval_crops_as_the_config_says(tmp_path, model_folder, cache_dir):
     """crop_pct 0.5 at 32: 64x64 test images are cut to their centre, as a data set of those centres would be."""
-    from vitlab.train.predict import evaluate_folder
+    from vitlab.infer.eval import evaluate_folder
 
     folder, model = model_folder
     rng = np.random.default_rng(1)

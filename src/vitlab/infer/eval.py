@@ -1,0 +1,69 @@
+"""`vitlab eval`: a saved model's metrics, every head, on a data set's test split."""
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import torch
+
+from .. import checkpoint
+from ..data.sources import load_data
+from ..devices import resolve_device
+from ..runs.figures import plot_confusion
+from ..runs.format import CONFUSION_PNG, EvalSummary, write_summary
+from ..train.evaluate import evaluate_model
+from .predict import class_names
+
+
+def scale_size(size: tuple[int, int], crop_pct: float | None) -> tuple[int, int]:
+    """The size an image is resized to before a centre crop of ``size`` keeps ``crop_pct`` of it (timm's rule)."""
+    if not crop_pct or crop_pct >= 1:
+        return tuple(size)
+    return math.floor(size[0] / crop_pct), math.floor(size[1] / crop_pct)
+
+
+def center_crop(images: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    """The central (h, w) window of (..., H, W) images."""
+    H, W = images.shape[-2:]
+    top, left = int(round((H - size[0]) / 2.0)), int(round((W - size[1]) / 2.0))
+    return images[..., top:top + size[0], left:left + size[1]]
+
+
+def evaluate_folder(model_path: str | os.PathLike, data: str, out: str | os.PathLike | None = None,
+                    batch_size: int = 256, precision: str = "fp32", cache_dir: str | None = None,
+                    download: bool = False, tta: bool = False, device: str = "auto") -> dict:
+    """Metrics of every head of a saved model on a data set's test split; summary.json and confusion.png in out.
+
+    ``tta`` averages each image's logits with its mirror image's (see ``head_logits``). ``precision``:
+    fp32, bf16, fp16 or auto (bf16 on a GPU that has it, else fp32).
+    """
+    dev = resolve_device(device)
+    model = checkpoint.load(model_path).to(dev)
+    c, h, w = model.pretrained_cfg["input_size"]
+    # a pretrained crop_pct: decode at size / crop_pct, then keep the centre (the data set's own resampling)
+    scaled = scale_size((h, w), model.pretrained_cfg.get("crop_pct"))
+    bundle = load_data(data, img_size=scaled, in_chans=c, cache_dir=cache_dir, download=download)
+    test_images = center_crop(bundle.test.images, (h, w))
+    names = class_names(model)
+    labels = bundle.test.labels
+    if model.pretrained_cfg.get("label_names") and set(bundle.classes) <= set(names):
+        index = {n: i for i, n in enumerate(names)}  # map the data's labels onto the model's classes by name
+        labels = torch.tensor([index[bundle.classes[int(y)]] for y in labels])
+    elif len(bundle.classes) != model.num_classes:
+        raise ValueError(f"the model predicts {model.num_classes} classes, {data} has {len(bundle.classes)}: "
+                         f"{', '.join(bundle.classes[:10])}")
+    if precision == "auto":
+        precision = "bf16" if dev.type == "cuda" and torch.cuda.is_bf16_supported() else "fp32"
+    heads = evaluate_model(model, test_images, labels, names, model.pretrained_cfg["mean"],
+                           model.pretrained_cfg["std"], batch_size=batch_size, precision=precision, tta=tta)
+    m = heads["logits"]
+    result = EvalSummary(model=str(model_path), data=bundle.name, tta=tta, heads=heads, top1=m["top1"],
+                         top5=m["top5"], per_class=m["per_class"])
+    if out is not None:
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        write_summary(out, result)
+        plot_confusion(m["confusion"], names, out / CONFUSION_PNG,
+                       title=f"{Path(model_path).name} on {bundle.name}: top-1 {100 * result.top1:.2f}%")
+    return result.to_dict()

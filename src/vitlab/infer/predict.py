@@ -1,0 +1,57 @@
+"""`vitlab predict`: a saved model's top classes, with probabilities, for image files."""
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import torch
+
+from .. import checkpoint
+from ..data.augment import normalize
+from ..data.sources import read_image
+from ..data.views import eval_view
+from ..devices import resolve_device, to_device
+from ..train.evaluate import head_logits
+
+
+def class_names(model: torch.nn.Module) -> list[str]:
+    """The model's class names (its label_names), or the class indices as text."""
+    names = model.pretrained_cfg.get("label_names")
+    return list(names) if names else [str(i) for i in range(model.num_classes)]
+
+
+def prepare_image(image: torch.Tensor, cfg: dict) -> torch.Tensor:
+    """uint8 (C, H0, W0) -> uint8 (C, h, w) for a model of pretrained config ``cfg``: the evaluation transform of
+    training (``eval_view``: the shorter side resized to size / crop_pct, bicubic, then the centre crop)."""
+    _, h, w = cfg["input_size"]
+    return eval_view(image[None], (h, w), cfg.get("crop_pct") or 1.0)[0]
+
+
+@torch.no_grad()
+def class_probabilities(model: torch.nn.Module, images: torch.Tensor) -> torch.Tensor:
+    """Softmax of the model's eval logits (the mean of a distilled model's heads) for a uint8 batch, on the
+    model's device."""
+    dev = next(model.parameters()).device
+    x = normalize(to_device(images, dev), model.pretrained_cfg["mean"], model.pretrained_cfg["std"])
+    return head_logits(model.eval(), x)["logits"].float().softmax(-1)
+
+
+@torch.no_grad()
+def predict_files(model_path: str | os.PathLike, images: Sequence[str | os.PathLike], top_k: int = 5,
+                  device: str = "auto") -> list[dict]:
+    """Top-k classes with probabilities for each image file.
+
+    Each image is prepared as the model's pretrained config says (crop_pct: resize and centre crop; mean
+    and std), by the same transform that evaluates a run's test images.
+    """
+    dev = resolve_device(device)
+    model = checkpoint.load(model_path).to(dev)
+    cfg = model.pretrained_cfg
+    names = class_names(model)
+    batch = torch.stack([prepare_image(read_image(p, None, cfg["input_size"][0]), cfg) for p in images])
+    probs = class_probabilities(model, batch).cpu()
+    k = min(top_k, probs.shape[1])
+    top = probs.topk(k, dim=1)
+    return [{"image": str(p), "top": [{"class": names[int(i)], "probability": float(v)}
+                                      for v, i in zip(top.values[n], top.indices[n])]}
+            for n, p in enumerate(images)]
