@@ -8,8 +8,8 @@ import torch
 
 from vitlab.cli import main
 from vitlab.data.views import stratified_subset
+from vitlab.studies import STUDIES, run_study
 from vitlab.train.recipe import load_recipe
-from vitlab.train.study import STUDIES, run_study
 
 
 def test_stratified_subset_keeps_each_class_share_and_nests():
@@ -145,7 +145,7 @@ def test_a_run_trained_by_another_live_process_is_waited_for(tmp_path):
     import os
     import threading
 
-    from vitlab.train.study import _claim
+    from vitlab.studies.runner import _claim
     folder = tmp_path / "runs" / "resnet-train_fraction=0.05-seed0"
     folder.mkdir(parents=True)
     lock = tmp_path / "runs" / "resnet-train_fraction=0.05-seed0.lock"

@@ -1,0 +1,111 @@
+"""A study's report: one row per arm aggregated from its runs' summaries, the Markdown table and the figure."""
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+from ..runs.figures import new_figure, save
+from ..runs.format import read_summary
+from ..train.recipe import Recipe
+from .claims import Arm, Study
+
+
+def write_report(result: dict[str, Any], study: Study, out: Path) -> None:
+    """OUT/NAME.json, OUT/NAME.md and OUT/NAME.png."""
+    name = result["study"]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(result, indent=2))
+    (out / f"{name}.md").write_text(format_markdown(result, study))
+    plot_study(result, study, out / f"{name}.png")
+
+
+def aggregate(study: Study, plan: list[tuple[Arm, int, Recipe]]) -> list[dict[str, Any]]:
+    """One row per arm: its seeds' top-1 (and heads), their mean, training images, epochs, img/s."""
+    rows = []
+    for arm in study.arms:
+        runs = [(seed, Path(r.out)) for a, seed, r in plan if a is arm]
+        seeds = {}
+        heads: dict[str, list[float]] = {"cls": [], "dist": []}
+        epochs, rates, params, n_train = [], [], None, None
+        for seed, folder in runs:
+            summary = read_summary(folder)
+            seeds[seed] = summary.top1
+            for h in heads:
+                if summary.heads is not None:
+                    heads[h].append(summary.heads[h])
+            epochs.append(summary.epochs)
+            rates.append(summary.images_per_second)
+            params, n_train = summary.parameters, summary.num_train
+        rows.append({"label": arm.label, "group": arm.group, "teacher": arm.teacher,
+                     "model": arm.values.get("model"), "parameters": params, "train_images": n_train,
+                     "top1": seeds, "top1_mean": statistics.fmean(seeds.values()),
+                     "top1_spread": (max(seeds.values()) - min(seeds.values())) if len(seeds) > 1 else None,
+                     "cls_mean": statistics.fmean(heads["cls"]) if heads["cls"] else None,
+                     "dist_mean": statistics.fmean(heads["dist"]) if heads["dist"] else None,
+                     "epochs": statistics.fmean(e for e in epochs if e is not None) if any(epochs) else None,
+                     "images_per_second": statistics.fmean(r for r in rates if r) if any(rates) else None,
+                     "runs": [str(f) for _, f in runs]})
+    return rows
+
+
+def _pct(v: float | None) -> str:
+    return "" if v is None else f"{100 * v:.2f}"
+
+
+def format_markdown(result: dict[str, Any], study: Study) -> str:
+    seeds = result["seeds"]
+    head = ["arm", "model", "train images", *[f"top-1 seed {s}" for s in seeds], "mean top-1"]
+    if study.heads:
+        head += ["class head", "distillation head"]
+    head += ["epochs", "img/s"]
+    lines = [f"# study: {result['study']}", "", f"Claim ({result['source']}): {study.claim}", "",
+             f"Budget: {result['budget']} on {result['data']}, {result['threads_per_run']} thread(s) per run, "
+             f"{result['runs_at_a_time']} run(s) at a time.", "",
+             "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for r in result["rows"]:
+        cells = [r["label"], r["model"] or "", f"{r['train_images']:,}" if r["train_images"] else "",
+                 *[_pct(r["top1"].get(s, r["top1"].get(str(s)))) for s in seeds], _pct(r["top1_mean"])]
+        if r["teacher"]:
+            cells[3:3 + len(seeds)] = [_pct(next(iter(r["top1"].values())))] + [""] * (len(seeds) - 1)
+        if study.heads:
+            cells += [_pct(r["cls_mean"]), _pct(r["dist_mean"])]
+        cells += [f"{r['epochs']:.1f}" if r["epochs"] else "",
+                  f"{r['images_per_second']:.0f}" if r["images_per_second"] else ""]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", f"Measured: {result['answer']}"]
+    lines += ["", *result["notes"]] if result["notes"] else []
+    return "\n".join(lines) + "\n"
+
+
+def plot_study(result: dict[str, Any], study: Study, path: Path) -> Path:
+    """Bars (one per arm, a dot per seed) or lines (top-1 against training images, one per group)."""
+    rows = [r for r in result["rows"] if not r["teacher"]]
+    fig = new_figure(7.5, 4.5)
+    ax = fig.subplots()
+    if study.x:
+        for group in dict.fromkeys(r["group"] for r in rows):
+            mine = sorted((r for r in rows if r["group"] == group), key=lambda r: r["train_images"])
+            xs = [r["train_images"] for r in mine]
+            line, = ax.plot(xs, [100 * r["top1_mean"] for r in mine], marker="o", label=group)
+            for r in mine:
+                ax.scatter([r["train_images"]] * len(r["top1"]), [100 * v for v in r["top1"].values()],
+                           s=10, color=line.get_color(), alpha=0.5)
+        ax.set_xscale("log")
+        ax.set(xlabel="training images", ylabel="test top-1 (%)")
+        ax.legend()
+    else:
+        labels = [r["label"] for r in rows]
+        ax.bar(range(len(rows)), [100 * r["top1_mean"] for r in rows], color="#8fb3d9")
+        for i, r in enumerate(rows):
+            ax.scatter([i] * len(r["top1"]), [100 * v for v in r["top1"].values()], color="k", s=12, zorder=3)
+            ax.annotate(f"{100 * r['top1_mean']:.1f}", (i, 100 * r["top1_mean"]), ha="center", va="bottom",
+                        fontsize=9, xytext=(0, 3), textcoords="offset points")
+        ax.set_xticks(range(len(rows)), labels, rotation=15)
+        ax.set(ylabel="test top-1 (%)")
+        low = min(100 * min(r["top1"].values()) for r in rows)
+        ax.set_ylim(max(0.0, low - 10), None)
+    ax.set_title(f"{result['study']}: {result['budget']} on {Path(str(result['data'])).name}")
+    ax.grid(alpha=0.3)
+    return save(fig, path)

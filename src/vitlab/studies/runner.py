@@ -1,0 +1,224 @@
+"""``vitlab study NAME``: a paper's claim as a family of runs that differ in one factor, under one budget.
+
+Every arm is an ordinary training run (a run folder under ``OUT/runs/``), named after what it
+changes, so a study that is stopped and started again skips the finished arms, resumes the
+unfinished ones from their checkpoints, and two studies that need the same arm (``locality``
+and ``data-scale``) train it once. The study then writes ``OUT/NAME.json`` (every arm and seed),
+``OUT/NAME.md`` (the table and the measured answer to the claim) and ``OUT/NAME.png``.
+
+Budget: ``--budget MIN`` minutes of training per arm (equal compute in wall-clock terms), or
+``--epochs N``. ``--jobs N`` trains N arms side by side, each on cores/N threads (or ``--threads``),
+which keeps the arms' conditions equal. ``--quick`` is a smoke run on the embedded digits (a fifth of them,
+one epoch at 16x16).
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..progress import Progress
+from ..runs.format import has_config, is_finished, read_config
+from ..train.recipe import Recipe, load_recipe
+from .claims import QUICK, QUICK_SHARE, STUDIES, TEACHER, Arm, base_values
+from .report import aggregate, write_report
+
+
+def _slug(values: dict[str, Any], seed: int) -> str:
+    """A run folder name from an arm's values: model, then every other changed value, then the seed."""
+    parts = [str(values.get("model", "default"))]
+    for key in sorted(values):
+        if key in ("model", "teacher"):
+            continue
+        value = values[key]
+        if isinstance(value, dict):
+            parts += [f"{k}={v}" for k, v in sorted(value.items())]
+        else:
+            parts.append(f"{key}={value}")
+    text = "-".join(parts + [f"seed{seed}"])
+    return re.sub(r"[^A-Za-z0-9_.=+-]+", "", text.replace(", ", "_").replace(" ", ""))
+
+
+def arm_recipe(arm: Arm, seed: int, out: Path, common: dict[str, Any], teacher_run: Path | None,
+               share: float = 1.0, base: dict[str, Any] | None = None) -> Recipe:
+    """The recipe of one arm and seed: the base values, the study's common values, then the arm's."""
+    values = {**(base_values() if base is None else base), **common, **arm.values, "seed": seed}
+    if share < 1:
+        values["train_fraction"] = values.get("train_fraction", 1.0) * share
+    if values.get("teacher") == TEACHER:
+        values["teacher"] = str(teacher_run)
+    return load_recipe(None, out=str(out), **values)
+
+
+_SAME = ("model", "model_args", "data", "img_size", "train_fraction", "time_budget", "epochs", "seed", "distill",
+         "batch_size", "lr")
+
+
+def _check_same(folder: Path, recipe: Recipe) -> None:
+    """A run folder that exists must hold this arm: a study's folder is not reused for another budget."""
+    if not has_config(folder):
+        return
+    old, new = read_config(folder), recipe.to_dict()
+    diff = [k for k in _SAME if old.get(k) != new.get(k)]
+    if diff:
+        shown = ", ".join(f"{k}: {old.get(k)!r} there, {new.get(k)!r} now" for k in diff)
+        raise ValueError(f"{folder} holds another run ({shown}); give the study another --out")
+
+
+def _child_command(folder: Path, recipe: Recipe) -> list[str]:
+    if has_config(folder):
+        return [sys.executable, "-m", "vitlab", "train", "--resume", str(folder)]
+    spec = _beside(folder, ".yaml")
+    values = {k: v for k, v in recipe.to_dict().items() if k != "out"}
+    spec.write_text(yaml.safe_dump(values, sort_keys=False))
+    return [sys.executable, "-m", "vitlab", "train", "--config", str(spec), "--out", str(folder)]
+
+
+def _beside(folder: Path, ext: str) -> Path:
+    """A file next to a run folder: NAME.log, NAME.yaml, NAME.lock (names hold dots: 'train_fraction=0.05')."""
+    return folder.parent / (folder.name + ext)
+
+
+def _claim(folder: Path, log: Callable[[str], None]) -> bool:
+    """Take ``folder``'s lock (``NAME.lock`` beside it, holding this process id) before training it. If another
+    live process holds it (a second study that shares the run), wait for that process to finish; returns
+    False when the run was finished meanwhile, True when this process now owns it."""
+    lock = _beside(folder, ".lock")
+    waited = False
+    while True:
+        if is_finished(folder):
+            return False
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            try:
+                owner = int(lock.read_text() or 0)
+                os.kill(owner, 0)
+            except (ValueError, ProcessLookupError, FileNotFoundError):
+                lock.unlink(missing_ok=True)  # left by a process that is gone
+                continue
+            except PermissionError:
+                pass  # alive, another user's
+            if not waited:
+                log(f"{folder.name} is being trained by process {owner}: waiting for it")
+                waited = True
+            time.sleep(5)
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write(str(os.getpid()))
+        if is_finished(folder):  # finished between the check and the lock
+            lock.unlink(missing_ok=True)
+            return False
+        return True
+
+
+def _train_arms(jobs: list[tuple[str, Recipe]], parallel: int, log: Callable[[str], None], bar) -> None:
+    """Train the (name, recipe) runs: one at a time in this process, or ``parallel`` at a time in child
+    processes (each writing OUT/runs/NAME.log); a failure names the arm and its log."""
+    if parallel == 1:
+        from ..train.trainer import train
+        for name, recipe in jobs:
+            folder = Path(recipe.out)
+            folder.parent.mkdir(parents=True, exist_ok=True)
+            if _claim(folder, log):  # else finished meanwhile by another study
+                log(f"training {name} -> {folder}")
+                try:
+                    train(recipe, resume=has_config(folder), log=lambda s: None)
+                finally:
+                    _beside(folder, ".lock").unlink(missing_ok=True)
+            bar.update(1)
+        return
+    pending = list(jobs)
+    running: list[tuple[str, Path, subprocess.Popen, Any]] = []  # name, run folder, child, its log's handle
+    failed = []
+    while pending or running:
+        while pending and len(running) < parallel:
+            name, recipe = pending.pop(0)
+            folder = Path(recipe.out)
+            folder.parent.mkdir(parents=True, exist_ok=True)
+            if not _claim(folder, log):  # finished meanwhile by another study
+                bar.update(1)
+                continue
+            logfile = _beside(folder, ".log")
+            handle = open(logfile, "a")
+            env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+            proc = subprocess.Popen(_child_command(folder, recipe), stdout=handle, stderr=subprocess.STDOUT, env=env)
+            running.append((name, folder, proc, handle))
+            log(f"training {name} -> {folder} (log: {logfile})")
+        time.sleep(0.5)
+        for item in list(running):
+            name, folder, proc, handle = item
+            if proc.poll() is None:
+                continue
+            handle.close()
+            running.remove(item)
+            _beside(folder, ".lock").unlink(missing_ok=True)
+            logfile = _beside(folder, ".log")
+            bar.update(1)
+            if proc.returncode != 0:
+                tail = logfile.read_text().strip().splitlines()[-1:] if logfile.is_file() else []
+                failed.append(f"{name} (exit {proc.returncode}: {tail[0] if tail else 'no output'}; log {logfile})")
+    if failed:
+        raise RuntimeError("study arm(s) failed: " + "; ".join(failed))
+
+
+def run_study(name: str, out: str | os.PathLike = "studies", data: str = "cifar10", budget: float | None = 5.0,
+              epochs: int | None = None, seeds: Sequence[int] = (0,), jobs: int = 1, threads: int | None = None,
+              quick: bool = False, cache_dir: str | None = None, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Train what is missing of study ``name`` and write its table, figure and JSON; returns the JSON."""
+    if name not in STUDIES:
+        raise ValueError(f"no study {name!r}; accepted: {', '.join(STUDIES)}")
+    if jobs < 1:
+        raise ValueError(f"jobs={jobs!r} is not valid; accepted: an integer >= 1")
+    if not seeds or any(not isinstance(s, int) or s < 0 for s in seeds):
+        raise ValueError(f"seeds={list(seeds)!r} is not valid; accepted: integers >= 0, e.g. 0,1")
+    study = STUDIES[name]
+    out = Path(out)
+    if threads is not None and threads < 1:
+        raise ValueError(f"threads={threads!r} is not valid; accepted: an integer >= 1")
+    threads = threads or max(1, (os.cpu_count() or 1) // jobs)
+    if quick:
+        common = dict(QUICK)
+    elif epochs is not None:
+        common = {"data": data, "epochs": epochs, "time_budget": None}
+    else:
+        common = {"data": data, "time_budget": budget}
+    common.update(threads=threads, cache_dir=cache_dir)
+    runs, base = out / "runs", base_values()
+    teacher_arms = [a for a in study.arms if a.teacher]
+    teacher_run = runs / _slug(teacher_arms[0].values, 0) if teacher_arms else None
+    plan: list[tuple[Arm, int, Recipe]] = []
+    for arm in study.arms:
+        for seed in ([0] if arm.teacher else seeds):
+            recipe = arm_recipe(arm, seed, runs / _slug(arm.values, seed), common, teacher_run,
+                                share=QUICK_SHARE if quick else 1.0, base=base)
+            _check_same(Path(recipe.out), recipe)
+            plan.append((arm, seed, recipe))
+    todo = [(a, s, r) for a, s, r in plan if not is_finished(Path(r.out))]
+    log(f"study {name}: {len(plan)} runs, {len(plan) - len(todo)} done, {len(todo)} to train "
+        + (f"({jobs} at a time, {threads} thread(s) each)" if todo else ""))
+    with Progress(total=len(plan), initial=len(plan) - len(todo), unit="run", desc=f"study {name}") as bar:
+        first = [(f"{a.label} seed {s}", r) for a, s, r in todo if a.teacher]  # the teacher before its students
+        rest = [(f"{a.label} seed {s}", r) for a, s, r in todo if not a.teacher]
+        for batch in (first, rest):
+            if batch:
+                _train_arms(batch, jobs, log, bar)
+
+    rows = aggregate(study, plan)
+    result = {"study": name, "claim": study.claim, "source": study.source,
+              "budget": f"quick (digits, {100 * QUICK_SHARE:g}% of the images, 1 epoch at 16x16)" if quick else
+              (f"{epochs} epochs" if epochs is not None else f"{budget:g} min per run"),
+              "data": common["data"], "seeds": list(seeds), "threads_per_run": threads, "runs_at_a_time": jobs,
+              "recipe": {**base, **{k: v for k, v in common.items() if k not in ("cache_dir",)}},
+              "rows": rows, "answer": study.answer(rows), "notes": study.notes}
+    write_report(result, study, out)
+    return result
+
+
