@@ -34,7 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    from ..train.predict import evaluate_folder
+    from ..infer.eval import evaluate_folder
     result = evaluate_folder(args.model, args.data, out=args.out, batch_size=args.batch_size,
                              precision=args.precision, cache_dir=args.cache_dir, download=args.download,
                              tta=args.tta, device=args.device)
@@ -44,7 +44,7 @@ def run_eval(args: argparse.Namespace) -> int:
 
 
 def run_predict(args: argparse.Namespace) -> int:
-    from ..train.predict import predict_files
+    from ..infer.predict import predict_files
     results = predict_files(args.model, args.images, top_k=args.top_k, device=args.device)
     if args.json:
         print(json.dumps(results, indent=2))

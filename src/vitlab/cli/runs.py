@@ -44,7 +44,7 @@ def run_compare(args: argparse.Namespace) -> int:
 
 
 def run_study(args: argparse.Namespace) -> int:
-    from ..train.study import STUDIES, run_study
+    from ..studies import STUDIES, run_study
     if args.list or not args.name:
         for name, s in STUDIES.items():
             print(f"{name:<11} {s.claim} ({s.source})")
