@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 import typing
+from pathlib import Path
 
 from . import cache, export, infer, inspect, models, runs, train
 
@@ -39,6 +41,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
+        for option in ("out", "resume"):
+            if getattr(args, option, None):
+                check_writable(getattr(args, option), option)
         return args.func(args)
     except RuntimeError as e:
         if args.command != "study":
@@ -48,12 +53,29 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as e:
         print(f"vitlab {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # the file system failed the work (a full disk, say): the line says which file and why
+        print(f"vitlab {args.command}: error: {e}", file=sys.stderr)
+        return 1
     except FloatingPointError as e:
         print(f"vitlab {args.command}: stopped: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"vitlab {args.command}: interrupted", file=sys.stderr)
         return 130
+
+
+def check_writable(path: str, option: str) -> None:
+    """Refuse, before any work, a folder (or file) to write on a file system that takes no writes: the nearest
+    existing folder must hold a new file (a permission check alone misses a read-only mount)."""
+    folder = Path(path).absolute()
+    while not folder.is_dir():
+        folder = folder.parent
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        raise ValueError(f"--{option} {path}: {folder} cannot be written ({e.strerror}); accepted: a place on a "
+                         "writable file system") from None
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from .options import add_option
+from .options import add_option, integer
 
 DATA_HELP = "digits, cifar10, cifar100, an image folder or a .tar.gz"
 DEVICE_HELP = "auto: CUDA when present"
@@ -27,7 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     pr = sub.add_parser("predict", help="top-k classes for image files")
     pr.add_argument("model", help="model folder (vitlab run, timm or Hugging Face) or hf-hub:ORG/NAME[@REV]")
     pr.add_argument("images", nargs="+", help="image files")
-    pr.add_argument("--top-k", type=int, default=5)
+    pr.add_argument("--top-k", type=integer(1), default=5, help="classes shown per image [an integer >= 1; default 5]")
     pr.add_argument("--json", action="store_true", help="print JSON")
     add_option(pr, "device", help=DEVICE_HELP)
     pr.set_defaults(func=run_predict)

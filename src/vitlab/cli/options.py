@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import typing
+from collections.abc import Callable
 from typing import Annotated, Any
 
 import yaml
@@ -81,3 +82,17 @@ def add_option(parser: argparse.ArgumentParser | argparse._ActionsContainer, nam
     choices = typing.get_args(info.annotation) if typing.get_origin(info.annotation) is typing.Literal else ()
     kwargs.setdefault("metavar", "{" + ",".join(choices) + "}" if choices else name.upper())
     parser.add_argument(flag(name), default=default, type=parse, help=text, **kwargs)
+
+
+def integer(low: int) -> Callable[[str], int]:
+    """An argparse type for an integer option that is not a recipe field: ``low`` or more, else one line
+    that names the accepted range."""
+    def parse(value: str) -> int:
+        try:
+            number = int(value)
+        except ValueError:
+            number = None
+        if number is None or number < low:
+            raise argparse.ArgumentTypeError(f"{value!r} is not valid; accepted: an integer >= {low}")
+        return number
+    return parse

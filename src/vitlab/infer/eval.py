@@ -45,6 +45,10 @@ def evaluate_folder(model_path: str | os.PathLike, data: str, out: str | os.Path
     scaled = scale_size((h, w), model.pretrained_cfg.get("crop_pct"))
     bundle = load_data(data, img_size=scaled, in_chans=c, cache_dir=cache_dir, download=download)
     test_images = center_crop(bundle.test.images, (h, w))
+    if len(test_images) == 0:
+        raise ValueError(f"{data} has no test images to evaluate on ({len(bundle.train.images)} training images in "
+                         f"{len(bundle.classes)} classes); accepted: a data set with a test split, or classes of at "
+                         "least 2 images each")
     names = class_names(model)
     labels = bundle.test.labels
     if model.pretrained_cfg.get("label_names") and set(bundle.classes) <= set(names):

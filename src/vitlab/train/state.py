@@ -61,10 +61,11 @@ class TrainState:
                 setattr(self, f.name, saved)
 
 
-def save_checkpoint(folder: Path, state: TrainState) -> None:
-    """Write the state to folder/checkpoint.pt through a temporary file and an atomic rename."""
+def save_checkpoint(folder: Path, state: TrainState, **extra: Any) -> None:
+    """Write the state (and ``extra`` plain values, e.g. the model's name) to folder/checkpoint.pt through a
+    temporary file and an atomic rename."""
     with atomic_path(folder / CHECKPOINT) as tmp:
-        torch.save(state.state_dict(), tmp)
+        torch.save({**state.state_dict(), **extra}, tmp)
 
 
 def load_checkpoint(folder: Path) -> dict[str, Any] | None:

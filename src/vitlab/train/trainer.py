@@ -55,7 +55,7 @@ from .setup import (
     set_fast_math,
     size_step,
 )
-from .state import TrainState, load_checkpoint, save_checkpoint
+from .state import CHECKPOINT, TrainState, load_checkpoint, save_checkpoint
 from .step import EpochMeter, channels_last_helps, train_step
 from .tensorboard import TensorBoardLog
 
@@ -204,6 +204,10 @@ def set_up(r: Recipe, d: Dist, resume: bool, log: Callable[[str], None], now: Ca
     tb = TensorBoardLog(out) if r.log == "tensorboard" and d.is_main else None  # a missing package: before any data
 
     model, data, mean, std = build_model_and_data(r, d, log)
+    if len(data.test.images) == 0:
+        raise ValueError(f"{data.name} leaves no test images ({len(data.train.images)} training images in "
+                         f"{len(data.classes)} classes, val_fraction {r.val_fraction:g}): accepted: classes of at "
+                         "least 2 images each, or a larger --val-fraction")
     classes = list(data.classes)
     if r.freeze_backbone:
         freeze_backbone(model)
@@ -237,7 +241,7 @@ def set_up(r: Recipe, d: Dist, resume: bool, log: Callable[[str], None], now: Ca
         scaler=torch.amp.GradScaler(d.device.type) if precision == "fp16" else None,
         precision=precision)
     if ckpt is not None:
-        state.load_state_dict(ckpt)
+        load_state(state, ckpt, model, out)
         log(f"resuming {out} after epoch {state.epoch}")
     elif resume:
         log(f"no checkpoint in {out} yet: starting the run from the beginning")
@@ -259,6 +263,16 @@ def set_up(r: Recipe, d: Dist, resume: bool, log: Callable[[str], None], now: Ca
                        mininterval=1.0, file=sys.stderr,
                        bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}{postfix}]")
     return run
+
+
+def load_state(state: TrainState, ckpt: dict[str, Any], model: nn.Module, out: Path) -> None:
+    """Restore the checkpoint into the run's state; weights of another model are refused in one line."""
+    try:
+        state.load_state_dict(ckpt)
+    except RuntimeError as e:  # load_state_dict: missing, unexpected or misshapen tensors
+        saved, first = ckpt.get("arch") or "another model", str(e).strip().splitlines()[-1].strip()
+        raise ValueError(f"{out / CHECKPOINT} holds the weights of {saved}, not of {model_name(model)} that the run "
+                         f"trains ({first[:100].rstrip('.')}); accepted: a checkpoint of this run") from None
 
 
 def make_loss(r: Recipe, d: Dist, num_classes: int, mean: tuple, std: tuple, log: Callable[[str], None]) -> TrainLoss:
@@ -427,7 +441,7 @@ def record_epoch(run: Run, row: EpochRow) -> None:
     state.epoch += 1
     if run.d.is_main:
         run.log(row.line())
-        save_checkpoint(run.out, state)
+        save_checkpoint(run.out, state, arch=model_name(run.model))
         write_metrics(run.out, [EpochRow.from_dict(h) for h in state.history])
         if run.tb is not None:
             run.tb.scalars(row.epoch, row.to_dict())
@@ -437,6 +451,10 @@ def record_epoch(run: Run, row: EpochRow) -> None:
 def finish(run: Run, final_metrics: dict | None, stopped_early: bool, t_start: float) -> dict[str, Any]:
     """The end: evaluate, save the model, the figures and the summary (last: it marks the run finished)."""
     r, d, state, model = run.r, run.d, run.state, run.model
+    if not state.history:
+        raise ValueError(f"--time-budget {r.time_budget:g} min ran out before the first training step (after "
+                         f"{run.clock.reserve:.0f} s kept back for the final evaluation); accepted: a budget that "
+                         "leaves time to train")
     if final_metrics is None or "test_top1" not in state.history[-1]:
         final_metrics = run.evaluate(model)
     in_sync = replicas_agree(model, d)
