@@ -5,14 +5,18 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import itertools
+import json
+import re
 import shutil
 
 import pytest
+import torch
 from test_faults import make_folder, one_line_error, remount, tmpfs
 
 import vitlab
 from vitlab.cli import main
-from vitlab.train import load_recipe, train
+from vitlab.models.registry import get_spec
+from vitlab.train import load_recipe, setup, train
 
 TINY = ["--model", "vit_micro_patch2_8", "--batch-size", "64", "--precision", "fp32", "--threads", "1"]
 
@@ -131,3 +135,76 @@ def test_an_out_on_a_read_only_file_system_is_refused_before_the_work(tmp_path, 
         assert code == 2 and f"--out {out}" in line and "cannot be written (Read-only file system)" in line
         assert "accepted: a place on a writable file system" in line
         assert not (tmp_path / "c").exists()  # no data was decoded: refused before the work
+
+
+@pytest.mark.parametrize("name, args", [("vit_micro_patch2_8", {}),
+                                        ("vit_tiny_patch4_32", dict(embed_dim=32, depth=1, num_heads=2)),
+                                        ("cait_xxs_patch4_32", dict(embed_dim=32, depth=1, num_heads=2))])
+def test_a_config_without_architecture_says_what_is_missing(tmp_path, name, args):
+    folder = vitlab.save(vitlab.create_model(name, **args), tmp_path / "m")
+    cfg = json.loads((folder / "config.json").read_text())
+    del cfg["architecture"]
+    (folder / "config.json").write_text(json.dumps(cfg))
+    before = digests(folder)
+    with pytest.raises(ValueError, match=r"config.json names no 'architecture' \(accepted: a registered model name, "
+                                         r"see `vitlab models`\)") as e:
+        vitlab.load(folder)
+    assert "\n" not in str(e.value) and digests(folder) == before
+
+
+@pytest.mark.parametrize("model, size, patch", [("vit_tiny_patch4_32", "30", 4), ("vit_micro_patch2_8", "9", 2),
+                                                ("deit_tiny_patch16_224", "200", 16)])
+def test_a_size_the_patches_do_not_tile_is_refused_before_any_data(tmp_path, capsys, monkeypatch, model, size, patch):
+    def no_data(*a, **kw):
+        raise AssertionError("data decoded before the size was checked")
+    monkeypatch.setattr(setup, "load_data", no_data)
+    code, line = one_line_error(capsys, ["train", "--model", model, "--img-size", size, "--epochs", "1",
+                                         "--out", str(tmp_path / "run")])
+    assert code == 2
+    assert f"is not divisible by the patch size {patch} of {model}; accepted: a multiple of {patch}" in line
+
+
+@pytest.mark.parametrize("model, data, img_size, warned", [
+    ("vit_base_patch16_224", "digits", None, "224x224 images and digits's are 8x8"),
+    ("vit_tiny_patch4_32", "digits", None, "32x32 images and digits's are 8x8"),
+    ("vit_micro_patch2_8", "cifar10", None, "8x8 images and cifar10's are 32x32"),
+    ("vit_base_patch16_224", "digits", 16, None),
+    ("vit_micro_patch2_8", "digits", None, None),
+    ("vit_tiny_patch4_32", "cifar10", None, None),
+])
+def test_a_built_in_data_set_scaled_to_the_models_size_is_said(model, data, img_size, warned):
+    lines = []
+    r = load_recipe(None, model=model, data=data, img_size=img_size)
+    spec = get_spec(model)
+    setup.check_size(model, img_size or spec.args["img_size"], spec.args, r, lines.append)
+    if warned is None:
+        assert lines == []
+    else:
+        assert len(lines) == 1 and lines[0].startswith(f"warning: {model} takes {warned}")
+        assert "choose the size with --img-size" in lines[0]
+
+
+class Payload:
+    def __reduce__(self):
+        return (print, ("executed",))
+
+
+def test_a_refused_pickle_is_one_line_without_unsafe_advice(tmp_path, capsys, cache_dir):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("data: digits\nmodel: vit_micro_patch2_8\nepochs: 1\nthreads: 1\n")
+    torch.save({"model": Payload()}, run / "checkpoint.pt")
+    model = tmp_path / "model"
+    shutil.copytree(vitlab.save(vitlab.create_model("vit_micro_patch2_8"), tmp_path / "m"), model)
+    (model / "model.safetensors").unlink()
+    torch.save({"x": Payload()}, model / "pytorch_model.bin")
+    before = digests(run), digests(model)
+    code, line = one_line_error(capsys, ["train", "--resume", str(run)])
+    with pytest.raises(ValueError) as e:
+        vitlab.load(model)
+    for text in (line, str(e.value)):
+        assert re.search(r"cannot be read as plain tensors: it holds a Python object \([\w.]*print\) that vitlab "
+                         "never unpickles", text), text
+        assert "weights_only" not in text and "\n" not in text
+    assert code == 2 and (digests(run), digests(model)) == before
+    assert "executed" not in capsys.readouterr().out

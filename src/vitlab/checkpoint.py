@@ -10,6 +10,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pickle
+import re
 from pathlib import Path
 from typing import Any
 
@@ -115,11 +117,22 @@ def read_weights(folder: Path, expected_sha256: str | None = None) -> dict[str, 
         return state
     pt = folder / "pytorch_model.bin"
     if pt.is_file():
-        try:
-            return torch.load(pt, map_location="cpu", weights_only=True)
-        except Exception as e:  # noqa: BLE001 - any failure here means an unusable file
-            raise ValueError(f"{pt} cannot be read as plain tensors ({e})") from None
+        return load_plain(pt, "cannot be read as plain tensors")
     raise FileNotFoundError(f"{folder} has no weights: expected {WEIGHTS}")
+
+
+def load_plain(path: Path, broken: str = "is truncated or corrupt") -> Any:
+    """torch.load of tensors and plain values only (nothing unpickled runs); a file it refuses or cannot read is one
+    line, without torch's advice to load it unsafely."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - any failure here means an unusable file
+        found = re.search(r"GLOBAL ([\w.]+)", str(e)) if isinstance(e, pickle.UnpicklingError) else None
+        if found:
+            raise ValueError(f"{path} cannot be read as plain tensors: it holds a Python object ({found.group(1)}) "
+                             "that vitlab never unpickles; accepted: tensors and plain values (model.safetensors, or "
+                             "torch.save of a state_dict)") from None
+        raise ValueError(f"{path} {broken} ({(str(e).strip().splitlines() or [type(e).__name__])[0]})") from None
 
 
 def _adapt_pos_embed(model: nn.Module, state: dict[str, torch.Tensor], old_img) -> None:
@@ -190,7 +203,10 @@ def load(path: str | os.PathLike, **overrides: Any) -> nn.Module:
     if arch:
         model = create_model(arch, **args)
     else:
-        model = build(cls, args)
+        try:
+            model = build(cls, args)
+        except ValueError as e:
+            raise no_architecture(cfg, folder, e) from None
         model.arch, model.model_args = None, dict(args)
         model.pretrained_cfg = make_pretrained_cfg(model, args.get("in_chans", 3))
     new_head = "num_classes" in overrides and overrides["num_classes"] != old_classes
@@ -200,7 +216,18 @@ def load(path: str | os.PathLike, **overrides: Any) -> nn.Module:
         state.update({k: v for k, v in model.state_dict().items() if k.startswith(heads)})
         preprocess.pop("label_names", None)
     _adapt_pos_embed(model, state, old_img)
-    load_state_strict(model, state, str(folder))
+    try:
+        load_state_strict(model, state, str(folder))
+    except ValueError as e:
+        raise no_architecture(cfg, folder, e) from None
     preprocess.pop("input_size", None)
     model.pretrained_cfg.update(preprocess)
     return model.eval()
+
+
+def no_architecture(cfg: dict[str, Any], folder: Path, e: ValueError) -> ValueError:
+    """A vitlab config.json without its model's name, said as such (its class's defaults are what then failed)."""
+    if cfg.get("library") != "vitlab" or cfg.get("architecture"):
+        return e
+    return ValueError(f"{folder / CONFIG} names no 'architecture' (accepted: a registered model name, see `vitlab "
+                      f"models`); its class and model_args alone do not make the saved model: {e}")

@@ -57,6 +57,7 @@ def build_model_and_data(r: Recipe, d: Dist, log: Callable[[str], None]) -> tupl
     args = {**spec.args, **r.model_args}
     in_chans = args.get("in_chans", 3)
     img_size = r.img_size or args.get("img_size", 224)
+    check_size(name, img_size, args, r, log)
     data = get_data(img_size, in_chans)
     overrides = dict(r.model_args, num_classes=len(data.classes))
     if "img_size" in accepted_args(spec.cls):
@@ -65,6 +66,25 @@ def build_model_and_data(r: Recipe, d: Dist, log: Callable[[str], None]) -> tupl
         overrides.setdefault("drop_path_rate", r.drop_path)
     model = create_model(name, **overrides)
     return model, data, tuple(data.mean), tuple(data.std)
+
+
+NATIVE_SIZE = {"digits": 8, "cifar10": 32, "cifar100": 32}  # the built-in data sets' image sizes
+
+
+def check_size(name: str, img_size: int | tuple, args: dict, r: Recipe, log: Callable[[str], None]) -> None:
+    """Before any data is decoded: refuse a size the model's patches do not tile; say when a built-in data set is
+    scaled up to the model's default size."""
+    patch = args.get("patch_size")
+    size = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
+    if isinstance(patch, int) and any(s % patch for s in size):
+        raise ValueError(f"img_size {size[0]}x{size[1]} is not divisible by the patch size {patch} of {name}; "
+                         f"accepted: a multiple of {patch} (e.g. --img-size {max(patch, size[0] // patch * patch)})")
+    native = NATIVE_SIZE.get(r.data)
+    if r.img_size is None and native and size != (native, native):
+        multiple = patch if isinstance(patch, int) else 1
+        log(f"warning: {name} takes {size[0]}x{size[1]} images and {r.data}'s are {native}x{native}: they are scaled "
+            f"to {size[0]}x{size[1]} ({size[0] * size[1] / native ** 2:.0f}x the pixels to compute on); choose the "
+            f"size with --img-size (a multiple of {multiple}, e.g. {-(-native // multiple) * multiple})")
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:

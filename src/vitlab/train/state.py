@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from ..atomic import atomic_path
+from ..checkpoint import load_plain
 from .schedule import Plateau
 
 CHECKPOINT = "checkpoint.pt"
@@ -74,6 +75,6 @@ def load_checkpoint(folder: Path) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # noqa: BLE001 - any failure means the file is unusable
-        raise ValueError(f"{path} is truncated or corrupt ({e}); delete it to restart the run") from None
+        return load_plain(path)
+    except ValueError as e:
+        raise ValueError(f"{e}; delete it to restart the run") from None

@@ -194,6 +194,7 @@ def set_up(r: Recipe, d: Dist, resume: bool, log: Callable[[str], None], now: Ca
     """Check the output folder, build the model, data, augmentation and loss, restore a checkpoint, start the bar."""
     out = Path(r.out)
     check_out_dir(out, resume)
+    ckpt = load_checkpoint(out) if resume else None  # a file it cannot use is said before any work
     if r.threads:
         torch.set_num_threads(r.threads)
     if r.batch_size % (d.world * r.accum_steps):
@@ -230,7 +231,6 @@ def set_up(r: Recipe, d: Dist, resume: bool, log: Callable[[str], None], now: Ca
     augment = BatchAugment(r.augment, img_size, mean, std, len(classes)).to(d.device)
     loss_fn = make_loss(r, d, len(classes), mean, std, log)
 
-    ckpt = load_checkpoint(out) if resume else None
     precision = ckpt["precision"] if ckpt is not None else choose_precision(
         r, model, augment, *feeder.gather(torch.arange(min(n_train, batch_size // d.world))), d, log)
     state = TrainState(
