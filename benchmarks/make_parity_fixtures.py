@@ -64,6 +64,10 @@ HF = {
     "hf_dinov2": ("Dinov2Model", "Dinov2Config", dict(HF_TINY, mlp_ratio=2), (24, 20)),
     "hf_dinov2_registers": ("Dinov2WithRegistersModel", "Dinov2WithRegistersConfig",
                             dict(HF_TINY, mlp_ratio=2, num_register_tokens=4), (20, 28)),
+    "hf_dinov2_classifier": ("Dinov2ForImageClassification", "Dinov2Config", dict(HF_TINY, mlp_ratio=2, num_labels=5),
+                             (24, 20)),
+    "hf_dinov2_registers_classifier": ("Dinov2WithRegistersForImageClassification", "Dinov2WithRegistersConfig",
+                                       dict(HF_TINY, mlp_ratio=2, num_register_tokens=4, num_labels=5), (20, 28)),
     "hf_clip_vision": ("CLIPVisionModel", "CLIPVisionConfig", dict(HF_TINY, intermediate_size=32), None),
     "hf_clip_vision_projection": ("CLIPVisionModelWithProjection", "CLIPVisionConfig",
                                   dict(HF_TINY, intermediate_size=32, projection_dim=24), None),
@@ -111,13 +115,16 @@ def hf_folder(name: str, cls: str, config_cls: str, config: dict[str, Any], seco
     back = model_cls.from_pretrained(folder).eval()
 
     def outputs(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if cls.endswith("ForImageClassification"):  # the classifier on the class token and the mean patch token
+            return ref(pixel_values=x).logits, ref.base_model(pixel_values=x).last_hidden_state
         out = ref(pixel_values=x)
         logits = out.image_embeds if cls.endswith("WithProjection") else out.pooler_output
         return logits, out.last_hidden_state
 
     x = torch.randn(BATCH, 3, config["image_size"], config["image_size"])
     with torch.no_grad():
-        assert torch.equal(outputs(x)[0], back(pixel_values=x)[0 if "Projection" in cls else 1]), name
+        index = 0 if cls.endswith(("Projection", "Classification")) else 1
+        assert torch.equal(outputs(x)[0], back(pixel_values=x)[index]), name
         write_io(folder / "io.safetensors", x, *outputs(x))
         if second:
             x = torch.randn(BATCH, 3, *second)

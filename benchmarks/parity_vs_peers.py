@@ -244,6 +244,9 @@ class HfCase:
         with torch.no_grad():
             out = ref(pixel_values=x)
             f_ours = ours.forward_features(x)
+            if self.cls.startswith("Dinov2") and self.cls.endswith("ForImageClassification"):
+                return {"logits": (out.logits, ours(x)),
+                        "features": (ref.base_model(pixel_values=x).last_hidden_state, f_ours)}
             if not self.cls.startswith(("ViT", "DeiT")):  # DINOv2, CLIP, SigLIP: the pooled output (or projection)
                 logits = out.image_embeds if self.cls.endswith("WithProjection") else out.pooler_output
                 return {"logits": (logits, ours(x)), "features": (out.last_hidden_state, f_ours)}
@@ -260,6 +263,8 @@ class HfCase:
 CONFIGS = {"ViTForImageClassification": "ViTConfig", "ViTModel": "ViTConfig", "DeiTModel": "DeiTConfig",
            "DeiTForImageClassification": "DeiTConfig", "DeiTForImageClassificationWithTeacher": "DeiTConfig",
            "Dinov2Model": "Dinov2Config", "Dinov2WithRegistersModel": "Dinov2WithRegistersConfig",
+           "Dinov2ForImageClassification": "Dinov2Config",
+           "Dinov2WithRegistersForImageClassification": "Dinov2WithRegistersConfig",
            "CLIPVisionModel": "CLIPVisionConfig", "CLIPVisionModelWithProjection": "CLIPVisionConfig",
            "SiglipVisionModel": "SiglipVisionConfig"}
 HF_BACKBONE = dict(hidden_size=48, num_hidden_layers=2, num_attention_heads=3, image_size=32, patch_size=8)
@@ -303,6 +308,9 @@ def hf_cases() -> list[HfCase]:
         HfCase("hf Dinov2Model layerscale=0.1 gelu_python", "Dinov2Model",
                dict(HF_BACKBONE, layerscale_value=0.1, hidden_act="gelu_python")),
         HfCase("hf Dinov2WithRegistersModel", "Dinov2WithRegistersModel", dict(HF_BACKBONE, num_register_tokens=4)),
+        HfCase("hf Dinov2ForImageClassification", "Dinov2ForImageClassification", dict(HF_BACKBONE, num_labels=5)),
+        HfCase("hf Dinov2WithRegistersForImageClassification", "Dinov2WithRegistersForImageClassification",
+               dict(HF_BACKBONE, num_register_tokens=2, num_labels=5)),
         HfCase("hf CLIPVisionModel", "CLIPVisionModel", dict(HF_BACKBONE, intermediate_size=96)),
         HfCase("hf CLIPVisionModel gelu", "CLIPVisionModel", dict(HF_BACKBONE, intermediate_size=96,
                                                                    hidden_act="gelu")),

@@ -20,14 +20,14 @@ BACKBONES = Path(__file__).parent / "fixtures" / "parity"
 EXPECTED = {"timm_deit3", "timm_dinov2", "timm_dinov2_reg4", "timm_vit_reg4_gap", "timm_vit_gap", "timm_vit_qk_norm",
             "timm_vit_no_final_norm", "timm_vit_fc_norm_token", "timm_clip", "timm_clip_quickgelu", "timm_siglip",
             "timm_siglip_no_head", "hf_dinov2", "hf_dinov2_registers", "hf_clip_vision", "hf_clip_vision_projection",
-            "hf_siglip_vision"}
+            "hf_siglip_vision", "hf_dinov2_classifier", "hf_dinov2_registers_classifier"}
 DYNAMIC = sorted(p.parent.name for p in BACKBONES.glob("*/io_dynamic.safetensors"))
 TOL = 1e-4
 
 
 def test_every_backbone_fixture_is_there():
     assert {p.name for p in BACKBONES.iterdir() if (p / "io.safetensors").is_file()} == EXPECTED
-    assert len(DYNAMIC) >= 12
+    assert len(DYNAMIC) >= 15
 
 
 def check(model, io):
@@ -71,6 +71,21 @@ def test_clip_projection_is_the_head_with_zero_bias():
     state = load_file(BACKBONES / "hf_clip_vision_projection" / "model.safetensors")
     assert torch.equal(model.head.weight, state["visual_projection.weight"])
     assert model.num_classes == 24 and not model.head.bias.any()
+
+
+def test_dinov2_classifier_reads_class_and_mean_patch_token(tmp_path):
+    model = vitlab.load(BACKBONES / "hf_dinov2_registers_classifier")
+    assert model.global_pool == "token_avg" and model.num_features == 32 and model.head.in_features == 32
+    x = torch.randn(1, 3, 16, 16)
+    with torch.no_grad():
+        tokens = model.forward_features(x)
+        pooled = model.forward_head(tokens, pre_logits=True)
+    assert torch.equal(pooled, torch.cat([tokens[:, 0], tokens[:, 5:].mean(1)], dim=-1))  # registers left out
+    from vitlab.export import export
+
+    for to in ("timm", "hf"):
+        with pytest.raises(ValueError, match="global_pool='token_avg'|pooling other than the class token"):
+            export(model, to, tmp_path / to)
 
 
 def test_size_only_in_pretrained_cfg_builds_at_that_size():
@@ -119,3 +134,19 @@ def test_resnetv2_hybrid_is_named_not_redirected():
         timm_interop.model_args({"architecture": "vit_small_r26_s32_224"})
     message = str(e.value)
     assert "vit_small_r26_s32_224" in message and "ResNetV2" in message and "did you mean" not in message
+
+
+@pytest.mark.parametrize("name", ["timm_siglip", "timm_dinov2_reg4", "hf_clip_vision_projection"])
+def test_inspect_reads_the_backbones(tmp_path, name):
+    """The attention analyses (heads, rollout, relevance, ...) run on attention-pool, register and pre-norm towers."""
+    from PIL import Image
+
+    from vitlab.cli import main
+
+    Image.new("RGB", (20, 24), (120, 30, 200)).save(tmp_path / "a.png")
+    out = tmp_path / "report"
+    assert main(["inspect", str(BACKBONES / name), "--images", str(tmp_path / "a.png"), "--out", str(out)]) == 0
+    html = (out / "report.html").read_text()
+    assert {"rollout.png", "attention_heads_0.png"} <= {p.name for p in out.iterdir()} and "rollout" in html
+    faith = json.loads((out / "faithfulness.json").read_text())
+    assert {"raw_attention", "rollout", "relevance"} <= set(faith["methods"])

@@ -18,9 +18,10 @@ HF_MODEL_TYPES = {
     "vit": ({"ViTForImageClassification": "vit", "ViTModel": "base"}, "vit", "ViTForImageClassification"),
     "deit": ({"DeiTForImageClassificationWithTeacher": "distilled", "DeiTForImageClassification": "deit",
               "DeiTModel": "base"}, "deit", "DeiTForImageClassificationWithTeacher"),
-    "dinov2": ({"Dinov2Model": "base"}, "dinov2", "Dinov2Model"),
-    "dinov2_with_registers": ({"Dinov2WithRegistersModel": "base"}, "dinov2_with_registers",
-                              "Dinov2WithRegistersModel"),
+    "dinov2": ({"Dinov2Model": "base", "Dinov2ForImageClassification": "token_avg"}, "dinov2", "Dinov2Model"),
+    "dinov2_with_registers": ({"Dinov2WithRegistersModel": "base",
+                               "Dinov2WithRegistersForImageClassification": "token_avg"},
+                              "dinov2_with_registers", "Dinov2WithRegistersModel"),
     "clip_vision_model": ({"CLIPVisionModel": "base", "CLIPVisionModelWithProjection": "projection"},
                           "vision_model", "CLIPVisionModel"),
     "siglip_vision_model": ({"SiglipVisionModel": "base"}, "vision_model", "SiglipVisionModel"),
@@ -63,7 +64,8 @@ def _family_args(cfg: dict[str, Any], model_type: str, role: str, dim: int) -> d
         return dict(qkv_bias=bool(_get(cfg, "qkv_bias", True)), init_values=float(_get(cfg, "layerscale_value", 1.0)),
                     reg_tokens=regs, no_embed_class=regs > 0, dynamic_img_size=True,
                     pos_embed_antialias=regs > 0,  # transformers' Dinov2 resamples its table without antialiasing
-                    mlp_ratio=float(_get(cfg, "mlp_ratio", 4.0)))
+                    mlp_ratio=float(_get(cfg, "mlp_ratio", 4.0)),
+                    global_pool="token_avg" if role == "token_avg" else "token")
     if model_type == "clip_vision_model":  # pooler_output: post_layernorm on the class token
         return dict(pre_norm=True, fc_norm=True)
     if not _get(cfg, "vision_use_head", True):

@@ -24,7 +24,8 @@ from .layers import (
 )
 
 POS_EMBEDS = ("learn", "sincos", "none")
-GLOBAL_POOLS = ("token", "avg", "map", "")
+# token_avg: the class token and the mean patch token side by side (transformers' Dinov2ForImageClassification)
+GLOBAL_POOLS = ("token", "avg", "map", "token_avg", "")
 # the arguments timm's VisionTransformer takes with vitlab's names and meaning
 TIMM_ARGS = ("img_size", "patch_size", "in_chans", "num_classes", "global_pool", "embed_dim", "depth", "num_heads",
              "mlp_ratio", "qkv_bias", "qk_norm", "proj_bias", "init_values", "class_token", "pos_embed",
@@ -93,7 +94,7 @@ class VisionTransformer(Model):
     the final norm (and fc_norm); ``global_pool='map'`` pools with SigLIP's attention-pool head ``attn_pool``.
     """
 
-    global_pools = GLOBAL_POOLS
+    global_pools = ("token", "avg", "")  # those reset_classifier may switch between (same width, no extra layers)
     no_weight_decay_names = ("pos_embed", "cls_token", "dist_token", "reg_token")
     timm_names = frozenset(
         [f"deit_{s}{d}_patch16_224" for s in ("tiny", "small", "base") for d in ("", "_distilled")]
@@ -121,7 +122,8 @@ class VisionTransformer(Model):
         base = "vit_base_patch16_clip_224" if clip else "vit_tiny_patch16_224"
         return TimmSpec("VisionTransformerDistilled" if distilled else "VisionTransformer", TIMM_ARGS,
                         "deit_tiny_distilled_patch16_224" if distilled else base,
-                        fixed={"norm_eps": CLIP_NORM_EPS if clip else 1e-6, "pos_embed_antialias": True},
+                        fixed={"norm_eps": CLIP_NORM_EPS if clip else 1e-6, "pos_embed_antialias": True,
+                               **({"global_pool": "token"} if self.global_pool == "token_avg" else {})},
                         dropped=("distilled",),
                         values={"pos_embed": {"sincos": "learn"}})  # the fixed table exported as a learned one
 
@@ -145,6 +147,8 @@ class VisionTransformer(Model):
                              "it needs class_token=True and global_pool='token'")
         if distilled and reg_tokens:
             raise ValueError("a model has either a distillation token or register tokens, not both")
+        if global_pool == "token_avg" and (not class_token or fc_norm):
+            raise ValueError("global_pool='token_avg' needs a class token and no fc_norm")
         if global_pool == "token" and not class_token:
             raise ValueError("global_pool='token' needs a class token; use global_pool='avg' with class_token=False")
         norm_layer = partial(nn.LayerNorm, eps=norm_eps)
@@ -153,6 +157,8 @@ class VisionTransformer(Model):
         self.num_classes = num_classes
         self.global_pool = global_pool
         self.num_features = self.embed_dim = embed_dim
+        if global_pool == "token_avg":
+            self.num_features = 2 * embed_dim
         self.num_prefix_tokens = int(class_token) + int(distilled) + reg_tokens
         self.no_embed_class = no_embed_class
         self.dynamic_img_size = dynamic_img_size
@@ -186,7 +192,7 @@ class VisionTransformer(Model):
             self.attn_pool = AttentionPoolLatent(embed_dim, num_heads, mlp_ratio, norm_layer=norm_layer, act_layer=act)
         self.fc_norm = norm_layer(embed_dim) if final_norm and use_fc_norm else nn.Identity()
         self.head_drop = nn.Dropout(drop_rate)
-        self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+        self.head = nn.Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
         self.head_dist = None
         if distilled:
             self.head_dist = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
@@ -236,6 +242,8 @@ class VisionTransformer(Model):
 
     def pool(self, x: torch.Tensor) -> torch.Tensor:
         """Tokens -> (B, D): the pooled token (or the attention pool's output), through fc_norm."""
+        if self.global_pool == "token_avg":
+            return torch.cat([x[:, 0], x[:, self.num_prefix_tokens:].mean(dim=1)], dim=-1)
         if self.global_pool == "map":
             if self.attn_pool is None:
                 raise ValueError("global_pool='map' needs the attention-pool head built with the model")
