@@ -15,6 +15,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..export import export
-    path = export(args.model, args.to, args.out, check=not args.no_check)
+    from ..runs.folder import claim_folder
+    with claim_folder(args.out, "export"):
+        path = export(args.model, args.to, args.out, check=not args.no_check)
     print(f"{args.model} -> {path}")
     return 0

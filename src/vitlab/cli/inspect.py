@@ -62,11 +62,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Load the model and the images, run every applicable analysis, write the figures and report.html."""
-    from .. import load
-    from ..analysis.capture import attention_modules
-    from ..analysis.report import inspect_model
-
+    """Claim the output folder (runs.folder.claim_folder), then analyse the model into it."""
     if args.num_images < 1:
         raise ValueError(f"--num-images must be at least 1, got {args.num_images}")
     if not 0.0 <= args.discard_ratio < 1.0:
@@ -79,6 +75,17 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--curve-steps must be at least 1, got {args.curve_steps}")
     if args.explorer_images < 1:
         raise ValueError(f"--explorer-images must be at least 1, got {args.explorer_images}")
+    from ..runs.folder import claim_folder
+    out = Path(args.out) if args.out else Path(f"inspect_{Path(args.model).resolve().name}")
+    with claim_folder(out, "inspect"):
+        return _run(args, out)
+
+
+def _run(args: argparse.Namespace, out: Path) -> int:
+    """Load the model and the images, run every applicable analysis, write the figures and report.html."""
+    from .. import load
+    from ..analysis.capture import attention_modules
+    from ..analysis.report import inspect_model
     from ..devices import resolve_device
     model = load(args.model).to(resolve_device(args.device))
     try:
@@ -118,7 +125,6 @@ def run(args: argparse.Namespace) -> int:
         names = [f"{Path(str(source)).name} test #{int(i)}" for i in pick[:len(shown)]]  # short, for figure titles
     if class_names is not None and len(class_names) != model.num_classes:
         class_names = None  # the data set's classes are not the model's
-    out = Path(args.out) if args.out else Path(f"inspect_{Path(args.model).resolve().name}")
     report = inspect_model(model, normalize(shown, mean, std), out, image_names=names, labels=labels,
                            class_names=class_names, distance_images=normalize(dist_set, mean, std),
                            head_fusion=args.head_fusion, discard_ratio=args.discard_ratio, batch_size=args.batch_size,

@@ -44,6 +44,7 @@ def run_compare(args: argparse.Namespace) -> int:
 
 
 def run_study(args: argparse.Namespace) -> int:
+    from ..runs.folder import claim_folder
     from ..studies import STUDIES, run_study
     if args.list or not args.name:
         for name, s in STUDIES.items():
@@ -54,8 +55,10 @@ def run_study(args: argparse.Namespace) -> int:
     except ValueError:
         raise ValueError(f"--seeds {args.seeds!r} is not valid; accepted: integers >= 0 separated by commas, "
                          "e.g. 0,1") from None
-    result = run_study(args.name, out=args.out, data=args.data, budget=args.budget, epochs=args.epochs,
-                       seeds=seeds, jobs=args.jobs, threads=args.threads, quick=args.quick, cache_dir=args.cache_dir)
+    with claim_folder(args.out, "study"):
+        result = run_study(args.name, out=args.out, data=args.data, budget=args.budget, epochs=args.epochs,
+                           seeds=seeds, jobs=args.jobs, threads=args.threads, quick=args.quick,
+                           cache_dir=args.cache_dir)
     print((Path(args.out) / f"{args.name}.md").read_text())
     print(f"table: {Path(args.out) / (args.name + '.md')}  figure: {Path(args.out) / (args.name + '.png')}")
     return 0 if result else 1

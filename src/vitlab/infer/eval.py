@@ -1,6 +1,7 @@
 """`vitlab eval`: a saved model's metrics, every head, on a data set's test split."""
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 from pathlib import Path
@@ -11,6 +12,7 @@ from .. import checkpoint
 from ..data.sources import load_data
 from ..devices import resolve_device
 from ..runs.figures import plot_confusion
+from ..runs.folder import claim_folder
 from ..runs.format import CONFUSION_PNG, EvalSummary, write_summary
 from ..train.evaluate import evaluate_model
 from .predict import class_names
@@ -36,8 +38,14 @@ def evaluate_folder(model_path: str | os.PathLike, data: str, out: str | os.Path
     """Metrics of every head of a saved model on a data set's test split; summary.json and confusion.png in out.
 
     ``tta`` averages each image's logits with its mirror image's (see ``head_logits``). ``precision``:
-    fp32, bf16, fp16 or auto (bf16 on a GPU that has it, else fp32).
+    fp32, bf16, fp16 or auto (bf16 on a GPU that has it, else fp32). ``out`` is claimed before the work
+    (runs.folder.claim_folder): a folder holding others' files, or being written, is refused.
     """
+    with claim_folder(out, "eval") if out is not None else contextlib.nullcontext():
+        return _evaluate(model_path, data, out, batch_size, precision, cache_dir, download, tta, device)
+
+
+def _evaluate(model_path, data, out, batch_size, precision, cache_dir, download, tta, device) -> dict:
     dev = resolve_device(device)
     model = checkpoint.load(model_path).to(dev)
     c, h, w = model.pretrained_cfg["input_size"]
@@ -66,7 +74,6 @@ def evaluate_folder(model_path: str | os.PathLike, data: str, out: str | os.Path
                          top5=m["top5"], per_class=m["per_class"])
     if out is not None:
         out = Path(out)
-        out.mkdir(parents=True, exist_ok=True)
         write_summary(out, result)
         plot_confusion(m["confusion"], names, out / CONFUSION_PNG,
                        title=f"{Path(model_path).name} on {bundle.name}: top-1 {100 * result.top1:.2f}%")

@@ -27,12 +27,12 @@ from ..data.sources import DataBundle
 from ..data.views import eval_view
 from ..progress import Progress, log_line
 from ..runs.figures import plot_confusion, plot_curves
+from ..runs.folder import claim_folder
 from ..runs.format import (
     CONFUSION_PNG,
     CURVES_PNG,
     EpochRow,
     Summary,
-    check_out_dir,
     write_config,
     write_metrics,
     write_summary,
@@ -77,14 +77,26 @@ def train(r: Recipe, resume: bool = False, log: Callable[[str], None] | None = N
     """
     if r.out is None:
         raise ValueError("a training run needs an output folder: --out DIR")
+    check_sources_outside(r)
     with torch_globals_kept():
         d = init_distributed(r.device)
         log = log or log_line
         log = log if d.is_main else (lambda s: None)
         try:
-            return _train(r, d, resume, log, now)
+            with claim_folder(r.out, "train", resume=resume, lock=d.is_main):
+                return _train(r, d, resume, log, now)
         finally:
             cleanup(d)
+
+
+def check_sources_outside(r: Recipe) -> None:
+    """Refuse a run whose --out is (or holds) the model it starts from or its teacher: it would overwrite them."""
+    out = Path(r.out).resolve()
+    for flag, source in (("--init", r.init), ("--teacher", r.teacher)):
+        if source and not str(source).startswith("hf-hub:") and out in (Path(source).resolve(),
+                                                                         *Path(source).resolve().parents):
+            raise ValueError(f"{flag} {source} lies in --out {r.out}: the run would overwrite it; "
+                             "choose another --out")
 
 
 @contextlib.contextmanager
@@ -193,7 +205,6 @@ def _train(r: Recipe, d: Dist, resume: bool, log: Callable[[str], None], now: Ca
 def set_up(r: Recipe, d: Dist, resume: bool, log: Callable[[str], None], now: Callable[[], float]) -> Run:
     """Check the output folder, build the model, data, augmentation and loss, restore a checkpoint, start the bar."""
     out = Path(r.out)
-    check_out_dir(out, resume)
     ckpt = load_checkpoint(out) if resume else None  # a file it cannot use is said before any work
     if r.threads:
         torch.set_num_threads(r.threads)

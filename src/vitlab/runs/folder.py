@@ -1,0 +1,95 @@
+"""The folders vitlab commands write, and the claim each command takes on its folder before it writes.
+
+A command writes into a folder only when the folder is new or empty, or holds nothing but what the same kind of
+command wrote there before (its lock file says which); it never writes into a folder holding anyone else's
+files, nor into one that another live process is writing (an exclusive ``flock`` on the lock file, held for the
+life of the command and released by the kernel if the process dies).
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import fnmatch
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from ..atomic import TEMP_PATTERN
+from ..checkpoint import CONFIG as MODEL_CONFIG
+from ..checkpoint import WEIGHTS as MODEL_WEIGHTS
+from .format import CONFUSION_PNG, FILES, SUMMARY, check_out_dir
+
+LOCK = ".vitlab.lock"  # holds "KIND PID" of the command that writes (or last wrote) the folder
+
+WRITES: dict[str, tuple[str, ...]] = {  # what each kind of command writes in its folder (names or patterns)
+    "train": (*FILES, "tb"),
+    "eval": (SUMMARY, CONFUSION_PNG),
+    "inspect": ("*.png", "*.html", "*.json"),
+    "export": (MODEL_CONFIG, MODEL_WEIGHTS, "model.onnx", "model.onnx.data", "preprocess.json",
+               "preprocessor_config.json"),
+    "study": ("runs", "*.md", "*.json", "*.png"),
+}
+
+
+def _owner(text: str) -> tuple[str, str]:
+    kind, _, pid = text.strip().partition(" ")
+    return kind, pid
+
+
+def _entries(out: Path) -> list[str]:
+    return sorted(p.name for p in out.iterdir() if p.name != LOCK and not TEMP_PATTERN.fullmatch(p.name))
+
+
+def _check(out: Path, kind: str, marked: bool, resume: bool, flag: str) -> None:
+    """Refuse the folder unless this kind of command may write into it (see the module's rule)."""
+    entries = _entries(out)
+    if kind == "train":
+        check_out_dir(out, resume)  # the finished and unfinished runs' own messages
+    ours = [e for e in entries if any(fnmatch.fnmatchcase(e, p) for p in WRITES[kind])]
+    foreign = [e for e in entries if e not in ours] if marked or (kind == "train" and resume) else entries
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        raise ValueError(f"{out} holds files that vitlab {kind} did not write ({shown}); "
+                         f"choose a new or empty {flag}")
+    if kind == "train" and entries and not resume:
+        raise ValueError(f"{out} holds an unfinished run: continue it with `vitlab train --resume {out}` "
+                         "or choose another --out")
+
+
+@contextlib.contextmanager
+def claim_folder(out: str | os.PathLike, kind: str, resume: bool = False, lock: bool = True,
+                 flag: str = "--out") -> Iterator[Path]:
+    """Claim ``out`` for a command of ``kind`` (a key of WRITES) while the block runs: make it, lock it (unless
+    ``lock`` is False: a process that writes nothing, e.g. a training rank other than 0), and refuse it (a
+    ValueError, one line) when another process holds it or it holds files this kind of command did not write.
+    ``resume``: a training run's unfinished folder may be continued."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"{flag} {out} is a file; accepted: a new or empty folder")
+    if out.is_dir() and not (out / LOCK).exists():
+        _check(out, kind, False, resume, flag)  # refused before anything is added to it
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        fd = os.open(out / LOCK, os.O_RDWR | os.O_CREAT, 0o644) if lock else None
+    except OSError as e:
+        raise ValueError(f"cannot write {flag} {out}: {os.strerror(e.errno) if e.errno else e}") from None
+    try:
+        if fd is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as e:
+                if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                    raise
+                _, pid = _owner(os.pread(fd, 64, 0).decode(errors="replace"))
+                raise ValueError(f"{out} is being written by another vitlab process{f' (pid {pid})' if pid else ''};"
+                                 f" wait for it to end or choose another {flag}") from None
+        text = (out / LOCK).read_text(errors="replace") if (out / LOCK).is_file() else ""
+        _check(out, kind, _owner(text)[0] == kind, resume, flag)
+        if fd is not None:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{kind} {os.getpid()}\n".encode(), 0)
+        yield out
+    finally:
+        if fd is not None:
+            os.close(fd)  # releases the lock

@@ -1,0 +1,84 @@
+"""Run folders and --out: a command never writes into a folder holding others' files or being written by another
+process; --resume honours or refuses the options given with it; a killed final save resumes to the same model."""
+import fcntl
+import os
+
+import pytest
+
+import vitlab
+from vitlab.cli import main
+from vitlab.runs.folder import LOCK
+
+TINY = ["--model", "vit_micro_patch2_8", "--batch-size", "64", "--precision", "fp32", "--threads", "1"]
+
+COMMANDS = {  # every command that writes a folder, with --out left for the test to give
+    "train": ["train", *TINY, "--epochs", "1"],
+    "eval": ["eval", "no-such-model", "--data", "digits"],
+    "inspect": ["inspect", "no-such-model"],
+    "export": ["export", "no-such-model", "--to", "timm"],
+    "study": ["study", "hybrid", "--quick"],
+}
+
+
+def refused(argv, capsys) -> str:
+    """The one-line error of a command that must exit 2."""
+    assert main([str(a) for a in argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+    return err
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_folder_holding_others_files_is_refused(command, tmp_path, cache_dir, capsys):
+    out = tmp_path / "d"
+    out.mkdir()
+    (out / "config.yaml").write_text("mine: 1\n")
+    (out / "notes.txt").write_text("keep\n")
+    err = refused([*COMMANDS[command], "--out", out], capsys)
+    assert f"vitlab {command} did not write" in err and "config.yaml" in err
+    assert sorted(p.name for p in out.iterdir()) == ["config.yaml", "notes.txt"]  # nothing added, nothing changed
+    assert (out / "config.yaml").read_text() == "mine: 1\n"
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_folder_another_process_writes_is_refused(command, tmp_path, cache_dir, capsys):
+    out = tmp_path / "d"
+    out.mkdir()
+    fd = os.open(out / LOCK, os.O_RDWR | os.O_CREAT)
+    os.write(fd, f"{command} 4242\n".encode())
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as a live writer of the folder holds it
+    try:
+        err = refused([*COMMANDS[command], "--out", out], capsys)
+    finally:
+        os.close(fd)
+    assert "being written by another vitlab process (pid 4242)" in err
+    assert [p.name for p in out.iterdir()] == [LOCK]
+
+
+def test_a_file_as_out_is_refused(tmp_path, capsys):
+    out = tmp_path / "f"
+    out.write_text("x")
+    assert "is a file" in refused([*COMMANDS["eval"], "--out", out], capsys)
+    assert out.read_text() == "x"
+
+
+def test_init_into_itself_is_refused(tmp_path, cache_dir, capsys):
+    src = tmp_path / "model"
+    vitlab.save(vitlab.create_model("vit_micro_patch2_8", num_classes=10), src)
+    before = {p.name: p.read_bytes() for p in src.iterdir()}
+    for out in (src, tmp_path):
+        err = refused(["train", *TINY, "--epochs", "1", "--init", src, "--out", out], capsys)
+        assert "--init" in err and "would overwrite it" in err
+    assert {p.name: p.read_bytes() for p in src.iterdir()} == before
+
+
+def test_a_command_may_rewrite_its_own_folder(tmp_path, cache_dir, capsys):
+    model = tmp_path / "model"
+    vitlab.save(vitlab.create_model("vit_micro_patch2_8", num_classes=10), model)
+    out = tmp_path / "ev"
+    for _ in range(2):
+        assert main(["eval", str(model), "--data", "digits", "--out", str(out)]) == 0
+    assert {p.name for p in out.iterdir()} == {"summary.json", "confusion.png", LOCK}
+    # another kind of command does not take it over
+    err = refused(["export", str(model), "--to", "timm", "--out", str(out)], capsys)
+    assert "vitlab export did not write" in err
