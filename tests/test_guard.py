@@ -82,3 +82,9 @@ def test_a_command_may_rewrite_its_own_folder(tmp_path, cache_dir, capsys):
     # another kind of command does not take it over
     err = refused(["export", str(model), "--to", "timm", "--out", str(out)], capsys)
     assert "vitlab export did not write" in err
+
+
+def test_a_command_that_fails_leaves_no_folder(tmp_path, capsys):
+    out = tmp_path / "new"
+    refused([*COMMANDS["eval"], "--out", out], capsys)  # the model does not exist
+    assert not out.exists()

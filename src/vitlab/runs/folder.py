@@ -69,6 +69,7 @@ def claim_folder(out: str | os.PathLike, kind: str, resume: bool = False, lock: 
         raise ValueError(f"{flag} {out} is a file; accepted: a new or empty folder")
     if out.is_dir() and not (out / LOCK).exists():
         _check(out, kind, False, resume, flag)  # refused before anything is added to it
+    made = not out.exists()
     try:
         out.mkdir(parents=True, exist_ok=True)
         fd = os.open(out / LOCK, os.O_RDWR | os.O_CREAT, 0o644) if lock else None
@@ -92,4 +93,8 @@ def claim_folder(out: str | os.PathLike, kind: str, resume: bool = False, lock: 
         yield out
     finally:
         if fd is not None:
+            if made and not _entries(out):  # a command that failed before writing leaves no folder behind
+                (out / LOCK).unlink(missing_ok=True)
+                with contextlib.suppress(OSError):
+                    out.rmdir()
             os.close(fd)  # releases the lock
