@@ -8,6 +8,7 @@ import pytest
 import vitlab
 from vitlab.cli import main
 from vitlab.runs.folder import LOCK
+from vitlab.runs.format import read_config, read_history, read_summary
 
 TINY = ["--model", "vit_micro_patch2_8", "--batch-size", "64", "--precision", "fp32", "--threads", "1"]
 
@@ -88,3 +89,24 @@ def test_a_command_that_fails_leaves_no_folder(tmp_path, capsys):
     out = tmp_path / "new"
     refused([*COMMANDS["eval"], "--out", out], capsys)  # the model does not exist
     assert not out.exists()
+
+
+def test_resume_refuses_options_that_would_change_the_run(tmp_path, capsys):
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / "config.yaml").write_text("model: vit_micro_patch2_8\nepochs: 2\nlr: 0.001\n")
+    err = refused(["train", "--resume", run, "--lr", "0.5", "--model", "other", "--epochs", "6"], capsys)
+    assert err.endswith("--model, --lr cannot change on --resume; accepted with --resume: --epochs, --time-budget, "
+                        "--eval-every, --log, --threads, --device, --cache-dir, --download, --workers")
+    assert "--out" in refused(["train", "--resume", run, "--out", tmp_path / "elsewhere"], capsys)
+    assert "--epochs 1 on --resume" in refused(["train", "--resume", run, "--epochs", "1"], capsys)
+    assert (run / "config.yaml").read_text().endswith("lr: 0.001\n")
+
+
+def test_resume_with_more_epochs_trains_them(tmp_path, cache_dir):
+    run = tmp_path / "r"
+    assert main(["train", *TINY, "--epochs", "1", "--out", str(run)]) == 0
+    (run / "summary.json").unlink()  # as if killed before its end: the checkpoint holds 1 epoch
+    assert main(["train", "--resume", str(run), "--epochs", "2", "--threads", "1"]) == 0
+    assert [r.epoch for r in read_history(run)] == [1, 2]
+    assert read_config(run)["epochs"] == 2 and read_summary(run).epochs == 2

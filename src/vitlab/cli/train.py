@@ -5,9 +5,12 @@ import argparse
 from pathlib import Path
 
 from ..train.recipe import AUGMENT_FIELDS, FIELDS
-from .options import add_recipe_option
+from .options import add_recipe_option, flag
 
 SKIP = ("model_args", "augment", "out")  # recipe fields with options of their own (or none)
+# what `--resume` takes besides the run folder: how long it goes on, how it reports, where it computes; the
+# recipe's other options made the run what it is and cannot change halfway
+ON_RESUME = ("epochs", "time_budget", "eval_every", "log", "threads", "device", "cache_dir", "download", "workers")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -36,14 +39,41 @@ def parse_model_args(items: list[str]) -> dict:
     return out
 
 
+def resume_options(args: argparse.Namespace, config: dict) -> dict:
+    """The options given with ``--resume`` that it honours (a longer run: more epochs, a later time budget);
+    any other option given is refused in one line that names it."""
+    given = [name for name in [*FIELDS, *AUGMENT_FIELDS] if name not in SKIP and getattr(args, name) is not None]
+    changed = [flag(n) for n in given if n not in ON_RESUME]
+    changed += [f for f, v in (("--config", args.config), ("--model-arg", args.model_arg)) if v]
+    if args.out and Path(args.out).resolve() != Path(args.resume).resolve():
+        changed.append("--out")
+    if changed:
+        raise ValueError(f"{', '.join(changed)} cannot change on --resume; accepted with --resume: "
+                         f"{', '.join(flag(n) for n in ON_RESUME)}")
+    kept = {n: getattr(args, n) for n in given}
+    for name in ("epochs", "time_budget"):
+        old, new = config.get(name), kept.get(name)
+        if new is not None and (old is None or _number(new) < old):
+            raise ValueError(f"{flag(name)} {new} on --resume: accepted: a number >= the run's {old!r}"
+                             if old is not None else f"{flag(name)} cannot be given on --resume of a run without one")
+    return kept
+
+
+def _number(value) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{value!r} is not a number") from None
+
+
 def run(args: argparse.Namespace) -> int:
-    from ..runs.format import CONFIG_YAML
+    from ..runs.format import CONFIG_YAML, read_config
     from ..train import load_recipe, train
     if args.resume:
         folder = Path(args.resume)
         if not (folder / CONFIG_YAML).is_file():
             raise FileNotFoundError(f"{folder} is not a run folder: it has no {CONFIG_YAML}")
-        recipe = load_recipe(folder / CONFIG_YAML, out=str(folder))
+        recipe = load_recipe(folder / CONFIG_YAML, out=str(folder), **resume_options(args, read_config(folder)))
     else:
         given = {name: getattr(args, name) for name in [*FIELDS, *AUGMENT_FIELDS] if name not in SKIP}
         if args.model_arg:
