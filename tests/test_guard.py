@@ -110,3 +110,17 @@ def test_resume_with_more_epochs_trains_them(tmp_path, cache_dir):
     assert main(["train", "--resume", str(run), "--epochs", "2", "--threads", "1"]) == 0
     assert [r.epoch for r in read_history(run)] == [1, 2]
     assert read_config(run)["epochs"] == 2 and read_summary(run).epochs == 2
+
+
+@pytest.mark.parametrize("lost", [("summary.json",), ("summary.json", "model.safetensors", "config.json")])
+def test_a_run_killed_in_its_final_save_resumes_to_the_same_ema_model(lost, tmp_path, cache_dir):
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    for out in (whole, killed):
+        assert main(["train", *TINY, "--epochs", "3", "--ema-decay", "0.7", "--lr", "0.003", "--out", str(out)]) == 0
+    assert read_summary(whole).ema  # the EMA copy won: the case the resume must not lose
+    for name in lost:  # killed after the last checkpoint, before or during the final save
+        (killed / name).unlink()
+    assert main(["train", "--resume", str(killed)]) == 0
+    assert read_summary(killed).ema
+    assert (killed / "model.safetensors").read_bytes() == (whole / "model.safetensors").read_bytes()
+    assert read_summary(killed).top1 == read_summary(whole).top1

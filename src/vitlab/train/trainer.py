@@ -414,14 +414,18 @@ def evaluate_epoch(run: Run, row: EpochRow) -> tuple[dict[str, dict], float]:
     row.test_loss, row.test_top1, row.test_top5 = logits["loss"], logits["top1"], logits["top5"]
     if "cls" in metrics:
         row.test_top1_cls, row.test_top1_dist = metrics["cls"]["top1"], metrics["dist"]["top1"]
-    score = logits["top1"]
-    if run.state.ema is not None:
-        ema_metrics = run.evaluate(run.state.ema)
-        row.ema_test_top1 = ema_metrics["logits"]["top1"]
-        if row.ema_test_top1 > score:
-            metrics, score = {**ema_metrics, "ema": True}, row.ema_test_top1
+    metrics, row.ema_test_top1 = better_of_ema(run, metrics)
     run.clock.keep_back(run.now() - t_eval)
-    return metrics, score
+    return metrics, max(logits["top1"], row.ema_test_top1 or 0.0)
+
+
+def better_of_ema(run: Run, metrics: dict[str, dict]) -> tuple[dict[str, dict], float | None]:
+    """The model's metrics, or its EMA copy's (marked ``ema``) when that scores higher; and the EMA's top-1."""
+    if run.state.ema is None:
+        return metrics, None
+    ema_metrics = run.evaluate(run.state.ema)
+    ema_top1 = ema_metrics["logits"]["top1"]
+    return ({**ema_metrics, "ema": True} if ema_top1 > metrics["logits"]["top1"] else metrics), ema_top1
 
 
 def track_best(run: Run, score: float) -> None:
@@ -466,8 +470,8 @@ def finish(run: Run, final_metrics: dict | None, stopped_early: bool, t_start: f
         raise ValueError(f"--time-budget {r.time_budget:g} min ran out before the first training step (after "
                          f"{run.clock.reserve:.0f} s kept back for the final evaluation); accepted: a budget that "
                          "leaves time to train")
-    if final_metrics is None or "test_top1" not in state.history[-1]:
-        final_metrics = run.evaluate(model)
+    if final_metrics is None or "test_top1" not in state.history[-1]:  # resumed after its last epoch
+        final_metrics, _ = better_of_ema(run, run.evaluate(model))  # the choice the last epoch made
     in_sync = replicas_agree(model, d)
     if not in_sync:
         run.log("warning: the replicas' weights differ between processes; the saved model is rank 0's")
