@@ -158,3 +158,15 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
 
 def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
     atomic_write_bytes(path, (json.dumps(obj, indent=2) + "\n").encode())
+
+
+def read_json_object(path: str | os.PathLike) -> dict[str, Any]:
+    """A JSON file that must hold an object (what atomic_write_json writes); one-line ValueError otherwise."""
+    path = Path(path)
+    try:
+        value = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path} is not valid JSON ({e})") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{path} must hold a JSON object, not {type(value).__name__}")
+    return value

@@ -20,7 +20,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from .atomic import atomic_path, atomic_write_json
+from .atomic import atomic_path, atomic_write_json, read_json_object
 from .interop import hf, hub, timm
 from .models.base import make_pretrained_cfg
 from .models.layers import resample_abs_pos_embed, to_2tuple
@@ -86,13 +86,7 @@ def read_config(path: str | os.PathLike) -> tuple[Path, dict[str, Any]]:
     if not cfg_path.is_file():
         raise FileNotFoundError(f"{folder} has no {CONFIG}; a model folder holds {CONFIG} and {WEIGHTS} "
                                 "(written by vitlab.save, timm's save_for_hf or transformers' save_pretrained)")
-    try:
-        cfg = json.loads(cfg_path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{cfg_path} is not valid JSON ({e})") from None
-    if not isinstance(cfg, dict):
-        raise ValueError(f"{cfg_path} must hold a JSON object, not {type(cfg).__name__}")
-    return folder, cfg
+    return folder, read_json_object(cfg_path)
 
 
 def read_weights(folder: Path, expected_sha256: str | None = None) -> dict[str, torch.Tensor]:

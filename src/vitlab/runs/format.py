@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 import yaml
 
-from ..atomic import atomic_write_bytes, atomic_write_json
+from ..atomic import atomic_write_bytes, atomic_write_json, read_json_object
 from ..checkpoint import CONFIG as MODEL_CONFIG
 from ..checkpoint import WEIGHTS as MODEL_WEIGHTS
 from ..train.recipe import Recipe
@@ -194,21 +194,11 @@ def read_config(folder: Path) -> dict[str, Any]:
     return (yaml.safe_load(path.read_text()) or {}) if path.is_file() else {}
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        value = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path} is not valid JSON ({e})") from None
-    if not isinstance(value, dict):
-        raise ValueError(f"{path} must hold a JSON object")
-    return value
-
-
 def read_summary(folder: Path) -> Summary:
     """The finished run's summary.json."""
     path = Path(folder) / SUMMARY
     try:
-        return Summary.from_dict(_read_json(path))
+        return Summary.from_dict(read_json_object(path))
     except ValueError as e:
         raise ValueError(f"{folder}: {e}") from None
 
