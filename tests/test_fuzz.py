@@ -1,0 +1,138 @@
+"""Generated bad input, seeded so that every run throws the same cases: garbled weights at vitlab.load, garbled
+checkpoints at `vitlab train --resume`, values for the CLI's numeric and choice options. A result or one line naming
+the problem (exit 2), never a traceback, and no input file changed. Data sources are fuzzed in test_faults.py."""
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import shutil
+
+import pytest
+
+import vitlab
+from vitlab.cli import main
+
+SEED = 21
+
+
+def digest(path):
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def one_line(message):
+    text = str(message).strip()
+    return bool(text) and "\n" not in text and "Traceback" not in text
+
+
+def cli(capsys, argv):
+    """Run the CLI in this process: (exit code, stderr lines)."""
+    try:
+        code = main(argv)
+    except SystemExit as e:  # argparse
+        code = e.code
+    err = capsys.readouterr().err.strip().splitlines()
+    return code, err
+
+
+def assert_clean(code, err, argv):
+    assert code in (0, 2), (argv, code, err)
+    assert not any("Traceback" in line for line in err), (argv, err)
+    if code == 2:
+        assert err and err[-1].startswith("vitlab") and "error" in err[-1], (argv, err)
+
+
+def garble(rng, data):
+    """Bytes truncated, with bytes flipped, or both."""
+    data = bytearray(data)
+    kind = rng.randrange(3)
+    if kind in (0, 2):
+        data = data[:rng.randrange(len(data))]
+    if kind in (1, 2) and data:
+        for _ in range(rng.randrange(1, 16)):
+            data[rng.randrange(len(data))] ^= 1 << rng.randrange(8)
+    return bytes(data)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return vitlab.save(vitlab.create_model("vit_micro_patch2_8", embed_dim=16, depth=1, num_heads=2),
+                       tmp_path_factory.mktemp("fuzz") / "model")
+
+
+def load_or_one_line(folder):
+    """vitlab.load on a folder, its files hashed before and after: loads, or one line of ValueError/FileNotFound."""
+    before = {p.name: digest(p) for p in folder.iterdir()}
+    try:
+        vitlab.load(folder)
+    except (ValueError, FileNotFoundError) as e:
+        assert one_line(e), repr(e)
+    assert {p.name: digest(p) for p in folder.iterdir()} == before
+
+
+def test_garbled_weights_load_or_are_one_line(tmp_path, model_dir):
+    rng = random.Random(SEED + 1)
+    weights = (model_dir / "model.safetensors").read_bytes()
+    cfg = json.loads((model_dir / "config.json").read_text())
+    for i in range(60):
+        folder = tmp_path / f"w{i}"
+        shutil.copytree(model_dir, folder)
+        (folder / "model.safetensors").write_bytes(garble(rng, weights))
+        if i % 2:  # without the recorded hash, the file itself must be judged
+            (folder / "config.json").write_text(json.dumps({k: v for k, v in cfg.items() if k != "sha256"}))
+        load_or_one_line(folder)
+
+
+@pytest.fixture(scope="module")
+def unfinished_run(tmp_path_factory):
+    """A run folder of one epoch whose summary.json is gone: `--resume` reads its checkpoint.pt."""
+    root = tmp_path_factory.mktemp("fuzzrun")
+    run = root / "run"
+    assert main(["train", "--model", "vit_micro_patch2_8", "--model-arg", "embed_dim=16", "--model-arg", "depth=1",
+                 "--model-arg", "num_heads=2", "--epochs", "1", "--batch-size", "128", "--precision", "fp32",
+                 "--threads", "1", "--cache-dir", str(root / "cache"), "--out", str(run)]) == 0
+    (run / "summary.json").unlink()
+    return run
+
+
+def test_garbled_checkpoints_resume_or_are_one_line(tmp_path, capsys, unfinished_run):
+    rng = random.Random(SEED + 2)
+    data = (unfinished_run / "checkpoint.pt").read_bytes()
+    capsys.readouterr()
+    for i in range(40):
+        run = tmp_path / f"r{i}"
+        shutil.copytree(unfinished_run, run)
+        (run / "checkpoint.pt").write_bytes(garble(rng, data) if i % 4 else rng.randbytes(rng.randrange(256)))
+        before = digest(run / "checkpoint.pt")
+        argv = ["train", "--resume", str(run)]
+        assert_clean(*cli(capsys, argv), argv)
+        assert digest(run / "checkpoint.pt") == before
+
+
+VALUES = ["-1", "0", "1", "3", "1.5", "-0", "nan", "inf", "-inf", "1e309", "1e-3", "abc", "", " ", "0x10", "null",
+          "true", "[1]", "9" * 30, "auto", "cpu", "cuda", "fp16", "bf16", "fp32", "tensorboard", "hard"]
+TRAIN_OPTIONS = ["--epochs", "--batch-size", "--lr", "--min-lr", "--warmup", "--drop-path", "--time-budget",
+                 "--accum-steps", "--img-size", "--ema-decay", "--val-fraction", "--train-fraction", "--seed",
+                 "--threads", "--precision", "--device", "--log", "--distill", "--eval-every", "--mixup",
+                 "--label-smoothing", "--workers", "--store-size", "--crop-pct", "--tau", "--alpha"]
+
+
+def test_generated_option_values_are_a_result_or_one_line(tmp_path, capsys):
+    """Values for numeric and choice options, one to three at a time; the data (or model) named does not exist, so
+    a command line that passes every check ends in a one-line error too, and nothing is trained."""
+    rng = random.Random(SEED + 3)
+    missing = str(tmp_path / "no-such-data")
+    for i in range(200):
+        command = rng.choice(["train", "train", "train", "eval", "predict"])
+        if command == "train":
+            argv = ["train", "--data", missing, "--out", str(tmp_path / f"o{i}")]
+            for option in rng.sample(TRAIN_OPTIONS, rng.randrange(1, 4)):
+                argv += [option, rng.choice(VALUES)]
+        elif command == "eval":
+            argv = ["eval", missing, "--data", "digits", rng.choice(["--batch-size", "--precision", "--device"]),
+                    rng.choice(VALUES)]
+        else:
+            argv = ["predict", missing, "x.png", "--top-k", rng.choice(VALUES)]
+        code, err = cli(capsys, argv)
+        assert_clean(code, err, argv)
+        assert code == 2, (argv, err)
