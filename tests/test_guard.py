@@ -1,11 +1,14 @@
 """Run folders and --out: a command never writes into a folder holding others' files or being written by another
 process; --resume honours or refuses the options given with it; a killed final save resumes to the same model."""
 import fcntl
+import json
 import os
 
 import pytest
+import torch
 
 import vitlab
+import vitlab.data
 from vitlab.cli import main
 from vitlab.runs.folder import LOCK
 from vitlab.runs.format import read_config, read_history, read_summary
@@ -124,3 +127,20 @@ def test_a_run_killed_in_its_final_save_resumes_to_the_same_ema_model(lost, tmp_
     assert read_summary(killed).ema
     assert (killed / "model.safetensors").read_bytes() == (whole / "model.safetensors").read_bytes()
     assert read_summary(killed).top1 == read_summary(whole).top1
+
+
+def test_eval_and_inspect_of_a_run_use_its_own_split(tmp_path, cache_dir, capsys):
+    run = tmp_path / "r"
+    assert main(["train", *TINY, "--epochs", "2", "--seed", "1", "--out", str(run)]) == 0
+    assert main(["eval", str(run), "--out", str(tmp_path / "ev")]) == 0  # no --data: the run's own
+    ev = json.loads((tmp_path / "ev" / "summary.json").read_text())
+    assert ev["top1"] == read_summary(run).top1 and ev["data"] == read_summary(run).data
+    seed0 = vitlab.data.load_data("digits", seed=0, log=lambda s: None).test.labels
+    seed1 = vitlab.data.load_data("digits", seed=1, log=lambda s: None).test.labels
+    assert not torch.equal(seed0, seed1)  # the seed-0 split is another set of test images
+    assert main(["inspect", str(run), "--num-images", "2", "--distance-images", "8",
+                 "--out", str(tmp_path / "in")]) == 0  # no --data: the run's own
+    plain = tmp_path / "plain"
+    vitlab.save(vitlab.load(run), plain)
+    capsys.readouterr()
+    assert "give --data" in refused(["eval", str(plain)], capsys)

@@ -13,7 +13,7 @@ DEVICE_HELP = "auto: CUDA when present"
 def register(sub: argparse._SubParsersAction) -> None:
     e = sub.add_parser("eval", help="evaluate a model on a data set's test split (metrics and plots)")
     e.add_argument("model", help="model folder (vitlab run, timm or Hugging Face)")
-    add_option(e, "data", required=True, help=DATA_HELP)
+    add_option(e, "data", default=None, help=DATA_HELP + "; default: a run folder's own data set and split")
     e.add_argument("--out", help="folder for summary.json and confusion.png")
     add_option(e, "batch_size", default=256, help="images per forward pass")
     # a measurement in float32 unless asked otherwise: the figures it reports are comparable across machines

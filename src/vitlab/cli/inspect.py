@@ -17,9 +17,12 @@ from .options import add_option
 def _load_test_split(source: str, input_size: Sequence[int], args: argparse.Namespace):
     """(uint8 images, labels, class names) of a data set's test split, at the model's input size."""
     from ..data import load_data
+    from ..runs.format import read_split
 
     C, H, W = input_size
-    bundle = load_data(source, img_size=(H, W), in_chans=C, cache_dir=args.cache_dir, download=args.download)
+    split = {k: v for k, v in read_split(args.model).items() if k != "data"}  # a run folder: its own test split
+    bundle = load_data(source, img_size=(H, W), in_chans=C, cache_dir=args.cache_dir, download=args.download,
+                       **split)
     if len(bundle.test.images) == 0:
         raise ValueError(f"the test split of {source!r} is empty")
     return bundle.test.images, bundle.test.labels, list(bundle.classes)
@@ -39,7 +42,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--images", nargs="+", metavar="FILE", help="image files to analyse (any format Pillow reads)")
     add_option(src, "data", default=None, metavar="SET",
-               help="a data set whose test split is analysed: digits, cifar10, an image folder or a .tar.gz")
+               help="a data set whose test split is analysed: digits, cifar10, an image folder or a .tar.gz "
+                    "(default: a run folder's own data set and split)")
     p.add_argument("--num-images", type=int, default=8, help="images shown in the figures (default 8)")
     p.add_argument("--distance-images", type=int, default=512,
                    help="images of --data the mean attention distance averages over (default 512)")
@@ -103,7 +107,8 @@ def _run(args: argparse.Namespace, out: Path) -> int:
         shown = dist_set[:args.num_images]
         names = [Path(f).name for f in args.images[:args.num_images]]
     else:
-        source = args.data
+        from ..runs.format import read_split
+        source = args.data or read_split(args.model).get("data")
         if source is None:
             if input_size != (1, 8, 8):
                 raise ValueError(f"{args.model} takes {'x'.join(map(str, input_size))} images: give --images FILE... "

@@ -13,7 +13,7 @@ from ..data.sources import load_data
 from ..devices import resolve_device
 from ..runs.figures import plot_confusion
 from ..runs.folder import claim_folder
-from ..runs.format import CONFUSION_PNG, EvalSummary, write_summary
+from ..runs.format import CONFUSION_PNG, EvalSummary, read_split, write_summary
 from ..train.evaluate import evaluate_model
 from .predict import class_names
 
@@ -32,26 +32,34 @@ def center_crop(images: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
     return images[..., top:top + size[0], left:left + size[1]]
 
 
-def evaluate_folder(model_path: str | os.PathLike, data: str, out: str | os.PathLike | None = None,
+def evaluate_folder(model_path: str | os.PathLike, data: str | None = None, out: str | os.PathLike | None = None,
                     batch_size: int = 256, precision: str = "fp32", cache_dir: str | None = None,
                     download: bool = False, tta: bool = False, device: str = "auto") -> dict:
     """Metrics of every head of a saved model on a data set's test split; summary.json and confusion.png in out.
 
     ``tta`` averages each image's logits with its mirror image's (see ``head_logits``). ``precision``:
-    fp32, bf16, fp16 or auto (bf16 on a GPU that has it, else fp32). ``out`` is claimed before the work
-    (runs.folder.claim_folder): a folder holding others' files, or being written, is refused.
+    fp32, bf16, fp16 or auto (bf16 on a GPU that has it, else fp32). A run folder is evaluated on its own
+    test split (its data set unless ``data`` names another, its seed and val_fraction). ``out`` is claimed
+    before the work (runs.folder.claim_folder): a folder holding others' files, or being written, is refused.
     """
     with claim_folder(out, "eval") if out is not None else contextlib.nullcontext():
         return _evaluate(model_path, data, out, batch_size, precision, cache_dir, download, tta, device)
 
 
 def _evaluate(model_path, data, out, batch_size, precision, cache_dir, download, tta, device) -> dict:
+    split = read_split(model_path)
+    data = data or split.get("data")
+    split.pop("data", None)
+    if data is None:
+        raise ValueError(f"{model_path} is not a run folder (no config.yaml names its data): give --data "
+                         "(digits, cifar10, cifar100, an image folder or a .tar.gz)")
     dev = resolve_device(device)
     model = checkpoint.load(model_path).to(dev)
     c, h, w = model.pretrained_cfg["input_size"]
     # a pretrained crop_pct: decode at size / crop_pct, then keep the centre (the data set's own resampling)
     scaled = scale_size((h, w), model.pretrained_cfg.get("crop_pct"))
-    bundle = load_data(data, img_size=scaled, in_chans=c, cache_dir=cache_dir, download=download)
+    bundle = load_data(data, img_size=scaled, in_chans=c, cache_dir=cache_dir, download=download,
+                       **split)
     test_images = center_crop(bundle.test.images, (h, w))
     if len(test_images) == 0:
         raise ValueError(f"{data} has no test images to evaluate on ({len(bundle.train.images)} training images in "

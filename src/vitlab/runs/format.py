@@ -16,6 +16,7 @@ key that no writer sets: ``from_dict`` refuses a record that lacks a required fi
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
@@ -192,6 +193,14 @@ def read_config(folder: Path) -> dict[str, Any]:
     """config.yaml as a dict ({} when there is none)."""
     path = Path(folder) / CONFIG_YAML
     return (yaml.safe_load(path.read_text()) or {}) if path.is_file() else {}
+
+
+def read_split(folder: str | os.PathLike) -> dict[str, Any]:
+    """How a run folder's data was split: its ``data``, ``seed`` and ``val_fraction`` from config.yaml, as
+    ``load_data`` keywords (``data`` aside); {} for a folder that is not a run (a model folder)."""
+    folder = Path(folder)
+    cfg = read_config(folder) if folder.is_dir() else {}
+    return {k: cfg[k] for k in ("data", "seed", "val_fraction") if cfg.get(k) is not None}
 
 
 def read_summary(folder: Path) -> Summary:
