@@ -136,3 +136,31 @@ def test_generated_option_values_are_a_result_or_one_line(tmp_path, capsys):
         code, err = cli(capsys, argv)
         assert_clean(code, err, argv)
         assert code == 2, (argv, err)
+
+
+def mutate_config(rng, cfg):
+    """A copy of a config.json with one value, or one value of its argument tables, of another kind or size."""
+    values = [None, True, -1, 0, 3, 7, 513, 2.5, float("nan"), "", "x", "vit_micro_patch2_8", [], [1, 2], {},
+              {"a": 1}, [[1]], "resnet18"]
+    cfg = json.loads(json.dumps(cfg))
+    table = rng.choice([cfg, cfg, cfg.setdefault("model_args", {}), cfg.setdefault("pretrained_cfg", {})])
+    keys = list(table) + ["architecture", "class", "library", "img_size", "patch_size", "embed_dim", "depth",
+                          "num_heads", "num_classes", "global_pool", "pos_embed", "reg_tokens", "in_chans"]
+    table[rng.choice(keys)] = rng.choice(values)
+    return cfg
+
+
+def test_mutated_configs_load_or_fail_in_one_line(model_dir, tmp_path):
+    rng = random.Random(SEED)
+    base = json.loads((model_dir / "config.json").read_text())
+    for i in range(150):
+        folder = tmp_path / str(i)
+        shutil.copytree(model_dir, folder)
+        (folder / "config.json").write_text(json.dumps(mutate_config(rng, base)))
+        before = {p.name: digest(p) for p in folder.iterdir()}
+        try:
+            vitlab.load(folder)
+        except (ValueError, FileNotFoundError) as e:
+            assert one_line(e), (i, e)
+        assert {p.name: digest(p) for p in folder.iterdir()} == before
+        shutil.rmtree(folder)

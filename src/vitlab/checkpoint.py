@@ -165,6 +165,16 @@ def load_state_strict(model: nn.Module, state: dict[str, torch.Tensor], source: 
     model.load_state_dict(state, strict=True)
 
 
+def _check_config_types(cfg: dict[str, Any], path: Path) -> None:
+    """One line for a config.json whose names are not text or whose argument tables are not objects."""
+    for key in ("library", "architecture", "class", "model_type"):
+        if key in cfg and not isinstance(cfg[key], str):
+            raise ValueError(f"{path}: {key!r} must be text, not {type(cfg[key]).__name__}")
+    for key in ("model_args", "pretrained_cfg"):
+        if cfg.get(key) is not None and not isinstance(cfg[key], dict):
+            raise ValueError(f"{path}: {key!r} must be a JSON object, not {type(cfg[key]).__name__}")
+
+
 def load(path: str | os.PathLike, **overrides: Any) -> nn.Module:
     """A ready model (eval mode) from a vitlab, timm or Hugging Face folder; overrides change its arguments.
 
@@ -172,6 +182,7 @@ def load(path: str | os.PathLike, **overrides: Any) -> nn.Module:
     different count gives fresh, untrained heads; ``dynamic_img_size=True`` accepts any input size.
     """
     folder, cfg = read_config(path)
+    _check_config_types(cfg, folder / CONFIG)
     expected_sha = None
     if cfg.get("library") == "vitlab":
         arch = cfg.get("architecture")
@@ -194,13 +205,15 @@ def load(path: str | os.PathLike, **overrides: Any) -> nn.Module:
     old_classes = args.get("num_classes", get_spec(arch).args.get("num_classes", 1000) if arch else 1000)
     state = convert(read_weights(folder, expected_sha))
     args.update(overrides)
-    if arch:
-        model = create_model(arch, **args)
-    else:
-        try:
-            model = build(cls, args)
-        except ValueError as e:
-            raise no_architecture(cfg, folder, e) from None
+    try:
+        model = create_model(arch, **args) if arch else build(cls, args)
+    except (TypeError, OverflowError, RuntimeError) as e:  # a value of the wrong kind or size (text, -1)
+        raise ValueError(f"{folder / CONFIG}: its model arguments do not build a model ({e})") from None
+    except ValueError as e:
+        if arch:
+            raise
+        raise no_architecture(cfg, folder, e) from None
+    if not arch:
         model.arch, model.model_args = None, dict(args)
         model.pretrained_cfg = make_pretrained_cfg(model, args.get("in_chans", 3))
     new_head = "num_classes" in overrides and overrides["num_classes"] != old_classes
