@@ -168,7 +168,7 @@ def load_state_strict(model: nn.Module, state: dict[str, torch.Tensor], source: 
 def _check_config_types(cfg: dict[str, Any], path: Path) -> None:
     """One line for a config.json whose names are not text or whose argument tables are not objects."""
     for key in ("library", "architecture", "class", "model_type"):
-        if key in cfg and not isinstance(cfg[key], str):
+        if cfg.get(key) is not None and not isinstance(cfg[key], str):
             raise ValueError(f"{path}: {key!r} must be text, not {type(cfg[key]).__name__}")
     for key in ("model_args", "pretrained_cfg"):
         if cfg.get(key) is not None and not isinstance(cfg[key], dict):
