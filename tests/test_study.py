@@ -27,7 +27,7 @@ def test_stratified_subset_keeps_each_class_share_and_nests():
 
 
 def test_train_fraction_is_checked():
-    with pytest.raises(ValueError, match=r"train_fraction=1.5 is not valid; accepted: a number in \(0, 1\]"):
+    with pytest.raises(ValueError, match=r"train_fraction=1.5 is not valid; accepted: a number > 0 and <= 1"):
         load_recipe(None, train_fraction=1.5)
 
 
