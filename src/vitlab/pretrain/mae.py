@@ -123,6 +123,8 @@ class MAEOutput(NamedTuple):
 class MaskedAutoencoder(nn.Module):
     """An encoder (a vitlab ViT/DeiT, kept as ``self.encoder``) and a light pixel decoder (``self.decoder``)."""
 
+    method = "mae"
+
     def __init__(self, encoder: nn.Module, mask_ratio: float = 0.75, decoder_dim: int | None = None,
                  decoder_depth: int | None = None, decoder_heads: int | None = None, decoder_mlp_ratio: float = 4.0,
                  norm_pix_loss: bool = True):

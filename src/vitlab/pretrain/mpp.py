@@ -83,6 +83,8 @@ def mean_color_classes(imgs: torch.Tensor, patch_size: int | Sequence[int], bits
 class MaskedPatchPrediction(nn.Module):
     """An encoder (a vitlab ViT/DeiT, kept as ``self.encoder``), a [mask] embedding and a mean-colour head."""
 
+    method = "mpp"
+
     def __init__(self, encoder: nn.Module, corrupt_ratio: float = 0.5, mask_prob: float = 0.8,
                  random_prob: float = 0.1, bits: int = 3, mean: Sequence[float] | None = None,
                  std: Sequence[float] | None = None):

@@ -36,7 +36,7 @@ def read_run(path: str | os.PathLike) -> dict[str, Any]:
                    train_seconds=s.train_seconds, wall_seconds=s.wall_seconds,
                    images_per_second=s.images_per_second, top1=s.top1, top5=s.top5)
         return row
-    tested = [h for h in history if h.evaluated]
+    tested = [h for h in history if h.test_top1 is not None]
     rates = [h.images_per_second for h in history]
     planned = recipe.get("epochs") if not recipe.get("time_budget") else None
     row.update(status=f"unfinished ({len(history)}/{planned} epochs)" if planned else "unfinished",

@@ -30,27 +30,38 @@ def save(fig: Figure, path: Path, dpi: int = 110) -> Path:
     return path
 
 
-def plot_curves(history: Sequence[EpochRow], path: Path, title: str = "") -> Path:
-    """Loss and accuracy against epoch, train and test."""
+def plot_curves(history: Sequence[EpochRow], path: Path, title: str = "",
+                loss_name: str = "cross-entropy loss") -> Path:
+    """Loss and accuracy against epoch, train and test; the loss alone for a run without labels (pre-training)."""
     epochs = [h.epoch for h in history]
-    fig = new_figure(11, 4)
-    ax_loss, ax_acc = fig.subplots(1, 2)
+    labelled = any(h.train_acc is not None or h.test_top1 is not None for h in history)
+    fig = new_figure(11 if labelled else 6, 4)
+    axes = fig.subplots(1, 2) if labelled else [fig.subplots()]
+    ax_loss = axes[0]
     ax_loss.plot(epochs, [h.train_loss for h in history], label="train")
     tested = [h for h in history if h.evaluated]
     ax_loss.plot([h.epoch for h in tested], [h.test_loss for h in tested], label="test", marker=".")
-    ax_loss.set(xlabel="epoch", ylabel="cross-entropy loss", title="Loss")
-    ax_acc.plot(epochs, [100 * h.train_acc for h in history], label="train (augmented)")
-    ax_acc.plot([h.epoch for h in tested], [100 * h.test_top1 for h in tested], label="test top-1", marker=".")
-    if any(h.ema_test_top1 is not None for h in tested):
-        ax_acc.plot([h.epoch for h in tested], [100 * h.ema_test_top1 if h.ema_test_top1 is not None else np.nan
-                                                for h in tested], label="test top-1 (EMA)", linestyle="--")
-    ax_acc.set(xlabel="epoch", ylabel="accuracy (%)", title="Accuracy")
-    for ax in (ax_loss, ax_acc):
+    ax_loss.set(xlabel="epoch", ylabel=loss_name, title="Loss")
+    if labelled:
+        plot_accuracy(axes[1], history)
+    for ax in axes:
         ax.grid(alpha=0.3)
         ax.legend()
     if title:
         fig.suptitle(title)
     return save(fig, path)
+
+
+def plot_accuracy(ax, history: Sequence[EpochRow]) -> None:
+    """Train and test top-1 (and the EMA copy's) against epoch."""
+    trained = [h for h in history if h.train_acc is not None]
+    tested = [h for h in history if h.test_top1 is not None]
+    ax.plot([h.epoch for h in trained], [100 * h.train_acc for h in trained], label="train (augmented)")
+    ax.plot([h.epoch for h in tested], [100 * h.test_top1 for h in tested], label="test top-1", marker=".")
+    if any(h.ema_test_top1 is not None for h in tested):
+        ax.plot([h.epoch for h in tested], [100 * h.ema_test_top1 if h.ema_test_top1 is not None else np.nan
+                                            for h in tested], label="test top-1 (EMA)", linestyle="--")
+    ax.set(xlabel="epoch", ylabel="accuracy (%)", title="Accuracy")
 
 
 def plot_confusion(confusion: Sequence[Sequence[int]], classes: Sequence[str], path: Path, title: str = "") -> Path:
@@ -82,7 +93,7 @@ def plot_runs(runs: Sequence[tuple[str, Sequence[EpochRow]]], path: Path) -> Pat
     ax_loss, ax_acc = fig.subplots(1, 2)
     for name, h in runs:
         line, = ax_loss.plot([x.epoch for x in h], [x.train_loss for x in h], label=name)
-        tested = [x for x in h if x.evaluated]
+        tested = [x for x in h if x.test_top1 is not None]  # a pre-training run has a loss curve only
         ax_acc.plot([x.epoch for x in tested], [100 * x.test_top1 for x in tested], marker=".",
                     color=line.get_color(), label=name)
     ax_loss.set(xlabel="epoch", ylabel="train loss", title="Training loss")

@@ -6,7 +6,8 @@ A run folder holds::
     config.yaml        the recipe as run (a `--resume` reads it back)
     checkpoint.pt      everything needed to continue (train/state.py)
     metrics.jsonl      one EpochRow per line, rewritten after every epoch
-    config.json, model.safetensors   the trained model (vitlab.checkpoint)
+    config.json, model.safetensors   the trained model (vitlab.checkpoint); of a pre-training run, its encoder
+    pretrain.safetensors             a pre-training run's other tensors (the decoder), with the method and options
     curves.png, confusion.png        figures (runs/figures.py)
     summary.json       a Summary, written last: a folder without it is an unfinished run
 
@@ -22,9 +23,12 @@ from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any, TypeVar
 
+import torch
 import yaml
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
 
-from ..atomic import atomic_write_bytes, atomic_write_json, read_json_object
+from ..atomic import atomic_path, atomic_write_bytes, atomic_write_json, read_json_object
 from ..checkpoint import CONFIG as MODEL_CONFIG
 from ..checkpoint import WEIGHTS as MODEL_WEIGHTS
 from ..train.recipe import Recipe
@@ -32,7 +36,9 @@ from ..train.state import CHECKPOINT
 
 SUMMARY, METRICS, CONFIG_YAML = "summary.json", "metrics.jsonl", "config.yaml"
 CURVES_PNG, CONFUSION_PNG = "curves.png", "confusion.png"
-FILES = (CONFIG_YAML, CHECKPOINT, METRICS, MODEL_CONFIG, MODEL_WEIGHTS, CURVES_PNG, CONFUSION_PNG, SUMMARY)
+PRETRAIN_WEIGHTS = "pretrain.safetensors"
+FILES = (CONFIG_YAML, CHECKPOINT, METRICS, MODEL_CONFIG, MODEL_WEIGHTS, PRETRAIN_WEIGHTS, CURVES_PNG, CONFUSION_PNG,
+         SUMMARY)
 
 T = TypeVar("T")
 OMIT = {"omit_if_none": True}  # a field left out of the file when it has no value (not written as null)
@@ -65,11 +71,11 @@ class EpochRow:
     epoch: int                    # epochs completed, from 1
     step: int                     # optimiser steps taken so far
     train_loss: float
-    train_acc: float              # on the augmented training batches
+    train_acc: float | None       # on the augmented training batches (None: pre-training, which has no labels)
     lr: float                     # the learning rate of the epoch's last step
     images_per_second: float      # training throughput of this epoch on this process
     input_size: list[int] | None = field(default=None, metadata=OMIT)  # progressive resizing: the last size
-    test_loss: float | None = field(default=None, metadata=OMIT)
+    test_loss: float | None = field(default=None, metadata=OMIT)  # pre-training: the objective's held-out loss
     test_top1: float | None = field(default=None, metadata=OMIT)
     test_top5: float | None = field(default=None, metadata=OMIT)
     test_top1_cls: float | None = field(default=None, metadata=OMIT)   # distilled models: the class head
@@ -79,7 +85,7 @@ class EpochRow:
 
     @property
     def evaluated(self) -> bool:
-        return self.test_top1 is not None
+        return self.test_loss is not None
 
     def to_dict(self) -> dict[str, Any]:
         return _to_dict(self)
@@ -90,20 +96,26 @@ class EpochRow:
 
     def line(self) -> str:
         """The one-line report of an epoch."""
-        return (f"epoch {self.epoch}: loss {self.train_loss:.4f} train acc {self.train_acc:.3f}"
-                + (f" test top-1 {self.test_top1:.4f}" if self.test_top1 is not None else "")
+        return (f"epoch {self.epoch}: loss {self.train_loss:.4f}"
+                + (f" train acc {self.train_acc:.3f}" if self.train_acc is not None else "")
+                + (f" test top-1 {self.test_top1:.4f}" if self.test_top1 is not None else
+                   f" test loss {self.test_loss:.4f}" if self.test_loss is not None else "")
                 + (f" (EMA {self.ema_test_top1:.4f})" if self.ema_test_top1 is not None else "")
                 + f" lr {self.lr:.2e} {self.images_per_second:.0f} img/s")
 
 
 @dataclass
 class Summary:
-    """summary.json: the finished run's final test metrics, what it ran on and how long it took."""
+    """summary.json: the finished run's final test metrics, what it ran on and how long it took.
 
-    top1: float
-    top5: float
+    A pre-training run (``pretrain`` names its method) has no labels to score: its top1, top5 and per_class are
+    None and its test_loss is the objective's loss on the held-out images (masks drawn from a fixed seed).
+    """
+
+    top1: float | None
+    top5: float | None
     test_loss: float
-    per_class: dict[str, float]   # test top-1 of each class, by class name
+    per_class: dict[str, float] | None  # test top-1 of each class, by class name
     images_per_second: float      # mean over the epochs
     train_seconds: float          # training time on the run's clock (from the first step; a time budget counts it)
     epochs: int
@@ -126,6 +138,7 @@ class Summary:
     teacher: str | None
     time_budget_minutes: float | None
     heads: dict[str, float] | None = field(default=None, metadata=OMIT)  # distilled models: cls, dist and mean top-1
+    pretrain: str = "none"        # the self-supervised method of a pre-training run (mae, mpp); none: supervised
     wall_seconds: float = 0.0     # the whole call, set-up and the final save included
 
     def to_dict(self) -> dict[str, Any]:
@@ -174,6 +187,14 @@ def write_metrics(out: Path, history: Sequence[EpochRow]) -> None:
     atomic_write_bytes(out / METRICS, "".join(json.dumps(h.to_dict()) + "\n" for h in history).encode())
 
 
+def write_pretrain(out: Path, method: str, options: dict[str, Any], state: dict[str, torch.Tensor]) -> None:
+    """pretrain.safetensors: the objective's tensors besides the encoder (the encoder is the run's model), with
+    the method and the options that rebuild the objective (JSON, in the file's metadata)."""
+    state = {k: v.detach().cpu().contiguous() for k, v in state.items()}
+    with atomic_path(out / PRETRAIN_WEIGHTS) as tmp:
+        save_file(state, tmp, metadata={"format": "pt", "method": method, "options": json.dumps(options)})
+
+
 def write_summary(out: Path, summary: Summary | EvalSummary) -> None:
     """summary.json; in a run folder it is written last: a folder without it is an unfinished run."""
     atomic_write_json(out / SUMMARY, summary.to_dict())
@@ -210,6 +231,25 @@ def read_summary(folder: Path) -> Summary:
         return Summary.from_dict(read_json_object(path))
     except ValueError as e:
         raise ValueError(f"{folder}: {e}") from None
+
+
+def read_pretrain(folder: str | os.PathLike) -> tuple[str, dict[str, Any], dict[str, torch.Tensor]]:
+    """(method, options, tensors) of a pre-training run's pretrain.safetensors; one line when it is missing or
+    unreadable."""
+    path = Path(folder) / PRETRAIN_WEIGHTS
+    if not path.is_file():
+        raise FileNotFoundError(f"{folder} is not a finished pre-training run: it has no {PRETRAIN_WEIGHTS} "
+                                "(written by `vitlab pretrain` at its end)")
+    try:
+        with safe_open(path, "pt") as f:
+            meta = f.metadata() or {}
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+        method, options = meta["method"], json.loads(meta["options"])
+    except (SafetensorError, OSError, KeyError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path} is truncated or corrupt ({type(e).__name__}: {e})") from None
+    if not isinstance(options, dict):
+        raise ValueError(f"{path}: its options must be a JSON object, not {type(options).__name__}")
+    return method, options, tensors
 
 
 def read_history(folder: Path) -> list[EpochRow]:

@@ -470,7 +470,7 @@ def finish(run: Run, final_metrics: dict | None, stopped_early: bool, t_start: f
         raise ValueError(f"--time-budget {r.time_budget:g} min ran out before the first training step (after "
                          f"{run.clock.reserve:.0f} s kept back for the final evaluation); accepted: a budget that "
                          "leaves time to train")
-    if final_metrics is None or "test_top1" not in state.history[-1]:  # resumed after its last epoch
+    if final_metrics is None or "test_loss" not in state.history[-1]:  # resumed after its last epoch
         final_metrics, _ = better_of_ema(run, run.evaluate(model))  # the choice the last epoch made
     in_sync = replicas_agree(model, d)
     if not in_sync:

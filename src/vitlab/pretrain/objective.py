@@ -1,0 +1,56 @@
+"""The objectives by name, and a pre-training run's objective written to and read back from its run folder.
+
+A finished pre-training run holds its encoder as the run's model (config.json + model.safetensors, a
+model ``vitlab.load`` reads, without a classifier head) and every other tensor of the objective (the
+MAE decoder, the MPP mask embedding and colour head) in pretrain.safetensors, with the method and
+the options that rebuild the objective around the encoder.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from .encoder import load_decoder_state, split_pretrained
+from .mae import MaskedAutoencoder
+from .mpp import MaskedPatchPrediction
+
+OBJECTIVES: dict[str, type[nn.Module]] = {"mae": MaskedAutoencoder, "mpp": MaskedPatchPrediction}
+
+
+def create_objective(method: str, encoder: nn.Module, **options: Any) -> nn.Module:
+    """The pre-training objective ``method`` ('mae' or 'mpp') wrapped around ``encoder``."""
+    if method not in OBJECTIVES:
+        raise ValueError(f"unknown pre-training method {method!r}; accepted: {', '.join(OBJECTIVES)}")
+    return OBJECTIVES[method](encoder, **options)
+
+
+def save_objective(objective: nn.Module, folder: str | os.PathLike, method: str, options: dict[str, Any]) -> None:
+    """Write the encoder as the folder's model and the objective's other tensors as pretrain.safetensors;
+    ``options`` are the keywords (JSON values) that ``create_objective(method, encoder, **options)`` took."""
+    from .. import checkpoint
+    from ..runs.format import write_pretrain
+    encoder, rest = split_pretrained(objective)
+    checkpoint.save(encoder, folder)
+    write_pretrain(Path(folder), method, options, rest)
+
+
+def load_objective(folder: str | os.PathLike) -> nn.Module:
+    """A finished pre-training run's objective (encoder and decoder), in eval mode on the CPU.
+
+    It is a MaskedAutoencoder or a MaskedPatchPrediction (``.method`` says which, ``.encoder`` is the run's
+    model); called on normalised images (the encoder's pretrained_cfg mean and std) it returns their loss and
+    predictions. Every tensor of the folder must find its place.
+    """
+    from .. import checkpoint
+    from ..runs.format import read_pretrain
+    method, options, rest = read_pretrain(folder)
+    encoder = checkpoint.load(folder)
+    try:
+        objective = create_objective(method, encoder, **options)
+    except TypeError as e:  # an option this version does not take
+        raise ValueError(f"{Path(folder)}: the {method} options {options} do not build an objective ({e})") from None
+    load_decoder_state(objective, rest)
+    return objective.eval()
