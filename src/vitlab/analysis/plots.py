@@ -15,6 +15,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.cm import ScalarMappable
 from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
 
 from .capture import AttentionMap
 from .distance import patch_distances
@@ -446,3 +447,45 @@ def plot_patch_grid(images: np.ndarray, patch_size: tuple[int, int], captions: S
     bottom.suptitle(f"{captions[0]} as the encoder's token sequence{more}", fontsize=9)
     fig.suptitle(title)
     return fig
+
+
+def _image_rows(columns: dict[str, np.ndarray], row_titles: Sequence[str], title: str,
+                outline: np.ndarray | None = None, patch_size: tuple[int, int] = (1, 1)) -> Figure:
+    """One row per image, one column per named (B, H, W, C) array; outline (B, h, w) bool marks patches in
+    every column but the first."""
+    names = list(columns)
+    B = len(next(iter(columns.values())))
+    fig = new_figure(1.9 * len(names) + 0.4, 1.9 * B + 0.5)
+    axes = fig.subplots(B, len(names), squeeze=False)
+    for i in range(B):
+        for j, name in enumerate(names):
+            ax = axes[i, j]
+            _show_image(ax, columns[name][i])
+            if i == 0:
+                ax.set_title(name, fontsize=9)
+            if j == 0:
+                ax.set_ylabel(row_titles[i], fontsize=7)
+            elif outline is not None:
+                ph, pw = patch_size
+                for r, c in zip(*np.nonzero(outline[i])):
+                    ax.add_patch(Rectangle((c * pw - 0.5, r * ph - 0.5), pw, ph, fill=False, lw=0.6,
+                                           edgecolor="#ff00ff"))
+    fig.suptitle(title)
+    return fig
+
+
+def plot_mae_reconstructions(images: np.ndarray, masked: np.ndarray, reconstructed: np.ndarray, pasted: np.ndarray,
+                             row_titles: Sequence[str], title: str = "MAE reconstructions") -> Figure:
+    """Rows of (image, masked input, reconstruction, reconstruction with the visible patches pasted), each
+    (B, H, W, C) in [0, 1]."""
+    return _image_rows({"image": images, "masked input (encoder sees)": masked, "reconstruction": reconstructed,
+                        "reconstruction + visible": pasted}, row_titles, title)
+
+
+def plot_mpp_predictions(images: np.ndarray, corrupted: np.ndarray, true: np.ndarray, predicted: np.ndarray,
+                         corrupted_mask: np.ndarray, patch_size: tuple[int, int], row_titles: Sequence[str],
+                         title: str = "Masked patch prediction: mean colours") -> Figure:
+    """Rows of (image, corrupted input, true 3-bit mean colours, predicted ones), each (B, H, W, C) in [0, 1]; the
+    corrupted patches (B, h, w) are outlined."""
+    return _image_rows({"image": images, "corrupted input": corrupted, "true mean colours": true,
+                        "predicted (corrupted patches)": predicted}, row_titles, title, corrupted_mask, patch_size)

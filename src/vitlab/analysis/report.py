@@ -133,6 +133,7 @@ class Inspection:
     sanity_images: int = 4
     importance_images: int = 64
     explorer_images: int = 4
+    objective: nn.Module | None = None  # a pre-training run's objective (encoder + decoder): its own section
     sections: list[Section] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     tables: list[tuple[str, str]] = field(default_factory=list)
@@ -184,9 +185,21 @@ class Inspection:
         return self._first_pass[1]
 
     @cached_property
+    def no_classifier(self) -> str:
+        """Why the model's outputs are not class scores ('' when they are)."""
+        if self.objective is not None:
+            return "the model is a pre-training run's encoder, whose classifier head is untrained"
+        if getattr(self.model, "num_classes", 1) == 0:
+            return "the model has no classifier head"
+        return ""
+
+    @cached_property
     def predictions(self) -> list[dict]:
-        """Per shown image: its index, name, true label (or None) and top-5 (class name, probability)."""
+        """Per shown image: its index, name, true label (or None) and top-5 (class name, probability); no top-5
+        where the model has no trained classifier."""
         top = self._first_pass[0].float().softmax(dim=-1)
+        if self.no_classifier:
+            top = top[:, :0]
         top = top.topk(min(5, top.shape[-1]), dim=-1)
         names = self.class_names
         label_of = lambda c: names[c] if names and c < len(names) else f"class {c}"  # noqa: E731
@@ -248,13 +261,15 @@ def inspect_model(model: nn.Module, images: torch.Tensor, out_dir: str | Path, *
                   max_head_figures: int = 4, title: str | None = None,
                   faithfulness_images: torch.Tensor | None = None, faithfulness_labels: Sequence[int] | None = None,
                   curve_steps: int = 16, sanity_images: int = 4, importance_images: int = 64,
-                  explorer_images: int = 4) -> Path:
+                  explorer_images: int = 4, objective: nn.Module | None = None) -> Path:
     """Run every applicable analysis on normalised images (B, C, H, W); write the PNGs, faithfulness.json,
     analysis.json and report.html (self-contained, with the interactive explorer) to out_dir.
 
     distance_images (default: images) are the set the mean attention distance and head importance
     are averaged over; faithfulness_images (default: images) with their labels (default: the
     shown labels, else the model's own prediction) the set the faithfulness scores are measured on.
+    objective: a pre-training run's objective around ``model`` (vitlab.pretrain.load_objective), whose section
+    draws what it learnt; the sections that read class scores are then skipped.
     Returns the path of report.html. A model without attention (ResNet) raises ValueError.
     The report is SECTIONS in order (see sections.py).
     """
@@ -263,7 +278,8 @@ def inspect_model(model: nn.Module, images: torch.Tensor, out_dir: str | Path, *
                    distance_images=distance_images, faithfulness_images=faithfulness_images,
                    faithfulness_labels=faithfulness_labels, head_fusion=head_fusion, discard_ratio=discard_ratio,
                    batch_size=batch_size, max_head_figures=max_head_figures, curve_steps=curve_steps,
-                   sanity_images=sanity_images, importance_images=importance_images, explorer_images=explorer_images)
+                   sanity_images=sanity_images, importance_images=importance_images, explorer_images=explorer_images,
+                   objective=objective)
     for section in SECTIONS:
         section(r)
     r.summary["predictions"] = r.predictions

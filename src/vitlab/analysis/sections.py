@@ -18,6 +18,7 @@ from .distance import convit_gates, gpsa_positional_attention, positional_attent
 from .embeddings import filter_components, position_similarity
 from .explain import REGISTRY, method_label
 from .interactive import explorer_data, explorer_html
+from .pretraining import mae_reconstructions, mpp_predictions
 from .sanity import head_importance, parameter_randomisation
 
 if TYPE_CHECKING:
@@ -50,6 +51,61 @@ def patch_grid(r: Inspection) -> None:
              "The image cut into its patch grid", caption)
 
 
+MAE_RECONSTRUCTIONS = (
+    "What the masked autoencoder learnt: each row is one test image, masked at random ({ratio:.0%} of its patches "
+    "hidden, the same draw on every run: seed {seed}). The encoder sees only the visible patches (second column, "
+    "hidden ones grey); the decoder predicts every patch's pixels (third){norm}. The last column pastes the visible "
+    "patches over the prediction, as in the MAE paper's figures. Under each image: its loss, the mean squared error "
+    "over its hidden patches{target}.")
+MPP_PREDICTIONS = (
+    "What masked patch prediction learnt: each row is one test image, {ratio:.0%} of whose patches are corrupted "
+    "(outlined; the same draw on every run: seed {seed}): {mask:.0%} of them replaced by the learnt [mask] "
+    "embedding (grey in the second column), {swap:.0%} by another patch of the image, the rest left as they are. "
+    "The objective predicts each corrupted patch's mean colour, {bits} bits per channel ({classes} classes): the "
+    "third column fills every patch with its true mean colour, the last puts the predicted one in the corrupted "
+    "patches. Under each image: the share of its corrupted patches whose colour class is predicted exactly.")
+PRETRAIN_SEED = 0
+
+
+def pretraining(r: Inspection) -> None:
+    """A pre-training run's objective on a few shown images: MAE's reconstructions, or MPP's mean colours."""
+    objective = r.objective
+    if objective is None:
+        r.note("Pre-training reconstructions: skipped, the model is not a pre-training run (vitlab pretrain).")
+        return
+    k = min(len(r.images), 6)
+    images = r.images[:k]
+    if hasattr(objective, "decoder"):  # a masked autoencoder
+        rec = mae_reconstructions(objective, images, r.mean, r.std, PRETRAIN_SEED)
+        rows = [f"{n}\nloss {v:.3f}" for n, v in zip(r.names, rec.loss)]
+        r.summary["pretraining"] = {"method": "mae", "mask_ratio": rec.mask_ratio, "seed": PRETRAIN_SEED,
+                                    "loss": rec.loss}
+        norm = objective.norm_pix_loss
+        r.figure(plots.plot_mae_reconstructions(rec.images, rec.masked, rec.reconstructed, rec.pasted, rows),
+                 "mae_reconstructions.png", "MAE reconstructions", MAE_RECONSTRUCTIONS.format(
+                     ratio=rec.mask_ratio, seed=PRETRAIN_SEED,
+                     norm=", each patch's prediction put back into the patch's true mean and spread (the model "
+                          "predicts normalised pixels: it learns a patch's structure, not its brightness)" if norm
+                     else "", target=" (in per-patch normalised pixels)" if norm else ""))
+        return
+    pred = mpp_predictions(objective, images, r.mean, r.std, PRETRAIN_SEED)
+    rows = [f"{n}\n{v:.0%} exact" for n, v in zip(r.names, pred.accuracy)]
+    r.summary["pretraining"] = {"method": "mpp", "seed": PRETRAIN_SEED, "accuracy": pred.accuracy}
+    r.figure(plots.plot_mpp_predictions(pred.images, pred.corrupted, pred.true, pred.predicted, pred.corrupted_mask,
+                                        pred.patch_size, rows), "mpp_predictions.png",
+             "Masked patch prediction: mean colours", MPP_PREDICTIONS.format(
+                 ratio=objective.corrupt_ratio, seed=PRETRAIN_SEED, mask=objective.mask_prob,
+                 swap=objective.random_prob, bits=objective.bits, classes=objective.num_colors))
+
+
+def needs_classifier(r: Inspection, what: str) -> bool:
+    """Whether a section that reads class scores can run; if not, a note says why it was skipped."""
+    if r.no_classifier:
+        r.note(f"{what}: skipped, {r.no_classifier}.")
+        return False
+    return True
+
+
 ATTENTION_HEADS = (
     "Each row is one block (input at the top), each column one head. A panel is the patch grid of the input and "
     "shows {query}; blocks that have no class token yet (ConViT's GPSA blocks, CaiT's self-attention blocks) show "
@@ -64,8 +120,9 @@ def attention_heads(r: Inspection) -> None:
              "the mean over the patch queries (this model has no class token)")
     n = min(len(r.images), r.max_head_figures)
     for i in range(n):
-        fig = plots.plot_attention_heads(r.maps, i, r.display[i], title=f"Attention per block and head: {r.names[i]} "
-                                                                        f"(predicted {r.predictions[i]['top'][0][0]})")
+        top = r.predictions[i]["top"]
+        fig = plots.plot_attention_heads(r.maps, i, r.display[i], title=f"Attention per block and head: {r.names[i]}"
+                                         + (f" (predicted {top[0][0]})" if top else ""))
         r.figure(fig, f"attention_heads_{i}.png", f"Attention per block and head: {r.names[i]}",
                  ATTENTION_HEADS.format(query=query))
     if len(r.images) > n:
@@ -86,6 +143,8 @@ def _and(items: list[str]) -> str:
 
 def explanations(r: Inspection) -> None:
     """Every registered explanation method's map of the shown images, with its deletion and insertion AUC."""
+    if not needs_classifier(r, "Attention rollout and relevance"):
+        return
     per_image = r.faith_per_image
     row_label = {k: method_label(k).replace(" (", "\n(", 1) for k in r.explanations}
     masks = {row_label[k]: v for k, v in r.explanations.items()}
@@ -129,6 +188,8 @@ def faithfulness_table(result: dict) -> str:
 
 def faithfulness(r: Inspection) -> None:
     """Deletion/insertion and perturbation curves of every method: faithfulness.json, a figure and a table."""
+    if not needs_classifier(r, "Faithfulness"):
+        return
     faith = r.faith
     (r.out / "faithfulness.json").write_text(json.dumps(faith, indent=1) + "\n", encoding="utf-8")
     r.summary["faithfulness"] = {k: {m: v[m] for m in ("deletion_auc", "insertion_auc", "positive_auc",
@@ -150,6 +211,8 @@ RANDOMISATION = (
 
 def randomisation(r: Inspection) -> None:
     """The cascading parameter-randomisation sanity check of every method; flagged methods become notes."""
+    if not needs_classifier(r, "Sanity check: parameter randomisation"):
+        return
     sanity = parameter_randomisation(r.model, r.images[:r.sanity_images], r.pairs, head_fusion=r.head_fusion,
                                      discard_ratio=r.discard_ratio)
     r.summary["randomisation"] = sanity
@@ -192,6 +255,8 @@ HEAD_IMPORTANCE = (
 
 def importance(r: Inspection) -> None:
     """The logit drop when each head is zeroed, beside the heads' mean attention distance."""
+    if not needs_classifier(r, "Head importance"):
+        return
     shown = r.distance_set[:r.importance_images]
     scores, block_names = head_importance(r.model, shown, batch_size=r.batch_size)
     r.summary["head_importance"] = {n: s.tolist() for n, s in zip(block_names, scores)}
@@ -275,6 +340,8 @@ def cait_class_attention(r: Inspection) -> None:
 
 def explorer(r: Inspection) -> None:
     """The interactive attention explorer: every block's and head's attention and every map of a few images."""
+    if not needs_classifier(r, "The interactive attention explorer"):
+        return
     methods = {k: (method_label(k), v) for k, v in r.explanations.items()}
     captions = [f"{r.names[i]}: predicted {p['top'][0][0]} ({p['top'][0][1]:.0%})"
                 + (f", true {p['label']}" if p.get("label") else "") for i, p in enumerate(r.predictions)]
@@ -283,5 +350,5 @@ def explorer(r: Inspection) -> None:
     r.explorer = explorer_html(data)
 
 
-SECTIONS = (patch_grid, attention_heads, explanations, faithfulness, randomisation, attention_distance, importance,
-            position_embedding, embedding_filters, convit, cait_class_attention, explorer)
+SECTIONS = (patch_grid, pretraining, attention_heads, explanations, faithfulness, randomisation, attention_distance,
+            importance, position_embedding, embedding_filters, convit, cait_class_attention, explorer)

@@ -28,6 +28,15 @@ def _load_test_split(source: str, input_size: Sequence[int], args: argparse.Name
     return bundle.test.images, bundle.test.labels, list(bundle.classes)
 
 
+def _pretraining_objective(folder: str):
+    """A pre-training run's objective (encoder + decoder), or None for any other model folder."""
+    from ..runs.format import read_config
+    if not Path(folder).is_dir() or read_config(Path(folder)).get("pretrain") in (None, "none"):
+        return None
+    from ..pretrain import load_objective
+    return load_objective(folder)
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``inspect`` sub-command to a ``vitlab`` sub-parser set."""
     p = subparsers.add_parser(
@@ -91,7 +100,9 @@ def _run(args: argparse.Namespace, out: Path) -> int:
     from ..analysis.capture import attention_modules
     from ..analysis.report import inspect_model
     from ..devices import resolve_device
-    model = load(args.model).to(resolve_device(args.device))
+    device = resolve_device(args.device)
+    objective = _pretraining_objective(args.model)  # a pre-training run: its encoder, and its own section
+    model = load(args.model).to(device) if objective is None else objective.to(device).encoder
     try:
         attention_modules(model)
     except ValueError as e:
@@ -134,7 +145,7 @@ def _run(args: argparse.Namespace, out: Path) -> int:
                            class_names=class_names, distance_images=normalize(dist_set, mean, std),
                            head_fusion=args.head_fusion, discard_ratio=args.discard_ratio, batch_size=args.batch_size,
                            faithfulness_images=faith_set, faithfulness_labels=faith_labels,
-                           curve_steps=args.curve_steps, explorer_images=args.explorer_images,
+                           curve_steps=args.curve_steps, explorer_images=args.explorer_images, objective=objective,
                            title=f"vitlab inspect: {Path(args.model).resolve().name}"
                                  + (f" ({model.arch})" if getattr(model, "arch", None) else ""))
     print(f"vitlab inspect: wrote {report} ({report.stat().st_size / 1e6:.1f} MB, self-contained), "
