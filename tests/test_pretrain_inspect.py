@@ -84,3 +84,19 @@ def test_pretraining_section_skips_an_ordinary_model(tmp_path):
     assert r.sections == [] and "not a pre-training run" in r.notes[0] and not r.no_classifier
     headless = Inspection(tiny_encoder(num_classes=0), images(2), tmp_path / "headless")
     assert headless.no_classifier and headless.predictions[0]["top"] == []
+
+
+@pytest.mark.parametrize("method", ["mae", "mpp"])
+def test_inspect_command_on_a_saved_pretraining_objective(tmp_path, method, cache_dir):
+    from vitlab.cli import main
+    from vitlab.pretrain import save_objective
+
+    options = {"decoder_depth": 1} if method == "mae" else {"mean": [0.5], "std": [0.5]}
+    objective = create_objective(method, vitlab.create_model("vit_micro_patch2_8", depth=1, num_classes=0), **options)
+    save_objective(objective, tmp_path / "run", method, options)
+    out = tmp_path / "report"
+    assert main(["inspect", str(tmp_path / "run"), "--num-images", "2", "--distance-images", "20",
+                 "--out", str(out)]) == 0
+    html = (out / "report.html").read_text()
+    assert ("mae_reconstructions.png" if method == "mae" else "mpp_predictions.png") in html
+    assert "attention_heads_0.png" in html and "rollout.png" not in html and "classifier head is untrained" in html

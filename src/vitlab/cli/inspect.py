@@ -30,8 +30,10 @@ def _load_test_split(source: str, input_size: Sequence[int], args: argparse.Name
 
 def _pretraining_objective(folder: str):
     """A pre-training run's objective (encoder + decoder), or None for any other model folder."""
-    from ..runs.format import read_config
-    if not Path(folder).is_dir() or read_config(Path(folder)).get("pretrain") in (None, "none"):
+    from ..runs.format import PRETRAIN_WEIGHTS, read_config
+    folder_path = Path(folder)
+    if not folder_path.is_dir() or (read_config(folder_path).get("pretrain") in (None, "none")
+                                    and not (folder_path / PRETRAIN_WEIGHTS).is_file()):
         return None
     from ..pretrain import load_objective
     return load_objective(folder)
