@@ -1,6 +1,8 @@
 """Fine-tuning a pretrained model: how its new head starts, and which of its first layers stay fixed."""
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 import torch
 import torch.nn as nn
 
@@ -34,6 +36,36 @@ def init_head(model: nn.Module, mode: str) -> list[str]:
         if head.bias is not None:
             nn.init.zeros_(head.bias)
     return list(heads)
+
+
+def fit_head(model: nn.Module, classes: Sequence[str], mode: str, log: Callable[[str], None]) -> None:
+    """Give a pretrained model the head the data's classes need, as ``mode`` says (the recipe's ``head_init``).
+
+    'auto': a head that predicts exactly the data's classes (the same names in the same order) is kept, any
+    other is replaced by one that starts at zero (timm's fine-tuning: the first steps' gradients reach the
+    backbone through a head that adds no noise); 'zero' and 'trunc_normal' always start new heads; 'keep'
+    keeps the checkpoint's head and refuses one of other classes.
+    """
+    classes = list(classes)
+    names = model.pretrained_cfg.get("label_names")
+    same = names == classes and model.num_classes == len(classes)
+    if mode == "keep" or (mode == "auto" and same):
+        if not same:
+            raise ValueError(f"head_init 'keep' needs --init to predict the data's classes: it predicts "
+                             f"{model.num_classes} ({_some(names)}), the data has {len(classes)} ({_some(classes)}); "
+                             "accepted here: auto, zero, trunc_normal")
+        log(f"kept the head of --init: it predicts the data's {len(classes)} classes")
+        return
+    model.reset_classifier(len(classes))
+    init = "zero" if mode == "auto" else mode
+    log(f"new head(s) for {len(classes)} classes, initialised {init.replace('_', ' ')}")
+    init_head(model, init)
+
+
+def _some(names: Sequence[str] | None, n: int = 4) -> str:
+    if not names:
+        return "no class names"
+    return ", ".join(map(str, names[:n])) + (", ..." if len(names) > n else "")
 
 
 def freeze_blocks(model: nn.Module, n: int) -> list[str]:

@@ -22,6 +22,7 @@ Precision = Literal["auto", "bf16", "fp16", "fp32"]
 Device = Literal["auto", "cpu", "cuda"]
 DistillType = Literal["none", "hard", "soft"]
 Log = Literal["none", "tensorboard"]
+HeadInit = Literal["auto", "zero", "trunc_normal", "keep"]
 AUGMENT_FIELDS = dict(AugmentConfig.model_fields)
 
 
@@ -32,6 +33,14 @@ class Recipe(Settings):
     model: str | None = Field(None, description="registered model name (see `vitlab models`); default per data set")
     init: str | None = Field(None, description="fine-tune from anything vitlab.load reads (run, timm or HF folder)")
     freeze_backbone: bool = Field(False, description="train only the head(s): a linear probe")
+    layer_decay: float = Field(1.0, gt=0, le=1, description="layer-wise lr decay: the head learns at lr, the last "
+                               "block at lr x decay, the embeddings at lr x decay^(depth + 1) (1 = off; BEiT, MAE "
+                               "and DeiT III fine-tune at 0.65-0.75)")
+    head_init: HeadInit = Field("auto", description="--init's head: auto keeps a head that predicts the data's "
+                                "classes and starts any other at zero (timm); zero and trunc_normal (std 2e-5, MAE) "
+                                "always start a new one; keep refuses a checkpoint of other classes")
+    freeze_blocks: int = Field(0, ge=0, description="with --init: freeze the embeddings and the first N blocks "
+                               "(0 = off)")
     model_args: dict[str, Any] = Field(default_factory=dict, description="model argument overrides, e.g. {depth: 6}")
     img_size: int | None = Field(None, ge=1, description="input size (model and data); default: the model's")
     drop_path: float = Field(0.1, ge=0, lt=1, description="stochastic depth rate of the last block")
@@ -102,6 +111,7 @@ class Recipe(Settings):
             raise ValueError(f"distill={self.distill!r} needs a teacher: --teacher MODEL_FOLDER")
         if self.teacher and self.distill == "none":
             object.__setattr__(self, "distill", "hard")  # DeiT's default; no re-validation loop
+        check_finetune(self)
         if self.batch_size % self.accum_steps:
             raise ValueError(f"batch_size={self.batch_size} is not valid with accum_steps={self.accum_steps}; "
                              "accepted: a multiple of accum_steps")
@@ -115,6 +125,20 @@ class Recipe(Settings):
 
 
 FIELDS = dict(Recipe.model_fields)
+
+
+def check_finetune(r: Recipe) -> None:
+    """Fine-tuning options that make no sense together (or without --init): one line naming them."""
+    if not r.init and (r.head_init != "auto" or r.freeze_blocks):
+        option = f"head_init={r.head_init!r}" if r.head_init != "auto" else f"freeze_blocks={r.freeze_blocks}"
+        raise ValueError(f"{option} applies to a pretrained model: give --init MODEL (a new model's head and "
+                         "blocks start as the model initialises them)")
+    if r.freeze_backbone and r.freeze_blocks:
+        raise ValueError(f"freeze_blocks={r.freeze_blocks} is not valid with freeze_backbone, which freezes every "
+                         "block already; accepted: one of them")
+    if r.freeze_backbone and r.layer_decay < 1:
+        raise ValueError(f"layer_decay={r.layer_decay:g} is not valid with freeze_backbone: only the head trains, "
+                         "at the full lr; accepted with freeze_backbone: layer_decay 1")
 
 # Defaults that suit a data set better than the general ones; options given explicitly win.
 # Digits are small, centred and not mirror-symmetric: no flips, light cropping, no mixing.

@@ -13,6 +13,8 @@ from ..data.views import stratified_subset
 from ..devices import auto_precision
 from ..models.registry import accepted_args, create_model, get_spec
 from .distributed import Dist, barrier, broadcast_flag
+from .finetune import fit_head, freeze_blocks
+from .layer_decay import param_groups_layer_decay
 from .recipe import Recipe, default_model
 
 
@@ -47,9 +49,7 @@ def build_model_and_data(r: Recipe, d: Dist, log: Callable[[str], None]) -> tupl
             overrides["img_size"] = size
             log(f"resampling the position embedding from {tuple(base.patch_embed.img_size)} to {size}")
         model = checkpoint.load(r.init, **overrides)
-        if model.pretrained_cfg.get("label_names") != list(data.classes) or model.num_classes != len(data.classes):
-            model.reset_classifier(len(data.classes))
-            log(f"new head(s) for {len(data.classes)} classes")
+        fit_head(model, data.classes, r.head_init, log)
         mean, std = tuple(model.pretrained_cfg["mean"]), tuple(model.pretrained_cfg["std"])
         return model, data, mean, std
     name = r.model or default_model(r.data)
@@ -98,16 +98,53 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def make_optimizer(model: nn.Module, lr: float, weight_decay: float, device: torch.device) -> torch.optim.AdamW:
-    """AdamW over ``param_groups``; the fused kernel on a GPU (one launch for every tensor)."""
-    return torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=(0.9, 0.999),
+def make_optimizer(model: nn.Module, lr: float, weight_decay: float, device: torch.device,
+                   layer_decay: float = 1.0) -> torch.optim.AdamW:
+    """AdamW over the trainable parameters, grouped by ``param_groups_layer_decay`` (each group's ``lr_scale``
+    is applied by ``schedule.set_lr``); the fused kernel on a GPU (one launch for every tensor)."""
+    return torch.optim.AdamW(param_groups_layer_decay(model, weight_decay, layer_decay), lr=lr, betas=(0.9, 0.999),
                              fused=True if device.type == "cuda" else None)
+
+
+def describe_groups(optimizer: torch.optim.Optimizer, layer_decay: float) -> str:
+    """The line that says how layer decay grouped the parameters: layers, groups and the range of lr scales."""
+    groups = [g for g in optimizer.param_groups if g["params"]]
+    scales = [g.get("lr_scale", 1.0) for g in groups]
+    layers = {g.get("layer") for g in groups}
+    return (f"layer decay {layer_decay:g}: {len(layers)} layers in {len(groups)} parameter groups, "
+            f"lr scale {min(scales):.3g}..{max(scales):.3g}")
+
+
+def check_groups(optimizer: torch.optim.Optimizer, ckpt: dict, path) -> None:
+    """Refuse a checkpoint whose optimizer groups (their sizes and lr scales) are not the ones this run builds."""
+    saved = ckpt.get("optimizer")
+    if not isinstance(saved, dict) or not isinstance(saved.get("param_groups"), list):
+        return  # the state's own loading says what is missing
+    ours = [(len(g["params"]), round(g.get("lr_scale", 1.0), 9)) for g in optimizer.param_groups]
+    theirs = [(len(g.get("params", ())), round(g.get("lr_scale", 1.0), 9)) for g in saved["param_groups"]
+              if isinstance(g, dict)]
+    if ours != theirs:
+        raise ValueError(f"{path} holds an optimizer of {len(theirs)} parameter groups that the run's recipe does not "
+                         f"make ({len(ours)} groups: layer_decay, freeze_blocks and freeze_backbone decide them); "
+                         "accepted: a checkpoint of this run")
 
 
 def freeze_backbone(model: nn.Module) -> None:
     """Train only the classifier head(s): a linear probe."""
     for name, p in model.named_parameters():
         p.requires_grad = name.split(".")[0] in model.classifier_names
+
+
+def freeze(model: nn.Module, r: Recipe, log: Callable[[str], None]) -> None:
+    """Freeze what the recipe says (the backbone, or the embeddings and the first blocks) and say what."""
+    if r.freeze_backbone:
+        freeze_backbone(model)
+    elif r.freeze_blocks:
+        names = freeze_blocks(model, r.freeze_blocks)
+        frozen = sum(p.numel() for n, p in model.named_parameters() if n in set(names))
+        total = sum(p.numel() for p in model.parameters())
+        log(f"frozen: the embeddings and the first {r.freeze_blocks} blocks ({frozen / 1e6:.2f}M of "
+            f"{total / 1e6:.2f}M parameters)")
 
 
 def any_size(model: nn.Module) -> dict[nn.Module, bool]:

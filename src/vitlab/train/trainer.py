@@ -43,13 +43,15 @@ from .distributed import Dist, all_reduce_sum, all_reduce_value, barrier, cleanu
 from .evaluate import confusion_counts, metrics_from_counts
 from .feed import BatchFeeder, fits_on_device
 from .recipe import Recipe
-from .schedule import Plateau, progressive_size, warmup_cosine
+from .schedule import Plateau, progressive_size, set_lr, warmup_cosine
 from .setup import (
     any_size,
     build_model_and_data,
+    check_groups,
     choose_precision,
+    describe_groups,
     epoch_seed,
-    freeze_backbone,
+    freeze,
     make_optimizer,
     restore_size_flags,
     set_fast_math,
@@ -221,8 +223,7 @@ def set_up(r: Recipe, d: Dist, resume: bool, log: Callable[[str], None], now: Ca
                          f"{len(data.classes)} classes, val_fraction {r.val_fraction:g}): accepted: classes of at "
                          "least 2 images each, or a larger --val-fraction")
     classes = list(data.classes)
-    if r.freeze_backbone:
-        freeze_backbone(model)
+    freeze(model, r, log)
     model.pretrained_cfg.update(mean=list(mean), std=list(std), label_names=classes)
     if d.is_main:
         write_config(out, r, getattr(model, "arch", None))
@@ -246,12 +247,15 @@ def set_up(r: Recipe, d: Dist, resume: bool, log: Callable[[str], None], now: Ca
         r, model, augment, *feeder.gather(torch.arange(min(n_train, batch_size // d.world))), d, log)
     state = TrainState(
         model=model,
-        optimizer=make_optimizer(model, r.lr, r.weight_decay, d.device),
+        optimizer=make_optimizer(model, r.lr, r.weight_decay, d.device, r.layer_decay),
         plateau=Plateau(r.plateau_patience, r.plateau_factor),
         ema=copy.deepcopy(model).eval().requires_grad_(False) if r.ema_decay > 0 else None,
         scaler=torch.amp.GradScaler(d.device.type) if precision == "fp16" else None,
         precision=precision)
+    if r.layer_decay < 1:
+        log(describe_groups(state.optimizer, r.layer_decay))
     if ckpt is not None:
+        check_groups(state.optimizer, ckpt, out / CHECKPOINT)
         load_state(state, ckpt, model, out)
         log(f"resuming {out} after epoch {state.epoch}")
     elif resume:
@@ -357,8 +361,7 @@ def train_epoch(run: Run) -> tuple[EpochRow | None, bool]:
             break
         lr = warmup_cosine(p, r.lr, r.min_lr, r.warmup) * state.plateau.scale
         size = input_size(run, p)
-        for group in state.optimizer.param_groups:
-            group["lr"] = lr
+        set_lr(state.optimizer, lr)  # times each group's lr_scale (layer decay)
         loss, hits = train_step(run.net, run.augment, run.loss_fn, state.optimizer, images, labels, run.precision,
                                 r.clip_grad, state.ema, r.ema_decay, size, r.accum_steps, state.scaler,
                                 run.channels_last)
@@ -492,7 +495,7 @@ def finish(run: Run, final_metrics: dict | None, stopped_early: bool, t_start: f
         nonfinite_steps=state.nonfinite, distill=r.distill, teacher=r.teacher, time_budget_minutes=r.time_budget,
         heads={"cls": final_metrics["cls"]["top1"], "dist": final_metrics["dist"]["top1"], "mean": m["top1"]}
         if "cls" in final_metrics else None)
-    if r.freeze_backbone:
+    if r.freeze_backbone or r.freeze_blocks:
         for p in final_model.parameters():
             p.requires_grad = True
     checkpoint.save(final_model, run.out)
