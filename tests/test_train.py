@@ -187,7 +187,7 @@ def test_finetune_beats_scratch_on_new_classes_and_size(tmp_path, cache_dir):
     budget = ["--epochs", "15", "--batch-size", "20", "--precision", "fp32", "--threads", "1", "--hflip",
               "--no-hflip", "--mixup", "0", "--cutmix", "0", "--auto-augment", "none", "--random-erasing", "0",
               "--padding", "1", "--data", target, "--cache-dir", cache_dir]
-    run_cli("train", *budget, "--init", pre, "--out", tmp_path / "ft")
+    run_cli("train", *budget, "--init", pre, "--img-size", "16", "--out", tmp_path / "ft")
     run_cli("train", *budget, "--model", "vit_micro_patch2_8", "--img-size", "16", "--out", tmp_path / "scratch")
     ft = json.loads((tmp_path / "ft" / "summary.json").read_text())
     scratch = json.loads((tmp_path / "scratch" / "summary.json").read_text())

@@ -10,19 +10,19 @@ import torch
 from ..analysis.rollout import HEAD_FUSIONS
 from ..data.augment import normalize
 from ..data.sources import read_image
-from ..data.views import balanced_order
+from ..data.views import Preprocess, balanced_order
 from .options import add_option
 
 
-def _load_test_split(source: str, input_size: Sequence[int], args: argparse.Namespace):
-    """(uint8 images, labels, class names) of a data set's test split, at the model's input size."""
+def _load_test_split(source: str, input_size: Sequence[int], args: argparse.Namespace, fit: str = "squash"):
+    """(uint8 images, labels, class names) of a data set's test split, at the model's input size, by its rule."""
     from ..data import load_data
     from ..runs.format import read_split
 
     C, H, W = input_size
     split = {k: v for k, v in read_split(args.model).items() if k != "data"}  # a run folder: its own test split
     bundle = load_data(source, img_size=(H, W), in_chans=C, cache_dir=args.cache_dir, download=args.download,
-                       **split)
+                       fit=fit, **split)
     if len(bundle.test.images) == 0:
         raise ValueError(f"the test split of {source!r} is empty")
     return bundle.test.images, bundle.test.labels, list(bundle.classes)
@@ -112,11 +112,12 @@ def _run(args: argparse.Namespace, out: Path) -> int:
     cfg = model.pretrained_cfg
     input_size = tuple(int(s) for s in cfg["input_size"])
     mean, std = cfg["mean"], cfg["std"]
+    fit = Preprocess.from_cfg(cfg).fit  # images are prepared by the model's own rule, as predict does
 
     labels = class_names = faith_set = faith_labels = None
     if args.images:
         C, H, W = input_size
-        dist_set = torch.stack([read_image(f, (H, W), C) for f in args.images])
+        dist_set = torch.stack([read_image(f, (H, W), C, fit) for f in args.images])
         shown = dist_set[:args.num_images]
         names = [Path(f).name for f in args.images[:args.num_images]]
     else:
@@ -127,7 +128,7 @@ def _run(args: argparse.Namespace, out: Path) -> int:
                 raise ValueError(f"{args.model} takes {'x'.join(map(str, input_size))} images: give --images FILE... "
                                  "or --data SET (digits, cifar10, an image folder or a .tar.gz)")
             source = "digits"  # the embedded 8x8 digits fit a 1-channel 8x8 model
-        test_images, all_labels, class_names = _load_test_split(source, input_size, args)
+        test_images, all_labels, class_names = _load_test_split(source, input_size, args, fit)
         if args.faithfulness_images > len(test_images):
             raise ValueError(f"--faithfulness-images {args.faithfulness_images} is more than the "
                              f"{len(test_images)} test images of {source!r}")

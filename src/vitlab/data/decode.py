@@ -1,8 +1,9 @@
 """Image files (paths or bytes) decoded to uint8 arrays, one at a time or in worker processes straight into a store.
 
-An image is converted to "L" or "RGB" and brought to the stored size in one of two ways: ``squash``
-resizes the whole image to (H, W) (the model's size, as for CIFAR-like sets), ``crop`` resizes its
-shorter side to the size and keeps the centre square (photos stored at e.g. 256x256 and cropped later).
+An image is converted to "L" or "RGB" and brought to the stored size by a ``fit``: ``squash`` resizes the
+whole image to (H, W) (the model's size, as for CIFAR-like sets), ``crop`` resizes its shorter side to the
+size and keeps the centre square (photos stored at e.g. 256x256 and cropped later), and any other
+``views.Preprocess.fit`` applies that rule (``fit_image``: a model's own resize, crop and interpolation).
 """
 from __future__ import annotations
 
@@ -18,9 +19,11 @@ import torch
 from PIL import ExifTags, Image, ImageOps
 
 from ..progress import progress_bar
+from .views import INTERPOLATIONS, crop_offsets, parse_fit, resized_size
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm")
-FITS = ("squash", "crop")
+FITS = ("squash", "crop")  # and views.Preprocess.fit strings
+RESAMPLE = {name: getattr(Image.Resampling, name.upper()) for name in INTERPOLATIONS}
 MAX_WORKERS = 8
 _PROGRESS_MIN = 2000  # images: show a progress bar from this many on
 _POOL_MIN = 2000  # images: decode in worker processes from this many on
@@ -80,15 +83,28 @@ def _decode(payload: Payload, size: tuple[int, int] | None, chans: int, fit: str
         if img.getexif().get(ExifTags.Base.Orientation, 1) != 1:
             img = ImageOps.exif_transpose(img)
         img = _as_image_mode(img, chans)
-        if size is not None and fit == "crop":
-            w, h = img.size
-            side = min(w, h)
-            box = ((w - side) / 2, (h - side) / 2, (w + side) / 2, (h + side) / 2)
-            img = img.resize((size[1], size[0]), Image.Resampling.BICUBIC, box=box)
-        elif size is not None and img.size != (size[1], size[0]):
-            img = img.resize((size[1], size[0]), Image.Resampling.BICUBIC)
+        if size is not None:
+            img = fit_image(img, tuple(size), fit)
         arr = np.asarray(img, dtype=np.uint8)
     return arr[:, :, None] if arr.ndim == 2 else arr
+
+
+def fit_image(img: Image.Image, size: tuple[int, int], fit: str = "squash") -> Image.Image:
+    """A Pillow image brought to (H, W) = ``size`` by ``fit`` (see the module's docstring): resized whole, then
+    the centre kept, as torchvision's Resize and CenterCrop do it on Pillow images (timm's and transformers' way)."""
+    if fit == "crop":
+        w, h = img.size
+        side = min(w, h)
+        box = ((w - side) / 2, (h - side) / 2, (w + side) / 2, (h + side) / 2)
+        return img.resize((size[1], size[0]), Image.Resampling.BICUBIC, box=box)
+    crop_mode, crop_pct, interpolation = parse_fit(fit)
+    rh, rw = resized_size((img.size[1], img.size[0]), size, crop_mode, crop_pct)
+    if (rw, rh) != img.size:
+        img = img.resize((rw, rh), RESAMPLE[interpolation])
+    if (rh, rw) != tuple(size):
+        top, left = crop_offsets((rh, rw), size)
+        img = img.crop((left, top, left + size[1], top + size[0]))
+    return img
 
 
 def _decode_image(payload: Payload, size: tuple[int, int] | None, chans: int, fit: str = "squash") -> np.ndarray | None:
@@ -110,8 +126,9 @@ def image_size(payload: Payload) -> tuple[int, int] | None:
 
 
 def read_image(path: str | os.PathLike, img_size: int | tuple[int, int] | None = None,
-               in_chans: int = 3) -> torch.Tensor:
-    """One image file as uint8 (C, H, W), converted and resized exactly as load_data does for image folders."""
+               in_chans: int = 3, fit: str = "squash") -> torch.Tensor:
+    """One image file as uint8 (C, H, W), converted and resized exactly as load_data does for image folders
+    (``fit``: squash, or a ``views.Preprocess.fit``: a model's own rule)."""
     if isinstance(img_size, int) and not isinstance(img_size, bool):
         img_size = (img_size, img_size)
     if img_size is not None and not (isinstance(img_size, (tuple, list)) and len(img_size) == 2
@@ -123,7 +140,7 @@ def read_image(path: str | os.PathLike, img_size: int | tuple[int, int] | None =
     if not path.is_file():
         raise ValueError(f"image {path} does not exist or is not a file")
     try:
-        arr = _decode(str(path), tuple(img_size) if img_size else None, in_chans)
+        arr = _decode(str(path), tuple(img_size) if img_size else None, in_chans, fit)
     except Exception as e:  # noqa: BLE001 - report any decoder failure as an unreadable file
         raise ValueError(f"{path} is not an image Pillow can read ({type(e).__name__}: {e}); accepted: "
                          f"{' '.join(IMAGE_EXTENSIONS)}") from None

@@ -53,6 +53,7 @@ from .download import ARCHIVE_SUFFIXES, Log, archive_stem, download_url, is_arch
 from .scan import cifar_in_tree, read_archive, scan_folder, tree_items
 from .store import Store, build_store, is_store, open_store, store_needs
 from .tables import TABLE_SUFFIXES, Listing, list_parquet, list_table, parquet_files
+from .views import eval_view, parse_fit
 
 __all__ = ["DATASETS", "DataBundle", "ImageSet", "default_cache_dir", "download_url", "load_data", "read_image"]
 
@@ -115,12 +116,16 @@ def _match_channels(images: torch.Tensor, chans: int) -> torch.Tensor:
     raise ValueError(f"cannot turn {c}-channel images into {chans} channels")
 
 
-def _resize_tensor(images: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
-    """(N, C, H, W) uint8 resized to ``size`` (bicubic, antialiased when reducing)."""
+def _resize_tensor(images: torch.Tensor, size: tuple[int, int], fit: str = "squash") -> torch.Tensor:
+    """(N, C, H, W) uint8 brought to ``size`` by ``fit`` (squash: bicubic, antialiased when reducing; or a
+    ``views.Preprocess.fit``)."""
     if len(images) == 0:
         return images.new_empty((0, images.shape[1], *size))
     if tuple(images.shape[-2:]) == tuple(size):
         return images
+    if fit not in ("squash", "crop"):
+        mode, pct, interpolation = parse_fit(fit)
+        return torch.cat([eval_view(x, size, pct, interpolation, mode) for x in images.split(1024)])
     out = []
     for x in images.split(1024):
         y = F.interpolate(x.float(), size=size, mode="bicubic", align_corners=False, antialias=True)
@@ -253,12 +258,13 @@ def _resolve(source: str, cache: Path, download: bool, log: Log) -> _Source:
 def load_data(source: str | os.PathLike = "digits", *, img_size: int | tuple[int, int] | None = None,
               in_chans: int | None = None, cache_dir: str | os.PathLike | None = None, download: bool = False,
               val_fraction: float = 0.2, seed: int = 0, log: Log = print, store_size: int | None = None,
-              workers: int | None = None) -> DataBundle:
+              workers: int | None = None, fit: str | None = None) -> DataBundle:
     """A data set as uint8 tensors mapped from its store (built on first use): a built-in name (see DATASETS),
     an image folder, a tar archive of one, Parquet files, a CSV/TSV list, or a store folder.
 
     ``img_size`` is the size to train at; the images are stored at that size, or with ``store_size``
-    at that side (shorter side resized, centre square kept). ``workers`` processes decode images.
+    at that side (shorter side resized, centre square kept). ``workers`` processes decode images. ``fit`` (a
+    ``views.Preprocess.fit``) brings images to ``img_size`` by a model's own rule instead of squashing them.
     """
     size = _check_args(img_size, in_chans, val_fraction, seed)
     _check_more(store_size, workers)
@@ -274,7 +280,7 @@ def load_data(source: str | os.PathLike = "digits", *, img_size: int | tuple[int
     listing = list_table(src.path, log) if src.kind == "table" else None
     where = str(src.cifar[1] if src.kind == "cifar" else src.path or "")
     ident: Any = ["digits"] if src.kind == "digits" else source_identity(src.kind, where, listing)
-    fit = "crop" if store_size else "squash"
+    fit = "crop" if store_size else fit or "squash"
     stored = (store_size, store_size) if store_size else size
     # a source with its own test split is stored under a key without val_fraction and seed
     base = [src.kind, ident, list(stored) if stored else None, fit, in_chans]
@@ -376,7 +382,7 @@ def _build(src: _Source, header: dict[str, Any], keys: list[str], cache: Path, s
         x, y, classes, n_train, has_test = tensors
         chans = in_chans or (1 if src.kind == "digits" else 3)
         x = _match_channels(x, chans)
-        x = _resize_tensor(x, stored) if stored else x
+        x = _resize_tensor(x, stored, fit) if stored else x
         listing = Listing(src.origin, classes, y.numpy().astype(np.int64), n_train, has_test,
                           lambda r: f"row {r}", lambda start: iter(()))
         shape = tuple(x.shape)

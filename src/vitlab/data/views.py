@@ -1,10 +1,18 @@
-"""The evaluation view of stored images: resize and centre crop, as timm and DeiT evaluate."""
+"""How an image becomes a model's input (``Preprocess``), and its two executors: ``eval_view`` on uint8 tensors
+here, ``decode.fit_image`` on Pillow images as files are decoded."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+CROP_MODES = ("center", "squash")
+INTERPOLATIONS = ("bicubic", "bilinear", "nearest", "lanczos", "box", "hamming")  # Pillow's filters
+TENSOR_INTERPOLATIONS = ("bicubic", "bilinear", "nearest")  # the ones eval_view computes on tensors
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 
 def _pair(size: int | tuple[int, int]) -> tuple[int, int]:
@@ -16,35 +24,143 @@ def _pair(size: int | tuple[int, int]) -> tuple[int, int]:
     return int(size[0]), int(size[1])
 
 
-def eval_view(images: torch.Tensor, size: int | tuple[int, int], crop_pct: float = 0.875) -> torch.Tensor:
-    """uint8 (B, C, H, W) -> uint8 (B, C, *size): shorter side resized to size / crop_pct, then the centre crop.
-
-    As timm's eval transform: the scale is floor(size / crop_pct) (256 for 224 at 0.875), bicubic
-    (antialiased when reducing); a (h, w) size with unequal scales resizes to those exactly. With
-    crop_pct=1 and stored images of the training size this is the identity. Works on any device;
-    give it a batch at a time.
-    """
-    h, w = _pair(size)
+def _check_rule(crop_mode: Any, crop_pct: Any, interpolation: Any) -> None:
+    if crop_mode not in CROP_MODES:
+        raise ValueError(f"crop_mode {crop_mode!r} is not one vitlab applies; accepted: {', '.join(CROP_MODES)}")
     if isinstance(crop_pct, bool) or not isinstance(crop_pct, (int, float)) or not 0 < crop_pct <= 1:
         raise ValueError(f"crop_pct must be a number in (0, 1], got {crop_pct!r}")
+    if interpolation not in INTERPOLATIONS:
+        raise ValueError(f"interpolation {interpolation!r} is not one vitlab applies; accepted: "
+                         f"{', '.join(INTERPOLATIONS)}")
+
+
+@dataclass(frozen=True)
+class Preprocess:
+    """How an image of any size becomes a model's (C, H, W) input, as timm's pretrained_cfg says it.
+
+    ``squash``: the whole image resized to floor(size / crop_pct) (aspect not kept), then the centre ``size``
+    (crop_pct 1: resized to exactly ``size``, as transformers' ViT processor). ``center``: the shorter side
+    resized to floor(size / crop_pct), aspect kept (timm's ``Resize(int)``; for a non-square size timm's
+    ResizeKeepRatio), then the centre ``size``. Pixels are resampled with ``interpolation`` (antialiased, as
+    Pillow), then scaled to [0, 1] and normalised by ``mean`` and ``std``. A model carries one in its
+    pretrained_cfg (``from_cfg``/``to_cfg``), a run records the one it applied, the exports write it.
+    """
+
+    size: tuple[int, int]
+    crop_mode: str = "squash"
+    crop_pct: float = 1.0
+    interpolation: str = "bicubic"
+    mean: tuple[float, ...] = IMAGENET_MEAN
+    std: tuple[float, ...] = IMAGENET_STD
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "size", _pair(tuple(self.size) if isinstance(self.size, list) else self.size))
+        _check_rule(self.crop_mode, self.crop_pct, self.interpolation)
+        object.__setattr__(self, "crop_pct", float(self.crop_pct))
+        object.__setattr__(self, "mean", tuple(float(m) for m in self.mean))
+        object.__setattr__(self, "std", tuple(float(s) for s in self.std))
+
+    # the reader and the writer of a pretrained_cfg (timm's keys; vitlab's model folders and runs hold the same)
+    @classmethod
+    def from_cfg(cls, cfg: dict[str, Any]) -> Preprocess:
+        """A model's preprocessing from its pretrained_cfg; keys it lacks are what vitlab's training applies
+        (squash, crop_pct 1, bicubic), which older vitlab folders did without recording it."""
+        return cls(size=tuple(cfg["input_size"][-2:]), crop_mode=cfg.get("crop_mode") or "squash",
+                   crop_pct=cfg.get("crop_pct") or 1.0, interpolation=cfg.get("interpolation") or "bicubic",
+                   mean=tuple(cfg.get("mean") or IMAGENET_MEAN), std=tuple(cfg.get("std") or IMAGENET_STD))
+
+    def to_cfg(self) -> dict[str, Any]:
+        """The pretrained_cfg keys that say this preprocessing (input_size without its channels)."""
+        return {"crop_mode": self.crop_mode, "crop_pct": self.crop_pct, "interpolation": self.interpolation,
+                "mean": list(self.mean), "std": list(self.std)}
+
+    def at(self, size: int | tuple[int, int]) -> Preprocess:
+        """The same rule for another input size."""
+        return replace(self, size=_pair(size))
+
+    @property
+    def fit(self) -> str:
+        """The resize rule as a data store's key and a decoder's argument ("squash" is vitlab's training rule)."""
+        if (self.crop_mode, self.crop_pct, self.interpolation) == ("squash", 1.0, "bicubic"):
+            return "squash"
+        return f"{self.crop_mode}/{self.crop_pct!r}/{self.interpolation}"
+
+    def describe(self) -> str:
+        h, w = self.size
+        sh, sw = scale_size(self.size, self.crop_pct)
+        how = (f"the whole image resized to {sh}x{sw}" if self.crop_mode == "squash" else
+               f"the shorter side resized to {sh}" if sh == sw else f"resized to cover {sh}x{sw}, aspect kept")
+        crop = f", the centre {h}x{w} kept" if (sh, sw) != (h, w) or self.crop_mode == "center" else ""
+        return f"{how} ({self.interpolation}){crop}"
+
+    def apply(self, images: torch.Tensor) -> torch.Tensor:
+        """uint8 (B, C, H0, W0) -> uint8 (B, C, *size), on the images' device (Pillow's filters, in float)."""
+        return eval_view(images, self.size, self.crop_pct, self.interpolation, self.crop_mode)
+
+
+def parse_fit(fit: str) -> tuple[str, float, str]:
+    """(crop_mode, crop_pct, interpolation) of a ``Preprocess.fit`` string."""
+    if fit == "squash":
+        return "squash", 1.0, "bicubic"
+    mode, pct, interpolation = fit.split("/")
+    _check_rule(mode, float(pct), interpolation)
+    return mode, float(pct), interpolation
+
+
+def scale_size(size: tuple[int, int], crop_pct: float | None) -> tuple[int, int]:
+    """The size the crop is taken from: floor(size / crop_pct), as timm computes it."""
+    if not crop_pct or crop_pct >= 1:
+        return tuple(size)
+    return math.floor(size[0] / crop_pct), math.floor(size[1] / crop_pct)
+
+
+def resized_size(image: tuple[int, int], size: tuple[int, int], crop_mode: str, crop_pct: float) -> tuple[int, int]:
+    """(H, W) an image of (H0, W0) is resized to before the centre crop of ``size`` (torchvision's and timm's
+    arithmetic: the long side int(scale x long / short) for a square size; ResizeKeepRatio otherwise)."""
+    sh, sw = scale_size(size, crop_pct)
+    if crop_mode == "squash":
+        return sh, sw
+    hi, wi = image
+    if sh == sw:
+        if hi <= wi:
+            return sh, int(sh * wi / hi)
+        return int(sw * hi / wi), sw
+    ratio = min(hi / sh, wi / sw)
+    return round(hi / ratio), round(wi / ratio)
+
+
+def crop_offsets(image: tuple[int, int], size: tuple[int, int]) -> tuple[int, int]:
+    """(top, left) of the centre (h, w) window of an (H, W) image (torchvision's CenterCrop)."""
+    return int(round((image[0] - size[0]) / 2.0)), int(round((image[1] - size[1]) / 2.0))
+
+
+def eval_view(images: torch.Tensor, size: int | tuple[int, int], crop_pct: float = 0.875,
+              interpolation: str = "bicubic", crop_mode: str = "center") -> torch.Tensor:
+    """uint8 (B, C, H, W) -> uint8 (B, C, *size): resized as ``Preprocess`` says, then the centre crop.
+
+    The default is timm's eval transform: the shorter side resized to floor(size / crop_pct) (256 for 224 at
+    0.875), bicubic (antialiased when reducing), the centre kept. With crop_pct=1 and stored images of the
+    training size this is the identity. Works on any device; give it a batch at a time.
+    """
+    h, w = _pair(size)
+    _check_rule(crop_mode, crop_pct, interpolation)
+    if interpolation not in TENSOR_INTERPOLATIONS:
+        raise ValueError(f"interpolation {interpolation!r} is applied to image files only; accepted on decoded "
+                         f"images: {', '.join(TENSOR_INTERPOLATIONS)}")
     if images.dtype != torch.uint8 or images.dim() != 4:
         raise TypeError(f"expected a uint8 (B, C, H, W) image batch, got {images.dtype} {tuple(images.shape)}")
     hi, wi = images.shape[-2:]
-    scale = (math.floor(h / crop_pct), math.floor(w / crop_pct))
-    if scale[0] == scale[1]:  # shorter side to the scale, aspect kept (torchvision's Resize(int))
-        short, long = (hi, wi) if hi <= wi else (wi, hi)
-        new_long = int(scale[0] * long / short)
-        out = (scale[0], new_long) if hi <= wi else (new_long, scale[0])
-    else:
-        out = scale
+    out = resized_size((hi, wi), (h, w), crop_mode, crop_pct)
     x = images
     if tuple(out) != (hi, wi) and len(images):
-        y = F.interpolate(images.float(), size=out, mode="bicubic", align_corners=False, antialias=True)
+        mode = "nearest-exact" if interpolation == "nearest" else interpolation
+        y = F.interpolate(images.float(), size=out, mode=mode, **({} if mode == "nearest-exact" else
+                                                                     {"align_corners": False, "antialias": True}))
         x = y.round_().clamp_(0, 255).to(torch.uint8)
     ho, wo = x.shape[-2:]
     if h > ho or w > wo:
         raise ValueError(f"cannot crop {h}x{w} from images resized to {ho}x{wo}")
-    top, left = int(round((ho - h) / 2.0)), int(round((wo - w) / 2.0))
+    top, left = crop_offsets((ho, wo), (h, w))
     return x[:, :, top:top + h, left:left + w].contiguous()
 
 

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 from pathlib import Path
 
@@ -10,19 +9,13 @@ import torch
 
 from .. import checkpoint
 from ..data.sources import load_data
+from ..data.views import Preprocess, scale_size  # noqa: F401 - scale_size: train.predict re-exports it
 from ..devices import resolve_device
 from ..runs.figures import plot_confusion
 from ..runs.folder import claim_folder
 from ..runs.format import CONFUSION_PNG, EvalSummary, read_split, write_summary
 from ..train.evaluate import evaluate_model
 from .predict import class_names
-
-
-def scale_size(size: tuple[int, int], crop_pct: float | None) -> tuple[int, int]:
-    """The size an image is resized to before a centre crop of ``size`` keeps ``crop_pct`` of it (timm's rule)."""
-    if not crop_pct or crop_pct >= 1:
-        return tuple(size)
-    return math.floor(size[0] / crop_pct), math.floor(size[1] / crop_pct)
 
 
 def center_crop(images: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
@@ -55,12 +48,13 @@ def _evaluate(model_path, data, out, batch_size, precision, cache_dir, download,
                          "(digits, cifar10, cifar100, an image folder or a .tar.gz)")
     dev = resolve_device(device)
     model = checkpoint.load(model_path).to(dev)
-    c, h, w = model.pretrained_cfg["input_size"]
-    # a pretrained crop_pct: decode at size / crop_pct, then keep the centre (the data set's own resampling)
-    scaled = scale_size((h, w), model.pretrained_cfg.get("crop_pct"))
-    bundle = load_data(data, img_size=scaled, in_chans=c, cache_dir=cache_dir, download=download,
-                       **split)
-    test_images = center_crop(bundle.test.images, (h, w))
+    c = model.pretrained_cfg["input_size"][0]
+    prep = Preprocess.from_cfg(model.pretrained_cfg)  # files are decoded by the model's own rule
+    bundle = load_data(data, img_size=prep.size, in_chans=c, cache_dir=cache_dir, download=download,
+                       fit=prep.fit, **split)
+    test_images = bundle.test.images
+    if tuple(test_images.shape[-2:]) != prep.size:  # a store folder of another size
+        test_images = torch.cat([prep.apply(x) for x in test_images.split(1024)] or [test_images])
     if len(test_images) == 0:
         raise ValueError(f"{data} has no test images to evaluate on ({len(bundle.train.images)} training images in "
                          f"{len(bundle.classes)} classes); accepted: a data set with a test split, or classes of at "

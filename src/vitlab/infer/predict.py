@@ -9,7 +9,7 @@ import torch
 from .. import checkpoint
 from ..data.augment import normalize
 from ..data.sources import read_image
-from ..data.views import eval_view
+from ..data.views import Preprocess
 from ..devices import resolve_device, to_device
 from ..train.evaluate import head_logits
 
@@ -21,10 +21,9 @@ def class_names(model: torch.nn.Module) -> list[str]:
 
 
 def prepare_image(image: torch.Tensor, cfg: dict) -> torch.Tensor:
-    """uint8 (C, H0, W0) -> uint8 (C, h, w) for a model of pretrained config ``cfg``: the evaluation transform of
-    training (``eval_view``: the shorter side resized to size / crop_pct, bicubic, then the centre crop)."""
-    _, h, w = cfg["input_size"]
-    return eval_view(image[None], (h, w), cfg.get("crop_pct") or 1.0)[0]
+    """uint8 (C, H0, W0) -> uint8 (C, h, w) for a model of pretrained config ``cfg``: its ``Preprocess`` (resize
+    rule, crop_pct, interpolation) applied to a decoded image."""
+    return Preprocess.from_cfg(cfg).apply(image[None])[0]
 
 
 @torch.no_grad()
@@ -41,14 +40,16 @@ def predict_files(model_path: str | os.PathLike, images: Sequence[str | os.PathL
                   device: str = "auto") -> list[dict]:
     """Top-k classes with probabilities for each image file.
 
-    Each image is prepared as the model's pretrained config says (crop_pct: resize and centre crop; mean
-    and std), by the same transform that evaluates a run's test images.
+    Each image is prepared as the model's pretrained config says (``Preprocess``: the resize rule, crop_pct
+    and interpolation applied by Pillow as the file is decoded, as timm and transformers do; mean and std),
+    the rule that decodes a run's test images.
     """
     dev = resolve_device(device)
     model = checkpoint.load(model_path).to(dev)
     cfg = model.pretrained_cfg
     names = class_names(model)
-    batch = torch.stack([prepare_image(read_image(p, None, cfg["input_size"][0]), cfg) for p in images])
+    prep = Preprocess.from_cfg(cfg)
+    batch = torch.stack([read_image(p, prep.size, cfg["input_size"][0], prep.fit) for p in images])
     probs = class_probabilities(model, batch).cpu()
     k = min(top_k, probs.shape[1])
     top = probs.topk(k, dim=1)

@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from ..data.views import Preprocess, scale_size
 from ..models.vit import VisionTransformer
 
 # transformers' hidden_act -> vitlab act_layer
@@ -127,14 +129,27 @@ PIL_RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box
 PREPROCESSOR = "preprocessor_config.json"
 
 
-def _side(size: Any) -> int | None:
-    if isinstance(size, dict):
-        size = size.get("height", size.get("shortest_edge"))
-    return int(size) if isinstance(size, (int, float)) else None
+def _hw(size: Any) -> tuple[int, int] | None:
+    """(height, width) of an image processor's size {height, width} (or a bare number), None otherwise."""
+    if isinstance(size, dict) and "height" in size and "width" in size:
+        return int(size["height"]), int(size["width"])
+    return (int(size), int(size)) if isinstance(size, (int, float)) and not isinstance(size, bool) else None
+
+
+def _crop_pct(crop: int, scale: int) -> float:
+    """crop / scale, nudged down where floor(crop / crop_pct) would land below ``scale`` in floating point."""
+    pct = crop / scale
+    while math.floor(crop / pct) < scale:
+        pct = math.nextafter(pct, 0.0)
+    return pct
 
 
 def preprocessing(folder: Path) -> dict[str, Any]:
-    """mean, std, interpolation and crop_pct from a folder's preprocessor_config.json (empty when it has none)."""
+    """A folder's preprocessor_config.json as ``views.Preprocess`` pretrained_cfg keys (empty when it has none).
+
+    ``size`` {height, width} is an exact resize (crop_mode squash), ``size`` {shortest_edge} the shorter side
+    (crop_mode center); a centre crop of ``crop_size`` after it sets crop_pct.
+    """
     path = Path(folder) / PREPROCESSOR
     if not path.is_file():
         return {}
@@ -147,21 +162,32 @@ def preprocessing(folder: Path) -> dict[str, Any]:
         out["mean"], out["std"] = tuple(cfg["image_mean"]), tuple(cfg["image_std"])
     if cfg.get("resample") in PIL_RESAMPLE:
         out["interpolation"] = PIL_RESAMPLE[cfg["resample"]]
-    resize, crop = _side(cfg.get("size")), _side(cfg.get("crop_size"))
-    if cfg.get("do_center_crop") and resize and crop:
-        out["crop_pct"] = crop / resize
-    elif resize:
-        out["crop_pct"] = 1.0
+    size, crop = cfg.get("size"), _hw(cfg.get("crop_size")) if cfg.get("do_center_crop") else None
+    short = size.get("shortest_edge") if isinstance(size, dict) else None
+    if short is not None:
+        out["crop_mode"], out["crop_pct"] = "center", _crop_pct(crop[0], int(short)) if crop else 1.0
+    elif _hw(size):
+        out["crop_mode"] = "squash"
+        out["crop_pct"] = _crop_pct(crop[0], _hw(size)[0]) if crop else 1.0
     return out
 
 
 def image_processor(model_cfg: dict[str, Any]) -> dict[str, Any]:
-    """A ViTImageProcessor preprocessor_config.json for a model's input size, mean, std and interpolation."""
-    _, h, w = model_cfg["input_size"]
-    resample = {v: k for k, v in PIL_RESAMPLE.items()}.get(model_cfg.get("interpolation", "bicubic"), 3)
-    return {"image_processor_type": "ViTImageProcessor", "do_resize": True, "size": {"height": h, "width": w},
-            "resample": resample, "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
-            "image_mean": list(model_cfg["mean"]), "image_std": list(model_cfg["std"])}
+    """A preprocessor_config.json that does what ``views.Preprocess.from_cfg(model_cfg)`` does: transformers'
+    ViTImageProcessor for an exact resize, its CLIPImageProcessor (resize, then centre crop) otherwise."""
+    prep = Preprocess.from_cfg(model_cfg)
+    (h, w), (sh, sw) = prep.size, scale_size(prep.size, prep.crop_pct)
+    resample = {v: k for k, v in PIL_RESAMPLE.items()}[prep.interpolation]
+    common = {"do_resize": True, "resample": resample, "do_rescale": True, "rescale_factor": 1 / 255,
+              "do_normalize": True, "image_mean": list(prep.mean), "image_std": list(prep.std)}
+    if prep.crop_mode == "squash" and (sh, sw) == (h, w):
+        return {"image_processor_type": "ViTImageProcessor", "size": {"height": h, "width": w}, **common}
+    if prep.crop_mode == "center" and sh != sw:
+        raise ValueError(f"transformers' image processors cannot express {prep.describe()}; export with --to timm "
+                         "or onnx")
+    size = {"shortest_edge": sh} if prep.crop_mode == "center" else {"height": sh, "width": sw}
+    return {"image_processor_type": "CLIPImageProcessor", "size": size, "do_center_crop": True,
+            "crop_size": {"height": h, "width": w}, "do_convert_rgb": model_cfg["input_size"][0] == 3, **common}
 
 
 _LAYER = re.compile(r"^encoder\.layers?\.(\d+)\.(.+)$")

@@ -17,6 +17,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..data.views import Preprocess
+
 ONNX_FILE, PREPROCESS_FILE = "model.onnx", "preprocess.json"
 OPSET = 18
 INSTALL_HINT = "pip install 'vitlab[onnx]'"
@@ -65,12 +67,7 @@ def export_onnx(model: nn.Module, folder: Path, check: bool = True, atol: float 
         warnings.simplefilter("ignore")  # the tracer's notes on Python values it keeps constant
         torch.onnx.export(model, (x,), str(path), dynamo=False, opset_version=OPSET, input_names=["images"],
                           output_names=["logits"], dynamic_axes=axes)
-    pre = model.pretrained_cfg
-    info: dict[str, Any] = {"input": "images", "output": "logits", "input_size": list(pre["input_size"]),
-                            "dynamic_img_size": dynamic, "mean": list(pre["mean"]), "std": list(pre["std"]),
-                            "interpolation": pre.get("interpolation", "bicubic"), "crop_pct": pre.get("crop_pct", 1.0),
-                            "label_names": list(pre["label_names"]) if pre.get("label_names") else None}
-    (folder / PREPROCESS_FILE).write_text(json.dumps(info, indent=2) + "\n")
+    (folder / PREPROCESS_FILE).write_text(json.dumps(preprocess_json(model, dynamic), indent=2) + "\n")
     if check:
         try:
             import onnxruntime  # noqa: F401
@@ -80,6 +77,20 @@ def export_onnx(model: nn.Module, folder: Path, check: bool = True, atol: float 
         if worst > atol:
             raise ValueError(f"{path}: onnxruntime differs from PyTorch by {worst:.2e} (tolerance {atol:g})")
     return path
+
+
+def preprocess_json(model: nn.Module, dynamic: bool) -> dict[str, Any]:
+    """preprocess.json: the model's ``views.Preprocess`` in timm's keys, and in words.
+
+    An image file becomes ``images`` as timm's eval transform does with these keys (crop_mode, crop_pct,
+    interpolation on the Pillow image, then /255, mean, std): crop_mode ``squash`` resizes the whole image to
+    floor(size / crop_pct) and keeps the centre ``size``; ``center`` resizes the shorter side to that, aspect kept.
+    """
+    pre = model.pretrained_cfg
+    prep = Preprocess.from_cfg(pre)
+    return {"input": "images", "output": "logits", "input_size": list(pre["input_size"]),
+            "dynamic_img_size": dynamic, **prep.to_cfg(), "resize": prep.describe(), "scale": "1/255",
+            "label_names": list(pre["label_names"]) if pre.get("label_names") else None}
 
 
 @torch.no_grad()

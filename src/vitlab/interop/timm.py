@@ -11,8 +11,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..data.views import Preprocess
 from ..models.base import make_pretrained_cfg
 from ..models.registry import accepted_args, get_spec, list_models
+
+TIMM_CROP_PCT = 0.875  # timm's DEFAULT_CROP_PCT, for a pretrained_cfg without crop_pct
 
 
 def is_timm_config(cfg: dict[str, Any]) -> bool:
@@ -42,7 +45,10 @@ def model_args(cfg: dict[str, Any]) -> tuple[str, dict[str, Any], dict[str, Any]
     size = pre.get("input_size")
     if "img_size" not in args and "img_size" in accepted and pre.get("fixed_input_size") and size:
         args["img_size"] = tuple(size[-2:])  # timm builds at the checkpoint's size (older exports say it only here)
-    preprocess = {k: pre[k] for k in ("mean", "std", "input_size", "interpolation", "crop_pct") if k in pre}
+    # what timm's resolve_data_config reads, with timm's defaults where the config has none
+    preprocess = {"crop_mode": "center", "crop_pct": TIMM_CROP_PCT, "interpolation": "bicubic",
+                  **{k: pre[k] for k in ("mean", "std", "input_size", "interpolation", "crop_pct", "crop_mode")
+                     if pre.get(k)}}
     names = cfg.get("label_names") or pre.get("label_names")  # save_for_hf writes them at the top level
     if isinstance(names, dict):
         names = [names.get(str(i), names.get(i, str(i))) for i in range(len(names))]
@@ -102,13 +108,14 @@ def export_config(model: nn.Module, args: dict[str, Any]) -> dict[str, Any]:
     arch = getattr(model, "arch", None)
     arch = arch if arch in model.timm_names else model.timm_spec.base_arch
     own = make_pretrained_cfg(model, model_args.get("in_chans", 3))  # the model's input size; defaults
-    pre = {**own, **(getattr(model, "pretrained_cfg", None) or {})}
+    pre = {**own, **(getattr(model, "pretrained_cfg", None) or {}), "input_size": own["input_size"]}
+    prep = Preprocess.from_cfg(pre)  # what vitlab applies, in the keys timm's eval transform reads
     fixed_size = hasattr(model, "patch_embed") and not model_args.get("dynamic_img_size", False)  # CNNs: any size
     classifier = list(model.classifier_names)
     pretrained_cfg = {
         "custom_load": False, "input_size": list(own["input_size"]), "fixed_input_size": fixed_size,
-        "interpolation": pre["interpolation"], "crop_pct": pre.get("crop_pct", 1.0),
-        "crop_mode": "center", "mean": list(pre["mean"]), "std": list(pre["std"]),
+        "interpolation": prep.interpolation, "crop_pct": prep.crop_pct, "crop_mode": prep.crop_mode,
+        "mean": list(prep.mean), "std": list(prep.std),
         "num_classes": model.num_classes, "pool_size": None,
         "first_conv": next(n for n, m in model.named_modules() if isinstance(m, nn.Conv2d)),
         "classifier": classifier if len(classifier) > 1 else classifier[0],

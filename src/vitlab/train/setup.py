@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 import torch
 import torch.nn as nn
@@ -9,7 +10,7 @@ import torch.nn as nn
 from .. import checkpoint
 from ..data.augment import BatchAugment
 from ..data.sources import DataBundle, ImageSet, load_data
-from ..data.views import stratified_subset
+from ..data.views import Preprocess, stratified_subset
 from ..devices import auto_precision
 from ..models.registry import accepted_args, create_model, get_spec
 from .distributed import Dist, barrier, broadcast_flag
@@ -19,17 +20,18 @@ from .recipe import Recipe, default_model
 
 
 def build_model_and_data(r: Recipe, d: Dist, log: Callable[[str], None]) -> tuple[nn.Module, DataBundle, tuple, tuple]:
-    """The model and the data, sized for each other; returns (model, data, mean, std)."""
-    def get_data(img_size, in_chans):
+    """The model and the data, sized for each other; returns (model, data, mean, std). The model's pretrained_cfg
+    records the preprocessing the run applies (``views.Preprocess``): what eval, predict and the exports apply."""
+    def get_data(img_size, in_chans, fit=None):
         if d.is_main:
             data = load_data(r.data, img_size=img_size, in_chans=in_chans, cache_dir=r.cache_dir,
                              download=r.download, val_fraction=r.val_fraction, seed=r.seed, log=log,
-                             store_size=r.store_size, workers=r.workers)
+                             store_size=r.store_size, workers=r.workers, fit=fit)
         barrier(d)  # rank 0 decodes and fills the cache; the others then read it
         if not d.is_main:
             data = load_data(r.data, img_size=img_size, in_chans=in_chans, cache_dir=r.cache_dir,
                              download=False, val_fraction=r.val_fraction, seed=r.seed, log=lambda s: None,
-                             store_size=r.store_size, workers=r.workers)
+                             store_size=r.store_size, workers=r.workers, fit=fit)
         if r.train_fraction < 1:
             keep = stratified_subset(data.train.labels, r.train_fraction)
             log(f"training on {len(keep)} of {len(data.train.labels)} images ({100 * r.train_fraction:g}% of "
@@ -38,20 +40,7 @@ def build_model_and_data(r: Recipe, d: Dist, log: Callable[[str], None]) -> tupl
         return data
 
     if r.init:
-        base = checkpoint.load(r.init)
-        in_chans = base.pretrained_cfg["input_size"][0]
-        data = get_data(r.img_size, in_chans)
-        size = tuple(data.img_size)
-        overrides = dict(r.model_args)
-        if "drop_path_rate" in accepted_args(type(base)):
-            overrides.setdefault("drop_path_rate", r.drop_path)
-        if getattr(base, "patch_embed", None) is not None and tuple(base.patch_embed.img_size) != size:
-            overrides["img_size"] = size
-            log(f"resampling the position embedding from {tuple(base.patch_embed.img_size)} to {size}")
-        model = checkpoint.load(r.init, **overrides)
-        fit_head(model, data.classes, r.head_init, log)
-        mean, std = tuple(model.pretrained_cfg["mean"]), tuple(model.pretrained_cfg["std"])
-        return model, data, mean, std
+        return _from_init(r, get_data, log)
     name = r.model or default_model(r.data)
     spec = get_spec(name)
     args = {**spec.args, **r.model_args}
@@ -65,7 +54,48 @@ def build_model_and_data(r: Recipe, d: Dist, log: Callable[[str], None]) -> tupl
     if "drop_path_rate" in accepted_args(spec.cls):
         overrides.setdefault("drop_path_rate", r.drop_path)
     model = create_model(name, **overrides)
-    return model, data, tuple(data.mean), tuple(data.std)
+    mean, std = tuple(data.mean), tuple(data.std)
+    model.pretrained_cfg.update(applied(r, Preprocess(tuple(data.img_size), mean=mean, std=std)).to_cfg())
+    return model, data, mean, std
+
+
+def applied(r: Recipe, prep: Preprocess) -> Preprocess:
+    """The preprocessing a run applies to an image file when its images are decoded by ``prep``'s rule: with
+    --store-size, the shorter side to store_size and evaluation's centre crop (bicubic) instead."""
+    if r.store_size is None:
+        return prep
+    return replace(prep, crop_mode="center", crop_pct=prep.crop_pct if r.init else r.crop_pct, interpolation="bicubic")
+
+
+def _from_init(r: Recipe, get_data: Callable, log: Callable[[str], None]) -> tuple[nn.Module, DataBundle, tuple, tuple]:
+    """A run from --init: at the checkpoint's size unless --img-size says otherwise, its images resized by the
+    checkpoint's own rule and interpolation (a position table resampled only for another size)."""
+    base = checkpoint.load(r.init)
+    in_chans = base.pretrained_cfg["input_size"][0]
+    own = tuple(base.pretrained_cfg["input_size"][1:])
+    size = (r.img_size, r.img_size) if r.img_size else own
+    embed = getattr(base, "patch_embed", None)
+    patch = r.model_args.get("patch_size") or (embed.patch_size if embed is not None else None)
+    patch = (patch, patch) if isinstance(patch, int) else tuple(patch) if patch else None
+    if patch and (size[0] % patch[0] or size[1] % patch[1]):
+        raise ValueError(f"img_size {size[0]}x{size[1]} is not divisible by the patch size {patch[0]}x{patch[1]} of "
+                         f"{r.init}; accepted: multiples of it, e.g. --img-size "
+                         f"{max(patch[0], size[0] // patch[0] * patch[0])}")
+    prep = Preprocess.from_cfg(base.pretrained_cfg).at(size)
+    why = "--img-size" if r.img_size else f"the input size of {r.init}"
+    log(f"training at {size[0]}x{size[1]} ({why}); images are decoded as {r.init} says: {prep.describe()}")
+    data = get_data(size, in_chans, prep.fit)
+    overrides = dict(r.model_args)
+    if "drop_path_rate" in accepted_args(type(base)):
+        overrides.setdefault("drop_path_rate", r.drop_path)
+    if embed is not None and tuple(embed.img_size) != size:
+        overrides["img_size"] = size
+        log(f"resampling the position embedding from {tuple(embed.img_size)} to {size}")
+    model = checkpoint.load(r.init, **overrides)
+    fit_head(model, data.classes, r.head_init, log)
+    model.pretrained_cfg.update(applied(r, prep).to_cfg())
+    mean, std = tuple(model.pretrained_cfg["mean"]), tuple(model.pretrained_cfg["std"])
+    return model, data, mean, std
 
 
 NATIVE_SIZE = {"digits": 8, "cifar10": 32, "cifar100": 32}  # the built-in data sets' image sizes
