@@ -1,6 +1,7 @@
 """predict and eval prepare images as the model's pretrained config says: crop_pct, interpolation, mean, std, labels."""
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +13,7 @@ from safetensors.torch import load_file
 import vitlab
 from vitlab.data.augment import normalize
 from vitlab.data.decode import read_image
-from vitlab.data.views import Preprocess, resized_size
+from vitlab.data.views import Preprocess, crop_offsets, resized_size
 from vitlab.infer.eval import center_crop, scale_size
 from vitlab.infer.predict import predict_files, prepare_image
 
@@ -120,6 +121,11 @@ def test_rules_on_files_and_on_tensors_agree_with_torchvision_arithmetic():
         out = Preprocess((16, 16), mode, pct, "bilinear").apply(img[None])[0]
         assert out.shape == (3, 16, 16)
     assert resized_size((50, 100), (16, 24), "center", 1.0) == (16, 32)  # timm's ResizeKeepRatio: covers 16x24
+    assert crop_offsets((35, 70), (32, 32)) == (2, 19) and crop_offsets((35, 70), (32, 32), "floor") == (1, 19)
+    floor = Preprocess((2, 2), "center", 1.0, "nearest", crop_offset="floor")
+    x = torch.arange(5, dtype=torch.uint8).view(1, 1, 1, 5).expand(1, 1, 2, 5)  # 2x5 -> the centre 2x2
+    assert floor.apply(x)[0, 0, 0].tolist() == [1, 2]
+    assert replace(floor, crop_offset="round").apply(x)[0, 0, 0].tolist() == [2, 3]
     with pytest.raises(ValueError, match="crop_mode 'border' .*accepted: center, squash"):
         Preprocess((16, 16), "border")
 
@@ -198,9 +204,10 @@ def test_exports_write_the_rule_vitlab_applies(tmp_path):
     hf_cfg = json.loads((export(model, "hf", tmp_path / "h") / "preprocessor_config.json").read_text())
     assert hf_cfg["size"] == {"shortest_edge": 40} and hf_cfg["crop_size"] == {"height": 32, "width": 32}
     assert hf_cfg["resample"] == 2 and hf_cfg["do_center_crop"]
-    for folder in (tmp_path / "t", tmp_path / "h"):  # each reads back as the rule it was written from
-        back = Preprocess.from_cfg(vitlab.load(folder).pretrained_cfg)
-        assert back == Preprocess.from_cfg(model.pretrained_cfg)
+    rule = Preprocess.from_cfg(model.pretrained_cfg)
+    assert Preprocess.from_cfg(vitlab.load(tmp_path / "t").pretrained_cfg) == rule  # each reads back as written
+    # but for the crop's offset: transformers places it at floor((H - h) / 2), as the rule read back says
+    assert Preprocess.from_cfg(vitlab.load(tmp_path / "h").pretrained_cfg) == replace(rule, crop_offset="floor")
     model.pretrained_cfg.update(crop_mode="squash", crop_pct=1.0)
     hf_cfg = json.loads((export(model, "hf", tmp_path / "h2") / "preprocessor_config.json").read_text())
     assert hf_cfg["size"] == {"height": 32, "width": 32} and "do_center_crop" not in hf_cfg

@@ -97,12 +97,12 @@ def fit_image(img: Image.Image, size: tuple[int, int], fit: str = "squash") -> I
         side = min(w, h)
         box = ((w - side) / 2, (h - side) / 2, (w + side) / 2, (h + side) / 2)
         return img.resize((size[1], size[0]), Image.Resampling.BICUBIC, box=box)
-    crop_mode, crop_pct, interpolation = parse_fit(fit)
+    crop_mode, crop_pct, interpolation, offset = parse_fit(fit)
     rh, rw = resized_size((img.size[1], img.size[0]), size, crop_mode, crop_pct)
     if (rw, rh) != img.size:
         img = img.resize((rw, rh), RESAMPLE[interpolation])
     if (rh, rw) != tuple(size):
-        top, left = crop_offsets((rh, rw), size)
+        top, left = crop_offsets((rh, rw), size, offset)
         img = img.crop((left, top, left + size[1], top + size[0]))
     return img
 

@@ -124,8 +124,8 @@ def _resize_tensor(images: torch.Tensor, size: tuple[int, int], fit: str = "squa
     if tuple(images.shape[-2:]) == tuple(size):
         return images
     if fit not in ("squash", "crop"):
-        mode, pct, interpolation = parse_fit(fit)
-        return torch.cat([eval_view(x, size, pct, interpolation, mode) for x in images.split(1024)])
+        mode, pct, interpolation, offset = parse_fit(fit)
+        return torch.cat([eval_view(x, size, pct, interpolation, mode, offset) for x in images.split(1024)])
     out = []
     for x in images.split(1024):
         y = F.interpolate(x.float(), size=size, mode="bicubic", align_corners=False, antialias=True)

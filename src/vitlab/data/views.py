@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 CROP_MODES = ("center", "squash")
+CROP_OFFSETS = ("round", "floor")  # torchvision's CenterCrop (timm), transformers' center_crop
 INTERPOLATIONS = ("bicubic", "bilinear", "nearest", "lanczos", "box", "hamming")  # Pillow's filters
 TENSOR_INTERPOLATIONS = ("bicubic", "bilinear", "nearest")  # the ones eval_view computes on tensors
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -41,9 +42,11 @@ class Preprocess:
     ``squash``: the whole image resized to floor(size / crop_pct) (aspect not kept), then the centre ``size``
     (crop_pct 1: resized to exactly ``size``, as transformers' ViT processor). ``center``: the shorter side
     resized to floor(size / crop_pct), aspect kept (timm's ``Resize(int)``; for a non-square size timm's
-    ResizeKeepRatio), then the centre ``size``. Pixels are resampled with ``interpolation`` (antialiased, as
-    Pillow), then scaled to [0, 1] and normalised by ``mean`` and ``std``. A model carries one in its
-    pretrained_cfg (``from_cfg``/``to_cfg``), a run records the one it applied, the exports write it.
+    ResizeKeepRatio), then the centre ``size``, its top-left corner at round((H - h) / 2) (``crop_offset``
+    round: torchvision's, timm's) or floor((H - h) / 2) (floor: transformers'). Pixels are resampled with
+    ``interpolation`` (antialiased, as Pillow), then scaled to [0, 1] and normalised by ``mean`` and ``std``.
+    A model carries one in its pretrained_cfg (``from_cfg``/``to_cfg``), a run records the one it applied, the
+    exports write it (interop: timm's pretrained_cfg, transformers' preprocessor_config.json, preprocess.json).
     """
 
     size: tuple[int, int]
@@ -52,10 +55,14 @@ class Preprocess:
     interpolation: str = "bicubic"
     mean: tuple[float, ...] = IMAGENET_MEAN
     std: tuple[float, ...] = IMAGENET_STD
+    crop_offset: str = "round"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "size", _pair(tuple(self.size) if isinstance(self.size, list) else self.size))
         _check_rule(self.crop_mode, self.crop_pct, self.interpolation)
+        if self.crop_offset not in CROP_OFFSETS:
+            raise ValueError(f"crop_offset {self.crop_offset!r} is not one vitlab applies; accepted: "
+                             f"{', '.join(CROP_OFFSETS)}")
         object.__setattr__(self, "crop_pct", float(self.crop_pct))
         object.__setattr__(self, "mean", tuple(float(m) for m in self.mean))
         object.__setattr__(self, "std", tuple(float(s) for s in self.std))
@@ -67,12 +74,13 @@ class Preprocess:
         (squash, crop_pct 1, bicubic), which older vitlab folders did without recording it."""
         return cls(size=tuple(cfg["input_size"][-2:]), crop_mode=cfg.get("crop_mode") or "squash",
                    crop_pct=cfg.get("crop_pct") or 1.0, interpolation=cfg.get("interpolation") or "bicubic",
-                   mean=tuple(cfg.get("mean") or IMAGENET_MEAN), std=tuple(cfg.get("std") or IMAGENET_STD))
+                   mean=tuple(cfg.get("mean") or IMAGENET_MEAN), std=tuple(cfg.get("std") or IMAGENET_STD),
+                   crop_offset=cfg.get("crop_offset") or "round")
 
     def to_cfg(self) -> dict[str, Any]:
         """The pretrained_cfg keys that say this preprocessing (input_size without its channels)."""
         return {"crop_mode": self.crop_mode, "crop_pct": self.crop_pct, "interpolation": self.interpolation,
-                "mean": list(self.mean), "std": list(self.std)}
+                "mean": list(self.mean), "std": list(self.std), "crop_offset": self.crop_offset}
 
     def at(self, size: int | tuple[int, int]) -> Preprocess:
         """The same rule for another input size."""
@@ -83,7 +91,8 @@ class Preprocess:
         """The resize rule as a data store's key and a decoder's argument ("squash" is vitlab's training rule)."""
         if (self.crop_mode, self.crop_pct, self.interpolation) == ("squash", 1.0, "bicubic"):
             return "squash"
-        return f"{self.crop_mode}/{self.crop_pct!r}/{self.interpolation}"
+        floor = "/floor" if self.crop_offset == "floor" else ""
+        return f"{self.crop_mode}/{self.crop_pct!r}/{self.interpolation}{floor}"
 
     def describe(self) -> str:
         h, w = self.size
@@ -91,20 +100,21 @@ class Preprocess:
         how = (f"the whole image resized to {sh}x{sw}" if self.crop_mode == "squash" else
                f"the shorter side resized to {sh}" if sh == sw else f"resized to cover {sh}x{sw}, aspect kept")
         crop = f", the centre {h}x{w} kept" if (sh, sw) != (h, w) or self.crop_mode == "center" else ""
+        crop += " (offsets rounded down)" if crop and self.crop_offset == "floor" else ""
         return f"{how} ({self.interpolation}){crop}"
 
     def apply(self, images: torch.Tensor) -> torch.Tensor:
         """uint8 (B, C, H0, W0) -> uint8 (B, C, *size), on the images' device (Pillow's filters, in float)."""
-        return eval_view(images, self.size, self.crop_pct, self.interpolation, self.crop_mode)
+        return eval_view(images, self.size, self.crop_pct, self.interpolation, self.crop_mode, self.crop_offset)
 
 
-def parse_fit(fit: str) -> tuple[str, float, str]:
-    """(crop_mode, crop_pct, interpolation) of a ``Preprocess.fit`` string."""
+def parse_fit(fit: str) -> tuple[str, float, str, str]:
+    """(crop_mode, crop_pct, interpolation, crop_offset) of a ``Preprocess.fit`` string."""
     if fit == "squash":
-        return "squash", 1.0, "bicubic"
-    mode, pct, interpolation = fit.split("/")
+        return "squash", 1.0, "bicubic", "round"
+    mode, pct, interpolation, *offset = fit.split("/")
     _check_rule(mode, float(pct), interpolation)
-    return mode, float(pct), interpolation
+    return mode, float(pct), interpolation, offset[0] if offset else "round"
 
 
 def scale_size(size: tuple[int, int], crop_pct: float | None) -> tuple[int, int]:
@@ -129,13 +139,16 @@ def resized_size(image: tuple[int, int], size: tuple[int, int], crop_mode: str, 
     return round(hi / ratio), round(wi / ratio)
 
 
-def crop_offsets(image: tuple[int, int], size: tuple[int, int]) -> tuple[int, int]:
-    """(top, left) of the centre (h, w) window of an (H, W) image (torchvision's CenterCrop)."""
+def crop_offsets(image: tuple[int, int], size: tuple[int, int], rule: str = "round") -> tuple[int, int]:
+    """(top, left) of the centre (h, w) window of an (H, W) image: torchvision's CenterCrop (round, half to even)
+    or transformers' center_crop (floor)."""
+    if rule == "floor":
+        return (image[0] - size[0]) // 2, (image[1] - size[1]) // 2
     return int(round((image[0] - size[0]) / 2.0)), int(round((image[1] - size[1]) / 2.0))
 
 
 def eval_view(images: torch.Tensor, size: int | tuple[int, int], crop_pct: float = 0.875,
-              interpolation: str = "bicubic", crop_mode: str = "center") -> torch.Tensor:
+              interpolation: str = "bicubic", crop_mode: str = "center", crop_offset: str = "round") -> torch.Tensor:
     """uint8 (B, C, H, W) -> uint8 (B, C, *size): resized as ``Preprocess`` says, then the centre crop.
 
     The default is timm's eval transform: the shorter side resized to floor(size / crop_pct) (256 for 224 at
@@ -160,7 +173,7 @@ def eval_view(images: torch.Tensor, size: int | tuple[int, int], crop_pct: float
     ho, wo = x.shape[-2:]
     if h > ho or w > wo:
         raise ValueError(f"cannot crop {h}x{w} from images resized to {ho}x{wo}")
-    top, left = crop_offsets((ho, wo), (h, w))
+    top, left = crop_offsets((ho, wo), (h, w), crop_offset)
     return x[:, :, top:top + h, left:left + w].contiguous()
 
 

@@ -164,6 +164,8 @@ def preprocessing(folder: Path) -> dict[str, Any]:
         out["interpolation"] = PIL_RESAMPLE[cfg["resample"]]
     size, crop = cfg.get("size"), _hw(cfg.get("crop_size")) if cfg.get("do_center_crop") else None
     short = size.get("shortest_edge") if isinstance(size, dict) else None
+    if crop:
+        out["crop_offset"] = "floor"  # transformers' center_crop
     if short is not None:
         out["crop_mode"], out["crop_pct"] = "center", _crop_pct(crop[0], int(short)) if crop else 1.0
     elif _hw(size):
@@ -174,7 +176,11 @@ def preprocessing(folder: Path) -> dict[str, Any]:
 
 def image_processor(model_cfg: dict[str, Any]) -> dict[str, Any]:
     """A preprocessor_config.json that does what ``views.Preprocess.from_cfg(model_cfg)`` does: transformers'
-    ViTImageProcessor for an exact resize, its CLIPImageProcessor (resize, then centre crop) otherwise."""
+    ViTImageProcessor for an exact resize, its CLIPImageProcessor (resize, then centre crop) otherwise.
+
+    transformers places a centre crop at floor((H - h) / 2): a rule of crop_offset round (timm's) lands one pixel
+    lower or further right where H - h is 3 mod 4 (e.g. 35 - 32), which no processor option expresses.
+    """
     prep = Preprocess.from_cfg(model_cfg)
     (h, w), (sh, sw) = prep.size, scale_size(prep.size, prep.crop_pct)
     resample = {v: k for k, v in PIL_RESAMPLE.items()}[prep.interpolation]
