@@ -141,3 +141,42 @@ def test_each_kind_of_folder_loads_with_its_preprocessing(tmp_path, fixture, nor
     copy = vitlab.load(vitlab.save(model, tmp_path / "copy")).pretrained_cfg
     assert {k: (tuple(v) if isinstance(v, list) else v) for k, v in copy.items()} == \
         {k: (tuple(v) if isinstance(v, list) else v) for k, v in cfg.items()}
+
+
+def test_patch_embed_resample_keeps_each_patchs_token_when_upsampling():
+    """FlexiViT: <resize(x), w'> = <x, w> for every patch x when the patch size grows (the pseudo-inverse)."""
+    import torch.nn.functional as F
+
+    from vitlab.models.layers import resample_patch_embed
+
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(6, 3, 4, 4, generator=g)
+    x = torch.randn(5, 3, 4, 4, generator=g)
+    for new in (8, (6, 10)):
+        w_new = resample_patch_embed(w, new)
+        big = F.interpolate(x, size=w_new.shape[-2:], mode="bicubic", antialias=True)
+        assert w_new.shape[-2:] == ((8, 8) if new == 8 else (6, 10))
+        assert torch.allclose(torch.einsum("bchw,dchw->bd", big, w_new), torch.einsum("bchw,dchw->bd", x, w),
+                              atol=1e-4)
+    plain = F.interpolate(w, size=(8, 8), mode="bicubic", antialias=True)  # resizing the kernel itself does not
+    big = F.interpolate(x, size=(8, 8), mode="bicubic", antialias=True)
+    assert not torch.allclose(torch.einsum("bchw,dchw->bd", big, plain), torch.einsum("bchw,dchw->bd", x, w),
+                              atol=1e-1)
+
+
+def test_load_at_another_patch_size_resamples_patch_and_position_embeddings(saved):
+    """vit_tiny_patch4_32 loaded with patch_size=8, img_size=64: the grid stays 8x8; an image whose every patch
+    is resized on its own to 8x8 gives the original model's logits on the original image."""
+    import torch.nn.functional as F
+
+    model = vitlab.load(saved)
+    flexi = vitlab.load(saved, patch_size=8, img_size=64)
+    assert flexi.patch_embed.proj.weight.shape[-2:] == (8, 8) and torch.equal(flexi.pos_embed, model.pos_embed)
+    x = torch.randn(2, 3, 32, 32)
+    patches = x.unfold(2, 4, 4).unfold(3, 4, 4).permute(0, 2, 3, 1, 4, 5).reshape(-1, 3, 4, 4)  # (B*8*8, 3, 4, 4)
+    big = F.interpolate(patches, size=(8, 8), mode="bicubic", antialias=True)
+    big = big.reshape(2, 8, 8, 3, 8, 8).permute(0, 3, 1, 4, 2, 5).reshape(2, 3, 64, 64)
+    with torch.no_grad():
+        assert torch.allclose(flexi(big), model(x), atol=1e-4)
+    coarse = vitlab.load(saved, patch_size=8)  # the same image size: a 4x4 grid, the position table resampled
+    assert coarse.pos_embed.shape[1] == 1 + 16 and coarse(x).shape == (2, 10)

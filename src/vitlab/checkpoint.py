@@ -23,7 +23,7 @@ from torch import nn
 from .atomic import atomic_path, atomic_write_json, read_json_object
 from .interop import hf, hub, timm
 from .models.base import make_pretrained_cfg
-from .models.layers import resample_abs_pos_embed, to_2tuple
+from .models.layers import resample_abs_pos_embed, resample_patch_embed, to_2tuple
 from .models.registry import build, check_model, create_model, get_spec, model_class
 
 FORMAT_VERSION = 1
@@ -129,8 +129,22 @@ def load_plain(path: Path, broken: str = "is truncated or corrupt") -> Any:
         raise ValueError(f"{path} {broken} ({(str(e).strip().splitlines() or [type(e).__name__])[0]})") from None
 
 
-def _adapt_pos_embed(model: nn.Module, state: dict[str, torch.Tensor], old_img) -> None:
-    """Resample a checkpoint's position embedding to the model's patch grid, bicubic, prefix tokens kept apart."""
+def _adapt_patch_embed(model: nn.Module, state: dict[str, torch.Tensor]) -> tuple[int, int] | None:
+    """A checkpoint's patch-embedding kernel resampled to the model's patch size (FlexiViT's pseudo-inverse resize,
+    as timm); returns the checkpoint's patch size (None for a model without a patch embedding)."""
+    key = "patch_embed.proj.weight"
+    own, ckpt = model.state_dict().get(key), state.get(key)
+    if own is None or ckpt is None or own.ndim != 4 or ckpt.ndim != 4:
+        return None
+    old = tuple(ckpt.shape[-2:])
+    if old != tuple(own.shape[-2:]) and own.shape[:2] == ckpt.shape[:2]:
+        state[key] = resample_patch_embed(ckpt, own.shape[-2:])
+    return old
+
+
+def _adapt_pos_embed(model: nn.Module, state: dict[str, torch.Tensor], old_img, old_patch=None) -> None:
+    """Resample a checkpoint's position embedding to the model's patch grid, bicubic, prefix tokens kept apart
+    (its grid: the checkpoint's image size over the checkpoint's patch size)."""
     own = model.state_dict().get("pos_embed")
     ckpt = state.get("pos_embed")
     if own is None or ckpt is None or own.shape == ckpt.shape or own.shape[-1] != ckpt.shape[-1]:
@@ -138,7 +152,7 @@ def _adapt_pos_embed(model: nn.Module, state: dict[str, torch.Tensor], old_img) 
     grid = model.patch_embed.grid_size
     prefix = own.shape[1] - grid[0] * grid[1]
     n_old = ckpt.shape[1] - prefix
-    patch = model.patch_embed.patch_size
+    patch = old_patch or model.patch_embed.patch_size
     old_grid = None
     if old_img is not None:
         h, w = to_2tuple(old_img)
@@ -178,7 +192,8 @@ def _check_config_types(cfg: dict[str, Any], path: Path) -> None:
 def load(path: str | os.PathLike, **overrides: Any) -> nn.Module:
     """A ready model (eval mode) from a vitlab, timm or Hugging Face folder; overrides change its arguments.
 
-    ``img_size=`` resamples the position embedding to a new input size; ``num_classes=`` with a
+    ``img_size=`` resamples the position embedding to a new input size; ``patch_size=`` resamples the patch
+    embedding (FlexiViT's pseudo-inverse resize) and the position table to the new grid; ``num_classes=`` with a
     different count gives fresh, untrained heads; ``dynamic_img_size=True`` accepts any input size.
     """
     folder, cfg = read_config(path)
@@ -222,7 +237,7 @@ def load(path: str | os.PathLike, **overrides: Any) -> nn.Module:
         state = {k: v for k, v in state.items() if not k.startswith(heads)}
         state.update({k: v for k, v in model.state_dict().items() if k.startswith(heads)})
         preprocess.pop("label_names", None)
-    _adapt_pos_embed(model, state, old_img)
+    _adapt_pos_embed(model, state, old_img, _adapt_patch_embed(model, state))
     try:
         load_state_strict(model, state, str(folder))
     except ValueError as e:

@@ -277,6 +277,25 @@ def resample_abs_pos_embed(posemb: torch.Tensor, new_size: Sequence[int], old_si
     return torch.cat([prefix, grid], dim=1)
 
 
+def resample_patch_embed(weight: torch.Tensor, new_size: int | Sequence[int], interpolation: str = "bicubic",
+                         antialias: bool = True) -> torch.Tensor:
+    """A (D, C, p, p) patch-embedding kernel for another patch size, by FlexiViT's pseudo-inverse resize.
+
+    With R the resize of a patch to ``new_size`` (``F.interpolate``), the new kernel is pinv(R^T) w: a patch x
+    and its resized R x give the same token, <R x, w'> = <x, w>, exactly when upsampling (least squares when
+    reducing). As timm's ``resample_patch_embed`` (Beyer et al., FlexiViT, 2023).
+    """
+    old, new = tuple(weight.shape[-2:]), to_2tuple(new_size)
+    if old == new:
+        return weight
+    n = old[0] * old[1]
+    basis = torch.eye(n, dtype=torch.float32).reshape(n, 1, *old)
+    resize = F.interpolate(basis, size=new, mode=interpolation, antialias=antialias).reshape(n, -1)  # (n, n') = R^T
+    pinv = torch.linalg.pinv(resize.double())  # (n', n)
+    flat = weight.detach().double().reshape(-1, n) @ pinv.T  # (D * C, n')
+    return flat.reshape(*weight.shape[:2], *new).to(weight.dtype)
+
+
 def sincos_2d_pos_embed(grid_size: Sequence[int], dim: int, temperature: float = 10000.0) -> torch.Tensor:
     """Fixed 2D sin-cos embedding (MAE / "simple ViT"), (h*w, dim): half the channels encode rows, half columns."""
     if dim % 4:
