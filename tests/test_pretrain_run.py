@@ -1,11 +1,22 @@
 """Pre-training runs: the run folder's objective (encoder + pretrain.safetensors), the pre-training command on
 an unlabelled folder, resume after kill -9, fine-tuning from a pre-training run, and the families it refuses."""
+from pathlib import Path
+
+import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 import vitlab
+from vitlab.cli import main
 from vitlab.pretrain import create_objective, load_objective, save_objective
-from vitlab.runs.format import PRETRAIN_WEIGHTS, read_pretrain
+from vitlab.runs.compare import read_run
+from vitlab.runs.format import PRETRAIN_WEIGHTS, read_history, read_pretrain
+from vitlab.train import load_recipe, train
+from vitlab.train.distributed import init_distributed
+from vitlab.train.objective import held_out_loss
+from vitlab.train.setup import build_model_and_data
+from vitlab.train.state import load_checkpoint
 
 
 @pytest.fixture(autouse=True)
@@ -55,3 +66,118 @@ def test_a_decoder_of_another_shape_is_refused(tmp_path):
     write_pretrain(tmp_path, method, {"decoder_depth": 2}, rest)
     with pytest.raises(ValueError, match="does not fit"):
         load_objective(tmp_path)
+
+
+# ---------------------------------------------------------------------------------------------
+# pre-training runs
+
+
+def flat_folder(root: Path, n: int = 30, size: int = 8) -> Path:
+    """A flat folder of unlabelled RGB images (no class folders): halves of two random colours each."""
+    rng = np.random.default_rng(0)
+    root.mkdir(parents=True)
+    for i in range(n):
+        a = np.empty((size, size, 3), dtype=np.uint8)
+        a[: size // 2], a[size // 2:] = rng.integers(0, 255, 3), rng.integers(0, 255, 3)
+        Image.fromarray(a).save(root / f"img{i:03d}.png")
+    return root
+
+
+def tiny_pretrain(data: str, out: Path, method: str = "mae", **kw):
+    values = dict(data=data, model="vit_micro_patch2_8", pretrain=method, epochs=2, batch_size=8, precision="fp32",
+                  threads=1, out=str(out))
+    if data != "digits":
+        values["model_args"] = {"in_chans": 3}
+    return load_recipe(None, **{**values, **kw})
+
+
+@pytest.mark.parametrize("method", ["mae", "mpp"])
+def test_pretraining_on_a_flat_folder_writes_a_run_of_encoder_and_objective(tmp_path, cache_dir, method):
+    lines = []
+    summary = train(tiny_pretrain(str(flat_folder(tmp_path / "flat")), tmp_path / "run", method), log=lines.append)
+    run = tmp_path / "run"
+    for name in ("config.yaml", "checkpoint.pt", "metrics.jsonl", "config.json", "model.safetensors",
+                 PRETRAIN_WEIGHTS, "curves.png", "summary.json"):
+        assert (run / name).is_file(), name
+    assert not (run / "confusion.png").exists()  # no labels, no confusion matrix
+    assert summary["pretrain"] == method and summary["top1"] is None and summary["per_class"] is None
+    assert summary["num_train"] + summary["num_test"] == 30 and summary["num_test"] == 6  # held out by val_fraction
+    rows = read_history(run)
+    assert [r.epoch for r in rows] == [1, 2] and all(r.train_acc is None and r.test_top1 is None for r in rows)
+    assert all(np.isfinite(r.test_loss) and r.evaluated for r in rows) and summary["test_loss"] == rows[-1].test_loss
+    assert any("unlabelled" in line for line in lines) and any("pre-training objective" in line for line in lines)
+    objective = load_objective(run)
+    assert objective.method == method and objective.encoder.num_classes == 0
+    model = vitlab.load(run)
+    assert model.num_classes == 0 and model.pretrained_cfg["label_names"] is None
+    final = load_checkpoint(run)["model"]  # the checkpoint holds the whole objective, the run folder its parts
+    assert {k for k in final if not k.startswith("encoder.")} == set(read_pretrain(run)[2])
+    assert all(torch.equal(final[f"encoder.{k}"], v) for k, v in model.state_dict().items())
+    row = read_run(run)
+    assert row["status"] == "finished" and row["top1"] is None
+
+
+def test_the_held_out_loss_uses_the_same_masks_every_time(tmp_path):
+    objective = create_objective("mae", encoder()).eval()
+    images = torch.randint(0, 256, (10, 1, 8, 8), dtype=torch.uint8)
+    first = held_out_loss(objective, images, (0.5,), (0.25,), batch_size=4)
+    again = held_out_loss(objective, images, (0.5,), (0.25,), batch_size=4)
+    assert torch.equal(first, again) and first[1] == 10
+    shard = held_out_loss(objective, images[4:], (0.5,), (0.25,), first=4, batch_size=4)  # a rank's shard
+    assert torch.allclose(first - held_out_loss(objective, images[:4], (0.5,), (0.25,), batch_size=4), shard)
+
+
+def test_a_flat_folder_is_refused_for_supervised_training_in_one_line(tmp_path, cache_dir, capsys):
+    flat = flat_folder(tmp_path / "flat")
+    code = main(["train", "--data", str(flat), "--model", "vit_micro_patch2_8", "--model-arg", "in_chans=3",
+                 "--epochs", "1", "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err.strip().splitlines()[-1]  # the lines before it are the data's log
+    assert code == 2 and err.startswith("vitlab train: error: ") and "unlabelled" in err and "vitlab pretrain" in err
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("model", ["convit_tiny", "vit_tiny_r18_32", "cct_7_3x1_32", "resnet18", "cait_xxs24_224"])
+def test_a_family_masking_does_not_apply_to_is_refused_before_any_data(tmp_path, cache_dir, capsys, model):
+    code = main(["pretrain", "--method", "mae", "--model", model, "--data", "cifar10", "--out", str(tmp_path / "r")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "does not apply to" in err, err
+    assert not cache_dir.exists() and not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--pretrain-arg", "colour=red"], "unknown mae option(s) colour in pretrain_args; accepted: mask_ratio"),
+    (["--pretrain-arg", "mask_ratio=lots"], "pretrain_args mask_ratio='lots' is not valid; accepted: a number"),
+    (["--pretrain-arg", "mask_ratio"], "--pretrain-arg 'mask_ratio' is not KEY=VALUE"),
+    (["--teacher", "somewhere"], "teacher: not valid with pretrain='mae'"),
+])
+def test_bad_pretraining_options_are_one_line(tmp_path, capsys, args, message):
+    code = main(["pretrain", "--method", "mae", *args, "--out", str(tmp_path / "r")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and message in err, err
+
+
+def test_pretraining_defaults_are_maes_and_given_options_win():
+    r = load_recipe(None, data="cifar10", pretrain="mae")
+    a = r.augment
+    assert (a.crop, a.rrc_scale, a.hflip, a.auto_augment, a.mixup, a.cutmix, a.random_erasing, a.label_smoothing) == \
+        ("rrc", (0.2, 1.0), True, "none", 0.0, 0.0, 0.0, 0.0)
+    assert r.lr == pytest.approx(1.5e-4 * r.batch_size / 256) and r.min_lr == 0 and r.drop_path == 0
+    r = load_recipe(None, data="cifar10", pretrain="mae", batch_size=512, hflip=False, lr=1e-3)
+    assert (r.augment.hflip, r.lr) == (False, 1e-3)
+    assert load_recipe(None, data="cifar10", pretrain="mae", batch_size=512).lr == pytest.approx(3e-4)
+    assert load_recipe(None, data="cifar10").augment.mixup == 0.8  # supervised defaults untouched
+
+
+def test_init_from_a_pretraining_run_loads_every_encoder_tensor(tmp_path, cache_dir):
+    run = tmp_path / "pre"
+    train(tiny_pretrain("digits", run, epochs=1, train_fraction=0.1), log=lambda s: None)
+    lines = []
+    r = load_recipe(None, init=str(run), data="digits", epochs=1, precision="fp32", threads=1, out=str(tmp_path / "ft"))
+    model, data, _, _ = build_model_and_data(r, init_distributed("cpu"), lines.append)
+    encoder_state = vitlab.load(run).state_dict()
+    state = model.state_dict()
+    assert set(state) - set(encoder_state) == {"head.weight", "head.bias"} and model.num_classes == 10
+    assert all(torch.equal(state[k], v) for k, v in encoder_state.items())  # every encoder tensor, as saved
+    said = [line for line in lines if line.startswith("--init")]
+    assert said == [f"--init {run}: loaded {len(encoder_state)} encoder tensors (its decoder, {PRETRAIN_WEIGHTS}, "
+                    "is not used); new: head.weight, head.bias"]

@@ -12,9 +12,9 @@ import tempfile
 import typing
 from pathlib import Path
 
-from . import cache, export, infer, inspect, models, runs, train
+from . import cache, export, infer, inspect, models, pretrain, runs, train
 
-COMMANDS = (models, train, infer, export, runs, inspect, cache)  # in the order `vitlab --help` lists them
+COMMANDS = (models, train, pretrain, infer, export, runs, inspect, cache)  # in the order `vitlab --help` lists them
 
 
 class Parser(argparse.ArgumentParser):

@@ -7,7 +7,7 @@ from pathlib import Path
 from ..train.recipe import AUGMENT_FIELDS, FIELDS
 from .options import add_recipe_option, flag
 
-SKIP = ("model_args", "augment", "out")  # recipe fields with options of their own (or none)
+SKIP = ("model_args", "pretrain_args", "augment", "out")  # recipe fields with options of their own (or none)
 # what `--resume` takes besides the run folder: how long it goes on, how it reports, where it computes; the
 # recipe's other options made the run what it is and cannot change halfway
 ON_RESUME = ("epochs", "time_budget", "eval_every", "log", "threads", "device", "cache_dir", "download", "workers")
@@ -27,14 +27,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.set_defaults(func=run)
 
 
-def parse_model_args(items: list[str]) -> dict:
+def parse_model_args(items: list[str], flag: str = "--model-arg", example: str = "depth=6") -> dict:
     """KEY=VALUE strings, values read as YAML (numbers, lists, booleans), into a dict."""
     import yaml
     out = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise ValueError(f"--model-arg {item!r} is not KEY=VALUE (e.g. depth=6)")
+            raise ValueError(f"{flag} {item!r} is not KEY=VALUE (e.g. {example})")
         out[key.strip()] = yaml.safe_load(value)
     return out
 
@@ -81,6 +81,14 @@ def run(args: argparse.Namespace) -> int:
         recipe = load_recipe(args.config, out=args.out, **given)
     summary = train(recipe, resume=bool(args.resume))
     if summary:
-        print(f"test top-1 {100 * summary['top1']:.2f}%  top-5 {100 * summary['top5']:.2f}%  "
-              f"{summary['wall_seconds']:.0f} s  -> {recipe.out}")
+        print(result_line(summary, recipe.out))
     return 0
+
+
+def result_line(summary: dict, out: str) -> str:
+    """What a finished run prints: its test accuracy, or a pre-training run's held-out loss."""
+    if summary["top1"] is None:
+        return (f"held-out {summary['pretrain']} loss {summary['test_loss']:.4f}  {summary['wall_seconds']:.0f} s  -> "
+                f"{out} (fine-tune its encoder: vitlab train --init {out})")
+    return (f"test top-1 {100 * summary['top1']:.2f}%  top-5 {100 * summary['top5']:.2f}%  "
+            f"{summary['wall_seconds']:.0f} s  -> {out}")

@@ -1,7 +1,8 @@
 """Image folders and tar archives of them: the files, the class folders and the train/test layout.
 
 A source is ``root/<class>/<image>`` (split into train and test later) or ``root/train/<class>/<image>``
-with ``root/test/...`` or ``root/val/...``, possibly wrapped in single top-level folders. An archive
+with ``root/test/...`` or ``root/val/...``, possibly wrapped in single top-level folders; or a flat folder of
+unlabelled images, ``root/<image>``, for self-supervised pre-training (one class, UNLABELLED). An archive
 is read once, member by member; its image files are kept as bytes (compressed, as stored), so
 an archive must fit in memory: extract a larger one and give the folder.
 """
@@ -20,6 +21,7 @@ from .decode import IMAGE_EXTENSIONS
 from .download import Log, check_member, member_parts
 
 _SPLIT_DIRS = ("train", "test", "val")
+UNLABELLED = "unlabelled"  # the one class of a flat folder of images
 _PROGRESS_MIN_BYTES = 8 << 20  # archive bytes: show a reading bar from this size on
 
 
@@ -180,6 +182,9 @@ def _layout(tree: Tree, log: Log) -> tuple[dict[str, list], dict[str, list] | No
         raise ValueError(f"no images found in {tree.where} (accepted extensions: {' '.join(IMAGE_EXTENSIONS)}); "
                          f"{_LAYOUT_HELP}")
     tops = {d[0] for d in tree.dirs}
+    if all(len(p) == 1 for p in tree.files):  # a flat folder: images without labels
+        log(f"{tree.where} holds images without class folders: one class, {UNLABELLED!r}, for pre-training")
+        return {UNLABELLED: sorted(tree.files)}, None
     if "train" not in tops:
         return _classes_under(tree, ()), None
     train = _classes_under(tree, ("train",))

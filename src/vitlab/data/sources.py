@@ -50,7 +50,7 @@ from .cache import (
 from .cifar import CIFAR_REMOTES, cifar_variant, find_or_fetch_cifar, load_cifar
 from .decode import Payload, decode_into, default_workers, image_size, read_image
 from .download import ARCHIVE_SUFFIXES, Log, archive_stem, download_url, is_archive
-from .scan import cifar_in_tree, read_archive, scan_folder, tree_items
+from .scan import UNLABELLED, cifar_in_tree, read_archive, scan_folder, tree_items
 from .store import Store, build_store, is_store, open_store, store_needs
 from .tables import TABLE_SUFFIXES, Listing, list_parquet, list_table, parquet_files
 from .views import eval_view, parse_fit
@@ -91,6 +91,11 @@ class DataBundle:
     def __post_init__(self) -> None:
         if self.img_size is None:
             self.img_size = self.stored_size
+
+    @property
+    def unlabelled(self) -> bool:
+        """A flat folder of images (no class folders): for self-supervised pre-training only."""
+        return self.classes == [UNLABELLED]
 
     @property
     def stored_size(self) -> tuple[int, int]:
@@ -325,14 +330,14 @@ def _bundle(store: Store, img_size: tuple[int, int] | None, how: str, log: Log) 
     c, sh, sw = store.images.shape[1:]
     train_at = f", training at {bundle.img_size[0]}x{bundle.img_size[1]}" if bundle.img_size != (sh, sw) else ""
     skipped = f", {bundle.skipped} unreadable files skipped" if bundle.skipped else ""
-    if len(bundle.classes) == 1:
+    if len(bundle.classes) == 1 and not bundle.unlabelled:
         log(f"warning: {bundle.name} has one class ({bundle.classes[0]!r}): every prediction is right, so its "
             "accuracy says nothing; a classifier needs two or more")
     if len(bundle.test.labels) == 0:
         log(f"warning: the test split of {bundle.name} is empty (a class of one image stays in training, and "
             "val_fraction=0 holds out nothing): there is nothing to evaluate on")
     log(f"{bundle.name}: {len(bundle.train.labels)} train / {len(bundle.test.labels)} test images, {c}x{sh}x{sw}"
-        f"{train_at}, {len(bundle.classes)} classes{skipped} ({how})")
+        f"{train_at}, {'unlabelled' if bundle.unlabelled else f'{len(bundle.classes)} classes'}{skipped} ({how})")
     return bundle
 
 

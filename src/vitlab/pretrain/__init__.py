@@ -5,8 +5,8 @@ from .encoder import check_encoder, load_decoder_state, split_pretrained
 from .mae import MaskedAutoencoder, patchify, unpatchify
 from .masking import Masking, random_masking
 from .mpp import MaskedPatchPrediction, mean_color_classes
-from .objective import OBJECTIVES, create_objective, load_objective, save_objective
+from .objective import OBJECTIVES, create_objective, load_objective, objective_options, save_objective
 
 __all__ = ["OBJECTIVES", "Masking", "MaskedAutoencoder", "MaskedPatchPrediction", "check_encoder", "create_objective",
-           "load_decoder_state", "load_objective", "mean_color_classes", "patchify", "random_masking", "save_objective",
-           "split_pretrained", "unpatchify"]
+           "load_decoder_state", "load_objective", "mean_color_classes", "objective_options", "patchify",
+           "random_masking", "save_objective", "split_pretrained", "unpatchify"]

@@ -8,12 +8,14 @@ from torch import nn
 from ..models.vit import VisionTransformer
 
 
-def check_encoder(model: nn.Module, method: str) -> None:
-    """Raise a one-line ValueError unless ``method`` ('mae' or 'mpp') applies to the model's family."""
-    reason = getattr(model, "no_pretrain", "") or (
-        "" if isinstance(model, VisionTransformer) else "pre-training runs ViT and DeiT encoders only")
+def check_encoder(model: nn.Module | type, method: str) -> None:
+    """Raise a one-line ValueError unless ``method`` ('mae' or 'mpp') applies to the model's family (a model or its
+    class)."""
+    cls = model if isinstance(model, type) else type(model)
+    reason = getattr(cls, "no_pretrain", "") or (
+        "" if issubclass(cls, VisionTransformer) else "pre-training runs ViT and DeiT encoders only")
     if reason:
-        raise ValueError(f"{method.upper()} pre-training does not apply to {type(model).__name__}: {reason}")
+        raise ValueError(f"{method.upper()} pre-training does not apply to {cls.__name__}: {reason}")
 
 
 def set_aside_head(encoder: VisionTransformer) -> None:

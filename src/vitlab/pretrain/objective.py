@@ -7,17 +7,49 @@ the options that rebuild the objective around the encoder.
 """
 from __future__ import annotations
 
+import inspect
 import os
+import typing
 from pathlib import Path
 from typing import Any
 
 from torch import nn
 
+from ..settings import describe
 from .encoder import load_decoder_state, split_pretrained
 from .mae import MaskedAutoencoder
 from .mpp import MaskedPatchPrediction
 
 OBJECTIVES: dict[str, type[nn.Module]] = {"mae": MaskedAutoencoder, "mpp": MaskedPatchPrediction}
+
+
+DATA_OPTIONS = ("mean", "std")  # set from the data by the trainer, not by the user
+
+
+def objective_options(method: str) -> tuple[str, ...]:
+    """The options a user may give the objective ``method`` (its keywords, less the encoder and the data's)."""
+    params = inspect.signature(OBJECTIVES[method].__init__).parameters
+    return tuple(n for n in params if n not in ("self", "encoder", *DATA_OPTIONS))
+
+
+def check_options(method: str, options: dict[str, Any]) -> dict[str, Any]:
+    """The options coerced to their declared types (text '0.5' is 0.5); one line naming an unknown key (and the
+    accepted ones) or a value of the wrong kind."""
+    from pydantic import TypeAdapter, ValidationError
+    accepted = objective_options(method)
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:
+        raise ValueError(f"unknown {method} option(s) {', '.join(unknown)} in pretrain_args; accepted: "
+                         f"{', '.join(accepted)}")
+    hints = typing.get_type_hints(OBJECTIVES[method].__init__)
+    out = {}
+    for key, value in options.items():
+        try:
+            out[key] = TypeAdapter(hints[key]).validate_python(value)
+        except ValidationError:
+            raise ValueError(f"pretrain_args {key}={value!r} is not valid; accepted: "
+                             f"{describe(hints[key])}") from None
+    return out
 
 
 def create_objective(method: str, encoder: nn.Module, **options: Any) -> nn.Module:

@@ -14,6 +14,7 @@ import yaml
 from pydantic import Field, model_validator
 
 from ..data.augment import AugmentConfig
+from ..pretrain.objective import check_options
 from ..settings import Settings
 from ..settings import accepted as accepted_by
 
@@ -23,6 +24,7 @@ Device = Literal["auto", "cpu", "cuda"]
 DistillType = Literal["none", "hard", "soft"]
 Log = Literal["none", "tensorboard"]
 HeadInit = Literal["auto", "zero", "trunc_normal", "keep"]
+Pretrain = Literal["none", "mae", "mpp"]
 AUGMENT_FIELDS = dict(AugmentConfig.model_fields)
 
 
@@ -42,6 +44,10 @@ class Recipe(Settings):
     freeze_blocks: int = Field(0, ge=0, description="with --init: freeze the embeddings and the first N blocks "
                                "(0 = off)")
     model_args: dict[str, Any] = Field(default_factory=dict, description="model argument overrides, e.g. {depth: 6}")
+    pretrain: Pretrain = Field("none", description="self-supervised pre-training, labels unused: mae (masked "
+                               "autoencoder), mpp (the ViT paper's masked patch prediction); none: supervised")
+    pretrain_args: dict[str, Any] = Field(default_factory=dict, description="pre-training objective options, e.g. "
+                                          "{mask_ratio: 0.75, decoder_depth: 2}")
     img_size: int | None = Field(None, ge=1, description="input size (model and data); default: the model's")
     drop_path: float = Field(0.1, ge=0, lt=1, description="stochastic depth rate of the last block")
     # data
@@ -112,6 +118,7 @@ class Recipe(Settings):
         if self.teacher and self.distill == "none":
             object.__setattr__(self, "distill", "hard")  # DeiT's default; no re-validation loop
         check_finetune(self)
+        check_pretrain(self)
         if self.batch_size % self.accum_steps:
             raise ValueError(f"batch_size={self.batch_size} is not valid with accum_steps={self.accum_steps}; "
                              "accepted: a multiple of accum_steps")
@@ -139,6 +146,46 @@ def check_finetune(r: Recipe) -> None:
     if r.freeze_backbone and r.layer_decay < 1:
         raise ValueError(f"layer_decay={r.layer_decay:g} is not valid with freeze_backbone: only the head trains, "
                          "at the full lr; accepted with freeze_backbone: layer_decay 1")
+
+
+def check_pretrain(r: Recipe) -> None:
+    """Pre-training options: the objective's, checked and coerced; supervised-only options refused in one line."""
+    if r.pretrain == "none":
+        if r.pretrain_args:
+            raise ValueError(f"pretrain_args {r.pretrain_args} need a pre-training objective: pretrain mae or mpp")
+        return
+    object.__setattr__(r, "pretrain_args", check_options(r.pretrain, r.pretrain_args))
+    supervised = [name for name, on in (("teacher", r.teacher), ("freeze_backbone", r.freeze_backbone),
+                                        ("freeze_blocks", r.freeze_blocks), ("layer_decay", r.layer_decay < 1),
+                                        ("head_init", r.head_init != "auto"),
+                                        ("tta", r.tta)) if on]
+    if supervised:
+        raise ValueError(f"{', '.join(supervised)}: not valid with pretrain={r.pretrain!r}, which uses no labels; "
+                         "accepted: these options with pretrain none")
+
+
+# Pre-training defaults (MAE's): random resized crops of 20-100% of the image and flips, no other augmentation,
+# no label mixing or smoothing, no stochastic depth, cosine to 0; lr by MAE's rule, 1.5e-4 x batch_size / 256.
+PRETRAIN_DEFAULTS: dict[str, Any] = {
+    "drop_path": 0.0, "min_lr": 0.0, "weight_decay": 0.05,
+    "augment": {"crop": "rrc", "rrc_scale": (0.2, 1.0), "hflip": True, "auto_augment": "none", "random_erasing": 0.0,
+                "mixup": 0.0, "cutmix": 0.0, "label_smoothing": 0.0, "repeated_aug": 1}}
+PRETRAIN_BASE_LR = 1.5e-4  # per 256 images of batch
+
+
+def pretrain_defaults(values: dict[str, Any]) -> None:
+    """Fill in PRETRAIN_DEFAULTS where ``values`` leave an option unset, and the lr from the batch size."""
+    for key, value in PRETRAIN_DEFAULTS.items():
+        if key == "augment":
+            values["augment"] = {**value, **values["augment"]}
+        else:
+            values.setdefault(key, value)
+    data = str(values.get("data", FIELDS["data"].default))
+    batch = values.get("batch_size", DATA_DEFAULTS.get(data, {}).get("batch_size", FIELDS["batch_size"].default))
+    try:
+        values.setdefault("lr", PRETRAIN_BASE_LR * float(batch) / 256)
+    except (TypeError, ValueError):
+        pass  # the recipe names the bad batch_size
 
 # Defaults that suit a data set better than the general ones; options given explicitly win.
 # Digits are small, centred and not mirror-symmetric: no flips, light cropping, no mixing.
@@ -190,6 +237,8 @@ def load_recipe(path: str | Path | None = None, **overrides: Any) -> Recipe:
     if unknown:
         raise ValueError(f"unknown recipe option(s) {', '.join(unknown)}; accepted: "
                          f"{', '.join([*FIELDS, *AUGMENT_FIELDS])}")
+    if values.get("pretrain", "none") != "none":
+        pretrain_defaults(values)
     if not values.get("init"):
         data = str(values.get("data", "digits"))
         model = values.get("model") or default_model(data)

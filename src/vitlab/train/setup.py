@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 
 import torch
 import torch.nn as nn
@@ -13,6 +14,8 @@ from ..data.sources import DataBundle, ImageSet, load_data
 from ..data.views import Preprocess, stratified_subset
 from ..devices import auto_precision
 from ..models.registry import accepted_args, create_model, get_spec
+from ..pretrain import check_encoder
+from ..runs.format import PRETRAIN_WEIGHTS
 from .distributed import Dist, barrier, broadcast_flag
 from .finetune import fit_head, freeze_blocks
 from .layer_decay import param_groups_layer_decay
@@ -37,18 +40,23 @@ def build_model_and_data(r: Recipe, d: Dist, log: Callable[[str], None]) -> tupl
             log(f"training on {len(keep)} of {len(data.train.labels)} images ({100 * r.train_fraction:g}% of "
                 "every class)")
             data.train = ImageSet(data.train.images[keep], data.train.labels[keep])
+        if data.unlabelled and r.pretrain == "none":
+            raise ValueError(f"{r.data} is a folder of unlabelled images (no class folders): supervised training "
+                             "needs <root>/<class>/<image>; accepted without labels: vitlab pretrain --method mae|mpp")
         return data
 
     if r.init:
         return _from_init(r, get_data, log)
     name = r.model or default_model(r.data)
     spec = get_spec(name)
+    if r.pretrain != "none":
+        check_encoder(spec.cls, r.pretrain)  # before any data is read
     args = {**spec.args, **r.model_args}
     in_chans = args.get("in_chans", 3)
     img_size = r.img_size or args.get("img_size", 224)
     check_size(name, img_size, args, r, log)
     data = get_data(img_size, in_chans)
-    overrides = dict(r.model_args, num_classes=len(data.classes))
+    overrides = dict(r.model_args, num_classes=0 if r.pretrain != "none" else len(data.classes))  # an encoder: no head
     if "img_size" in accepted_args(spec.cls):
         overrides["img_size"] = tuple(data.img_size)
     if "drop_path_rate" in accepted_args(spec.cls):
@@ -71,6 +79,8 @@ def _from_init(r: Recipe, get_data: Callable, log: Callable[[str], None]) -> tup
     """A run from --init: at the checkpoint's size unless --img-size says otherwise, its images resized by the
     checkpoint's own rule and interpolation (a position table resampled only for another size)."""
     base = checkpoint.load(r.init)
+    if r.pretrain != "none":
+        check_encoder(base, r.pretrain)  # before any data is read
     in_chans = base.pretrained_cfg["input_size"][0]
     own = tuple(base.pretrained_cfg["input_size"][1:])
     size = (r.img_size, r.img_size) if r.img_size else own
@@ -92,10 +102,26 @@ def _from_init(r: Recipe, get_data: Callable, log: Callable[[str], None]) -> tup
         overrides["img_size"] = size
         log(f"resampling the position embedding from {tuple(embed.img_size)} to {size}")
     model = checkpoint.load(r.init, **overrides)
-    fit_head(model, data.classes, r.head_init, log)
+    loaded = model.state_dict()  # held: a new head's tensors cannot take the place of the ones it replaces
+    if r.pretrain != "none":
+        model.reset_classifier(0)  # an encoder to pre-train further
+    else:
+        fit_head(model, data.classes, r.head_init, log)
+    log(describe_init(r.init, loaded, model))
     model.pretrained_cfg.update(applied(r, prep).to_cfg())
     mean, std = tuple(model.pretrained_cfg["mean"]), tuple(model.pretrained_cfg["std"])
     return model, data, mean, std
+
+
+def describe_init(source: str, loaded: dict[str, torch.Tensor], model: nn.Module) -> str:
+    """The line that says what --init took from ``source`` (``loaded``: the model's state as read) and what is new."""
+    state = model.state_dict()
+    new = [k for k, v in state.items() if k not in loaded or v.data_ptr() != loaded[k].data_ptr()]
+    kept = len(state) - len(new)
+    pretrained = (Path(source) / PRETRAIN_WEIGHTS).is_file()
+    return (f"--init {source}: loaded {kept} {'encoder ' if pretrained else ''}tensors"
+            f"{f' (its decoder, {PRETRAIN_WEIGHTS}, is not used)' if pretrained else ''}; "
+            f"new: {', '.join(new) if new else 'none'}")
 
 
 NATIVE_SIZE = {"digits": 8, "cifar10": 32, "cifar100": 32}  # the built-in data sets' image sizes

@@ -51,8 +51,8 @@ def train_step(net: nn.Module, augment: BatchAugment, loss_fn: TrainLoss, optimi
     (under DistributedDataParallel only the last one synchronises). ``size`` resizes the augmented
     batch (progressive resizing). With a ``scaler`` (fp16) the loss is scaled and a step whose
     gradients are not finite is skipped. Returns the batch's summed loss and its count of correct
-    predictions (against the mixed targets' argmax), as tensors on the device: reading them is left to
-    the caller, so a GPU never waits for the host here.
+    predictions (against the mixed targets' argmax; 0 for a pre-training objective), as tensors on the
+    device: reading them is left to the caller, so a GPU never waits for the host here.
     """
     device = images.device
     optimizer.zero_grad(set_to_none=True)
@@ -72,9 +72,8 @@ def train_step(net: nn.Module, augment: BatchAugment, loss_fn: TrainLoss, optimi
                 loss = loss_fn(x, outputs, targets)
             scaled = loss * (len(xb) / len(images))  # the mean over the whole batch
             (scaler.scale(scaled) if scaler is not None else scaled).backward()
-        logits = outputs[0] if isinstance(outputs, tuple) else outputs
         loss_sum += loss.detach().float() * len(xb)
-        hits += (logits.detach().argmax(1) == targets.argmax(1)).sum()
+        hits += correct(outputs, targets)
     if scaler is not None:
         scaler.unscale_(optimizer)
     if clip_grad:
@@ -87,6 +86,15 @@ def train_step(net: nn.Module, augment: BatchAugment, loss_fn: TrainLoss, optimi
     if ema is not None:
         ema_update(ema, unwrap(net), ema_decay)
     return loss_sum, hits
+
+
+def correct(outputs, targets: torch.Tensor) -> torch.Tensor:
+    """How many predictions match the targets' argmax; 0 for a pre-training objective's output (a loss, no
+    predictions of the labels)."""
+    if hasattr(outputs, "loss"):
+        return torch.zeros((), dtype=torch.long, device=targets.device)
+    logits = outputs[0] if isinstance(outputs, tuple) else outputs
+    return (logits.detach().argmax(1) == targets.argmax(1)).sum()
 
 
 class EpochMeter:

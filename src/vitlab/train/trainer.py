@@ -25,6 +25,7 @@ from .. import checkpoint
 from ..data.augment import BatchAugment, repeated_aug_indices
 from ..data.sources import DataBundle
 from ..data.views import eval_view
+from ..pretrain import save_objective
 from ..progress import Progress, log_line
 from ..runs.figures import plot_confusion, plot_curves
 from ..runs.folder import claim_folder
@@ -42,6 +43,7 @@ from .distill import TrainLoss
 from .distributed import Dist, all_reduce_sum, all_reduce_value, barrier, cleanup, init_distributed, replicas_agree
 from .evaluate import confusion_counts, metrics_from_counts
 from .feed import BatchFeeder, fits_on_device
+from .objective import ObjectiveLoss, held_out_loss, loss_metrics, objective_arguments, pretraining, wrap_model
 from .recipe import Recipe
 from .schedule import Plateau, progressive_size, set_lr, warmup_cosine
 from .setup import (
@@ -136,7 +138,7 @@ class Run:
     std: tuple
     feeder: BatchFeeder
     augment: BatchAugment
-    loss_fn: TrainLoss
+    loss_fn: TrainLoss | ObjectiveLoss
     state: TrainState
     clock: RunClock
     tb: TensorBoardLog | None
@@ -168,6 +170,11 @@ class Run:
         d, test = self.d, self.data.test
         start, stop = len(test.images) * d.rank // d.world, len(test.images) * (d.rank + 1) // d.world
         n = stop - start if limit is None else min(limit, stop - start)
+        if pretraining(self.r):  # the objective's loss on the held-out images
+            total = held_out_loss(m, test.images.narrow(0, start, n), self.mean, self.std, start, self.eval_batch,
+                                  self.precision, self.view)
+            loss_sum, count = all_reduce_sum(total, d).tolist()
+            return {"logits": loss_metrics(loss_sum / max(count, 1.0))}
         counts = confusion_counts(m, test.images.narrow(0, start, n), test.labels.narrow(0, start, n),
                                   self.mean, self.std, len(self.classes), batch_size=self.eval_batch,
                                   precision=self.precision, tta=self.r.tta, view=self.view)
@@ -224,11 +231,14 @@ def set_up(r: Recipe, d: Dist, resume: bool, log: Callable[[str], None], now: Ca
                          "least 2 images each, or a larger --val-fraction")
     classes = list(data.classes)
     freeze(model, r, log)
-    model.pretrained_cfg.update(mean=list(mean), std=list(std), label_names=classes)
+    model.pretrained_cfg.update(mean=list(mean), std=list(std), label_names=None if pretraining(r) else classes)
     if d.is_main:
         write_config(out, r, getattr(model, "arch", None))
     channels_last = r.channels_last if r.channels_last is not None else channels_last_helps(model, d.device)
     model.to(d.device, memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+    n_params = sum(p.numel() for p in model.parameters())
+    if pretraining(r):
+        model = wrap_model(model, r, mean, std, log)  # the objective is what trains, checkpoints and resumes
     n_train = len(data.train.images)
     if n_train < r.batch_size:
         log(f"batch_size {r.batch_size} is larger than the {n_train} training images: "
@@ -241,7 +251,7 @@ def set_up(r: Recipe, d: Dist, resume: bool, log: Callable[[str], None], now: Ca
     crop_pct = (model.pretrained_cfg.get("crop_pct") or r.crop_pct) if r.init else r.crop_pct
     view = (lambda b: eval_view(b, img_size, crop_pct)) if tuple(data.train.images.shape[-2:]) != img_size else None
     augment = BatchAugment(r.augment, img_size, mean, std, len(classes)).to(d.device)
-    loss_fn = make_loss(r, d, len(classes), mean, std, log)
+    loss_fn = ObjectiveLoss() if pretraining(r) else make_loss(r, d, len(classes), mean, std, log)
 
     precision = ckpt["precision"] if ckpt is not None else choose_precision(
         r, model, augment, *feeder.gather(torch.arange(min(n_train, batch_size // d.world))), d, log)
@@ -268,7 +278,6 @@ def set_up(r: Recipe, d: Dist, resume: bool, log: Callable[[str], None], now: Ca
     per_epoch = n_train // batch_size  # the last partial batch is dropped
     budget = r.time_budget * 60 if r.time_budget else None
     clock = RunClock(d, per_epoch * r.epochs, budget, seconds=state.seconds, reserve=state.reserve, now=now)
-    n_params = sum(p.numel() for p in model.parameters())
     run = Run(r, d, out, log, now, model, net, data, classes, mean, std, feeder, augment, loss_fn, state, clock, tb,
               view, img_size, batch_size, per_epoch, channels_last, size_flags, n_params)
     log(describe(run))
@@ -303,6 +312,8 @@ def make_loss(r: Recipe, d: Dist, num_classes: int, mean: tuple, std: tuple, log
 
 
 def model_name(model: nn.Module) -> str:
+    """The model's registered name (a pre-training objective's: its encoder's)."""
+    model = getattr(model, "encoder", model)
     return getattr(model, "arch", None) or type(model).__name__
 
 
@@ -313,7 +324,8 @@ def describe(run: Run) -> str:
             f"{d.device}, {len(train_images)} training images {tuple(train_images.shape[1:])}"
             f"{f' trained at {run.img_size[0]}x{run.img_size[1]}' if run.view is not None else ''}"
             f"{' (on the device)' if d.device.type == 'cuda' and run.feeder.on_device else ''}, "
-            f"{len(run.classes)} classes, batch {run.batch_size}{f' over {d.world} processes' if d.enabled else ''}"
+            f"{f'pre-training {r.pretrain}' if pretraining(r) else f'{len(run.classes)} classes'}, "
+            f"batch {run.batch_size}{f' over {d.world} processes' if d.enabled else ''}"
             f"{f' in {r.accum_steps} micro-batches' if r.accum_steps > 1 else ''}, {run.precision}, "
             + (f"time budget {r.time_budget:g} min" if run.budget else f"{r.epochs} epochs of {run.per_epoch} steps"))
 
@@ -378,7 +390,8 @@ def train_epoch(run: Run) -> tuple[EpochRow | None, bool]:
         return None, cut
     totals = meter.totals(d)
     state.nonfinite += int(totals["nonfinite"])
-    row = EpochRow(epoch=epoch + 1, step=state.step, train_loss=totals["loss"], train_acc=totals["acc"], lr=lr,
+    row = EpochRow(epoch=epoch + 1, step=state.step, train_loss=totals["loss"],
+                   train_acc=None if pretraining(r) else totals["acc"], lr=lr,
                    images_per_second=totals["seen"] / max(epoch_seconds, 1e-9),
                    input_size=list(run.last_size) if run.last_size is not None else None)
     return row, cut
@@ -404,13 +417,13 @@ def show_running(run: Run, meter: EpochMeter, epoch: int, epoch_t0: float) -> No
                  state.step)
     if d.is_main:
         rate = running["seen"] * d.world / max(run.now() - epoch_t0, 1e-9)
-        run.bar.set_postfix_str(f"epoch {epoch + 1} loss {running['loss']:.3f} acc {running['acc']:.3f} "
-                                f"{rate:.0f} img/s", refresh=False)
+        acc = "" if pretraining(run.r) else f" acc {running['acc']:.3f}"
+        run.bar.set_postfix_str(f"epoch {epoch + 1} loss {running['loss']:.3f}{acc} {rate:.0f} img/s", refresh=False)
 
 
 def evaluate_epoch(run: Run, row: EpochRow) -> tuple[dict[str, dict], float]:
     """Evaluate the model (and its EMA copy) into the row; returns the better one's metrics (marked ``ema``
-    when it is the EMA copy's) and its top-1. Its time is kept back for the run's final evaluation."""
+    when it is the EMA copy's) and its score. Its time is kept back for the run's final evaluation."""
     t_eval = run.now()
     metrics = run.evaluate(run.model)
     logits = metrics["logits"]
@@ -419,7 +432,12 @@ def evaluate_epoch(run: Run, row: EpochRow) -> tuple[dict[str, dict], float]:
         row.test_top1_cls, row.test_top1_dist = metrics["cls"]["top1"], metrics["dist"]["top1"]
     metrics, row.ema_test_top1 = better_of_ema(run, metrics)
     run.clock.keep_back(run.now() - t_eval)
-    return metrics, max(logits["top1"], row.ema_test_top1 or 0.0)
+    return metrics, score(metrics["logits"])
+
+
+def score(m: dict) -> float:
+    """What an evaluation is ranked by (higher is better): top-1, or without labels the held-out loss, negated."""
+    return m["top1"] if m["top1"] is not None else -m["loss"]
 
 
 def better_of_ema(run: Run, metrics: dict[str, dict]) -> tuple[dict[str, dict], float | None]:
@@ -427,8 +445,8 @@ def better_of_ema(run: Run, metrics: dict[str, dict]) -> tuple[dict[str, dict], 
     if run.state.ema is None:
         return metrics, None
     ema_metrics = run.evaluate(run.state.ema)
-    ema_top1 = ema_metrics["logits"]["top1"]
-    return ({**ema_metrics, "ema": True} if ema_top1 > metrics["logits"]["top1"] else metrics), ema_top1
+    better = score(ema_metrics["logits"]) > score(metrics["logits"])
+    return ({**ema_metrics, "ema": True} if better else metrics), ema_metrics["logits"]["top1"]
 
 
 def track_best(run: Run, score: float) -> None:
@@ -494,21 +512,36 @@ def finish(run: Run, final_metrics: dict | None, stopped_early: bool, t_start: f
         classes=run.classes, ema=use_ema, tta=r.tta, processes=d.world, replicas_in_sync=in_sync,
         nonfinite_steps=state.nonfinite, distill=r.distill, teacher=r.teacher, time_budget_minutes=r.time_budget,
         heads={"cls": final_metrics["cls"]["top1"], "dist": final_metrics["dist"]["top1"], "mean": m["top1"]}
-        if "cls" in final_metrics else None)
+        if "cls" in final_metrics else None, pretrain=r.pretrain)
     if r.freeze_backbone or r.freeze_blocks:
         for p in final_model.parameters():
             p.requires_grad = True
-    checkpoint.save(final_model, run.out)
-    plot_curves(history, run.out / CURVES_PNG, title=f"{summary.model} on {run.data.name}")
-    plot_confusion(m["confusion"], run.classes, run.out / CONFUSION_PNG,
-                   title=f"Confusion matrix, test top-1 {100 * m['top1']:.2f}%")
+    if pretraining(r):  # the encoder as the run's model, the rest of the objective beside it
+        save_objective(final_model, run.out, r.pretrain, objective_arguments(r, run.mean, run.std))
+    else:
+        checkpoint.save(final_model, run.out)
+    figures = write_figures(run, history, m, summary.model)
     if run.tb is not None:
-        for png in (CURVES_PNG, CONFUSION_PNG):
+        for png in figures:
             run.tb.image(Path(png).stem, run.out / png, len(history))
         run.tb.close()
     summary.wall_seconds = run.now() - t_start
     write_summary(run.out, summary)
     return summary.to_dict()
+
+
+LOSS_NAMES = {"mae": "MAE loss (squared error, hidden patches)", "mpp": "MPP loss (cross-entropy, corrupted patches)"}
+
+
+def write_figures(run: Run, history: list[EpochRow], m: dict, model: str) -> list[str]:
+    """curves.png, and for a run with labels confusion.png; returns their names."""
+    plot_curves(history, run.out / CURVES_PNG, title=f"{model} on {run.data.name}",
+                loss_name=LOSS_NAMES.get(run.r.pretrain, "cross-entropy loss"))
+    if m["confusion"] is None:
+        return [CURVES_PNG]
+    plot_confusion(m["confusion"], run.classes, run.out / CONFUSION_PNG,
+                   title=f"Confusion matrix, test top-1 {100 * m['top1']:.2f}%")
+    return [CURVES_PNG, CONFUSION_PNG]
 
 
 def check_finite(nonfinite: float, precision: str, bound: int, step: int) -> None:

@@ -1,0 +1,62 @@
+"""``vitlab pretrain --method mae|mpp``: ``vitlab train`` with a self-supervised objective, labels unused.
+
+The options are train's (the recipe's fields), with pre-training defaults (``recipe.PRETRAIN_DEFAULTS``: MAE's
+augmentation, no label mixing, lr = 1.5e-4 x batch_size / 256) that options given explicitly override, and
+``--pretrain-arg KEY=VALUE`` for the objective's own options.
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..train.recipe import AUGMENT_FIELDS, FIELDS
+from . import train as train_cli
+from .options import add_recipe_option
+
+OWN = ("pretrain", "pretrain_args")  # given here as --method and --pretrain-arg
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from ..pretrain import OBJECTIVES, objective_options
+    p = sub.add_parser("pretrain", help="self-supervised pre-training (MAE or masked patch prediction) of a ViT "
+                       "encoder on images, labelled or not; writes a run folder",
+                       description="Pre-train a ViT/DeiT encoder without labels on any data vitlab reads, or a flat "
+                       "folder of images; then fine-tune it with `vitlab train --init RUN`.")
+    p.add_argument("--method", choices=list(OBJECTIVES), help="mae: masked autoencoder (He et al. 2022); mpp: masked "
+                   "patch prediction (Dosovitskiy et al. 2021, appendix B.1.2) [required, except with --resume]")
+    p.add_argument("--pretrain-arg", action="append", metavar="KEY=VALUE", default=None,
+                   help="objective option, repeatable; mae: " + ", ".join(objective_options("mae"))
+                   + "; mpp: " + ", ".join(objective_options("mpp")))
+    p.add_argument("--config", help="YAML recipe (see recipes/)")
+    p.add_argument("--out", help="run folder to write")
+    p.add_argument("--resume", metavar="DIR", help="continue the unfinished pre-training run in DIR")
+    p.add_argument("--model-arg", action="append", metavar="KEY=VALUE", default=None,
+                   help="model argument override, repeatable (e.g. depth=6)")
+    for name in [*FIELDS, *AUGMENT_FIELDS]:
+        if name not in (*train_cli.SKIP, *OWN):
+            add_recipe_option(p, name)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..runs.format import read_config
+    if args.resume:
+        method = read_config(Path(args.resume)).get("pretrain", "none")
+        if args.pretrain_arg or (args.method and args.method != method):
+            raise ValueError("--method and --pretrain-arg cannot change on --resume: the run goes on as it began "
+                             f"({method})")
+        if method == "none":
+            raise ValueError(f"{args.resume} is not a pre-training run; continue it with `vitlab train --resume`")
+        return train_cli.run(args)
+    if not args.method:
+        raise ValueError("--method is required; accepted: mae, mpp")
+    from ..train import load_recipe, train
+    given = {name: getattr(args, name) for name in [*FIELDS, *AUGMENT_FIELDS] if name not in (*train_cli.SKIP, *OWN)}
+    if args.model_arg:
+        given["model_args"] = train_cli.parse_model_args(args.model_arg)
+    options = train_cli.parse_model_args(args.pretrain_arg or [], "--pretrain-arg", "mask_ratio=0.75")
+    recipe = load_recipe(args.config, out=args.out, pretrain=args.method, pretrain_args=options or None, **given)
+    summary = train(recipe)
+    if summary:
+        print(train_cli.result_line(summary, recipe.out))
+    return 0
