@@ -315,10 +315,9 @@ def test_empty_class_folder_and_no_images(tmp_path):
     (empty / "a" / "readme.txt").write_text("no pictures here")
     with pytest.raises(ValueError, match=r"no images found in .*notes.*\.jpg .*\.webp"):
         load_data(str(empty), cache_dir=tmp_path / "c")
-    loose = tmp_path / "loose"
+    loose = tmp_path / "loose"  # images without class folders: unlabelled, for pre-training
     save(loose / "x.png", np.zeros((3, 3), np.uint8))
-    with pytest.raises(ValueError, match="no class sub-folders"):
-        load_data(str(loose), cache_dir=tmp_path / "c")
+    assert load_data(str(loose), cache_dir=tmp_path / "c", log=lambda s: None).unlabelled
 
 
 def test_worker_processes_decode_like_the_main_process(tmp_path, monkeypatch):
