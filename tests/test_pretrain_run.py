@@ -1,11 +1,17 @@
 """Pre-training runs: the run folder's objective (encoder + pretrain.safetensors), the pre-training command on
 an unlabelled folder, resume after kill -9, fine-tuning from a pre-training run, and the families it refuses."""
+import json
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from PIL import Image
+from test_train import comparable, metrics, run_cli
 
 import vitlab
 from vitlab.cli import main
@@ -181,3 +187,52 @@ def test_init_from_a_pretraining_run_loads_every_encoder_tensor(tmp_path, cache_
     said = [line for line in lines if line.startswith("--init")]
     assert said == [f"--init {run}: loaded {len(encoder_state)} encoder tensors (its decoder, {PRETRAIN_WEIGHTS}, "
                     "is not used); new: head.weight, head.bias"]
+
+
+# ---------------------------------------------------------------------------------------------
+# the trainer's machinery: kill -9 and --resume, torchrun
+
+
+PRE = ["--model", "vit_micro_patch2_8", "--batch-size", "32", "--precision", "fp32", "--threads", "1",
+       "--train-fraction", "0.15", "--pretrain-arg", "decoder_depth=1"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["mae", "mpp"])
+def test_pretraining_resumed_after_kill_matches_uninterrupted(tmp_path, cache_dir, method):
+    common = ["--method", method, *PRE, "--epochs", "6", "--ema-decay", "0.9", "--cache-dir", cache_dir]
+    run_cli("pretrain", *common, "--out", tmp_path / "full")
+    victim = tmp_path / "killed"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "vitlab", "pretrain", *map(str, common), "--out", str(victim)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    for line in proc.stderr:  # killed as soon as it reports epoch 3 (while it writes that epoch's checkpoint)
+        if line.startswith("epoch 3:"):
+            break
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    proc.stderr.close()
+    assert not (victim / "summary.json").exists() and len(metrics(victim)) < 6
+    run_cli("pretrain", "--resume", victim)
+    assert comparable(metrics(victim)) == comparable(metrics(tmp_path / "full"))
+    a = json.loads((victim / "summary.json").read_text())
+    b = json.loads((tmp_path / "full" / "summary.json").read_text())
+    assert (a["test_loss"], a["ema"], a["pretrain"]) == (b["test_loss"], b["ema"], method)
+    resumed, full = load_objective(victim).state_dict(), load_objective(tmp_path / "full").state_dict()
+    assert all(torch.equal(resumed[k], full[k]) for k in full)  # encoder and decoder alike
+
+
+@pytest.mark.slow
+def test_two_process_torchrun_pretrains_like_one_process(tmp_path, cache_dir):
+    common = ["--method", "mae", *PRE, "--epochs", "2", "--cache-dir", cache_dir, "--no-hflip", "--crop", "none"]
+    run_cli("pretrain", *common, "--out", tmp_path / "one")
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                           "--master_port", "29541", "-m", "vitlab", "pretrain", *map(str, common),
+                           "--out", str(tmp_path / "two")], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((tmp_path / "two" / "summary.json").read_text())
+    assert summary["processes"] == 2 and summary["replicas_in_sync"] is True and summary["pretrain"] == "mae"
+    one, two = metrics(tmp_path / "one"), metrics(tmp_path / "two")
+    assert len(one) == len(two) == 2 and all(np.isfinite(r["test_loss"]) for r in two)
+    load_objective(tmp_path / "two")

@@ -47,6 +47,7 @@ def run(args: argparse.Namespace) -> int:
                              f"({method})")
         if method == "none":
             raise ValueError(f"{args.resume} is not a pre-training run; continue it with `vitlab train --resume`")
+        args.pretrain = None  # train's --resume reads the method from the run's config.yaml
         return train_cli.run(args)
     if not args.method:
         raise ValueError("--method is required; accepted: mae, mpp")
