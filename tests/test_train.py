@@ -28,6 +28,20 @@ def run_cli(*args, env_extra=None, check=True, timeout=300):
     return proc
 
 
+def kill_at(prefix: str, *args) -> None:
+    """Run ``vitlab ARGS`` and kill -9 it as soon as it reports a line starting with ``prefix`` (for an epoch: while
+    it writes that epoch's checkpoint)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "vitlab", *map(str, args)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    for line in proc.stderr:
+        if line.startswith(prefix):
+            break
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    proc.stderr.close()
+
+
 class Ticks:
     """A fake clock for ``train(now=...)``: every reading is ``dt`` seconds after the one before."""
 
@@ -85,15 +99,7 @@ def test_resume_after_kill_matches_uninterrupted(tmp_path, cache_dir):
     common = [*TINY, "--epochs", "8", "--cache-dir", cache_dir]
     run_cli("train", *common, "--out", tmp_path / "full")
     victim = tmp_path / "killed"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "vitlab", "train", *map(str, common), "--out", str(victim)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
-    for line in proc.stderr:  # killed as soon as it reports epoch 3 (while it writes that epoch's checkpoint)
-        if line.startswith("epoch 3:"):
-            break
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    proc.stderr.close()
+    kill_at("epoch 3:", "train", *common, "--out", victim)
     assert not (victim / "summary.json").exists(), "a killed run must not look finished"
     assert len(metrics(victim)) < 8, "the run finished before it could be killed"
     run_cli("train", "--resume", victim)

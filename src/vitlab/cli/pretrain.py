@@ -11,7 +11,6 @@ from pathlib import Path
 
 from ..train.recipe import AUGMENT_FIELDS, FIELDS
 from . import train as train_cli
-from .options import add_recipe_option
 
 OWN = ("pretrain", "pretrain_args")  # given here as --method and --pretrain-arg
 
@@ -27,14 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--pretrain-arg", action="append", metavar="KEY=VALUE", default=None,
                    help="objective option, repeatable; mae: " + ", ".join(objective_options("mae"))
                    + "; mpp: " + ", ".join(objective_options("mpp")))
-    p.add_argument("--config", help="YAML recipe (see recipes/)")
-    p.add_argument("--out", help="run folder to write")
-    p.add_argument("--resume", metavar="DIR", help="continue the unfinished pre-training run in DIR")
-    p.add_argument("--model-arg", action="append", metavar="KEY=VALUE", default=None,
-                   help="model argument override, repeatable (e.g. depth=6)")
-    for name in [*FIELDS, *AUGMENT_FIELDS]:
-        if name not in (*train_cli.SKIP, *OWN):
-            add_recipe_option(p, name)
+    train_cli.add_run_options(p, skip=OWN)
     p.set_defaults(func=run)
 
 

@@ -16,15 +16,20 @@ ON_RESUME = ("epochs", "time_budget", "eval_every", "log", "threads", "device", 
 def register(sub: argparse._SubParsersAction) -> None:
     t = sub.add_parser("train", help="train (or fine-tune, or distil) a model and write a run folder",
                        description="Train a model; options override the --config recipe, which overrides defaults.")
-    t.add_argument("--config", help="YAML recipe (see recipes/)")
-    t.add_argument("--out", help="run folder to write")
-    t.add_argument("--resume", metavar="DIR", help="continue the unfinished run in DIR")
-    t.add_argument("--model-arg", action="append", metavar="KEY=VALUE", default=None,
-                   help="model argument override, repeatable (e.g. depth=6, widths=[32,64,128,256])")
-    for name in [*FIELDS, *AUGMENT_FIELDS]:
-        if name not in SKIP:
-            add_recipe_option(t, name)
+    add_run_options(t)
     t.set_defaults(func=run)
+
+
+def add_run_options(parser: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:
+    """The options of a command that writes a training run: the recipe's fields (less ``skip``) and the run's."""
+    parser.add_argument("--config", help="YAML recipe (see recipes/)")
+    parser.add_argument("--out", help="run folder to write")
+    parser.add_argument("--resume", metavar="DIR", help="continue the unfinished run in DIR")
+    parser.add_argument("--model-arg", action="append", metavar="KEY=VALUE", default=None,
+                        help="model argument override, repeatable (e.g. depth=6, widths=[32,64,128,256])")
+    for name in [*FIELDS, *AUGMENT_FIELDS]:
+        if name not in (*SKIP, *skip):
+            add_recipe_option(parser, name)
 
 
 def parse_model_args(items: list[str], flag: str = "--model-arg", example: str = "depth=6") -> dict:
