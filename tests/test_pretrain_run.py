@@ -226,3 +226,9 @@ def test_two_torchrun_processes_pretrain_in_sync(tmp_path, cache_dir):
     assert summary["processes"] == 2 and summary["replicas_in_sync"] is True and summary["pretrain"] == "mae"
     assert [r["epoch"] for r in metrics(tmp_path / "two")] == [1, 2] and np.isfinite(summary["test_loss"])
     assert load_objective(tmp_path / "two").method == "mae"
+
+
+def test_pretraining_takes_maes_adamw_betas(tmp_path, cache_dir):
+    train(tiny_pretrain("digits", tmp_path / "run", epochs=1, train_fraction=0.05), log=lambda s: None)
+    groups = load_checkpoint(tmp_path / "run")["optimizer"]["param_groups"]
+    assert {tuple(g["betas"]) for g in groups} == {(0.9, 0.95)}

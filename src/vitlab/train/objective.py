@@ -22,6 +22,11 @@ def pretraining(r: Recipe) -> bool:
     return r.pretrain != "none"
 
 
+def optimizer_betas(r: Recipe) -> tuple[float, float]:
+    """AdamW's betas: (0.9, 0.95) for pre-training, as MAE pre-trains; the usual (0.9, 0.999) otherwise."""
+    return (0.9, 0.95) if pretraining(r) else (0.9, 0.999)
+
+
 def objective_arguments(r: Recipe, mean: Sequence[float], std: Sequence[float]) -> dict[str, Any]:
     """The objective's options: the recipe's pretrain_args, and for MPP the data's normalisation (its targets are
     the colours of the un-normalised pixels)."""

@@ -155,10 +155,11 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 
 
 def make_optimizer(model: nn.Module, lr: float, weight_decay: float, device: torch.device,
-                   layer_decay: float = 1.0) -> torch.optim.AdamW:
+                   layer_decay: float = 1.0, betas: tuple[float, float] = (0.9, 0.999)) -> torch.optim.AdamW:
     """AdamW over the trainable parameters, grouped by ``param_groups_layer_decay`` (each group's ``lr_scale``
-    is applied by ``schedule.set_lr``); the fused kernel on a GPU (one launch for every tensor)."""
-    return torch.optim.AdamW(param_groups_layer_decay(model, weight_decay, layer_decay), lr=lr, betas=(0.9, 0.999),
+    is applied by ``schedule.set_lr``); the fused kernel on a GPU (one launch for every tensor). Pre-training
+    takes MAE's betas, (0.9, 0.95)."""
+    return torch.optim.AdamW(param_groups_layer_decay(model, weight_decay, layer_decay), lr=lr, betas=betas,
                              fused=True if device.type == "cuda" else None)
 
 

@@ -43,7 +43,15 @@ from .distill import TrainLoss
 from .distributed import Dist, all_reduce_sum, all_reduce_value, barrier, cleanup, init_distributed, replicas_agree
 from .evaluate import confusion_counts, metrics_from_counts
 from .feed import BatchFeeder, fits_on_device
-from .objective import ObjectiveLoss, held_out_loss, loss_metrics, objective_arguments, pretraining, wrap_model
+from .objective import (
+    ObjectiveLoss,
+    held_out_loss,
+    loss_metrics,
+    objective_arguments,
+    optimizer_betas,
+    pretraining,
+    wrap_model,
+)
 from .recipe import Recipe
 from .schedule import Plateau, progressive_size, set_lr, warmup_cosine
 from .setup import (
@@ -257,7 +265,7 @@ def set_up(r: Recipe, d: Dist, resume: bool, log: Callable[[str], None], now: Ca
         r, model, augment, *feeder.gather(torch.arange(min(n_train, batch_size // d.world))), d, log)
     state = TrainState(
         model=model,
-        optimizer=make_optimizer(model, r.lr, r.weight_decay, d.device, r.layer_decay),
+        optimizer=make_optimizer(model, r.lr, r.weight_decay, d.device, r.layer_decay, optimizer_betas(r)),
         plateau=Plateau(r.plateau_patience, r.plateau_factor),
         ema=copy.deepcopy(model).eval().requires_grad_(False) if r.ema_decay > 0 else None,
         scaler=torch.amp.GradScaler(d.device.type) if precision == "fp16" else None,
