@@ -16,7 +16,8 @@ from vitlab.cli import main
 from vitlab.train import load_recipe, train
 from vitlab.train.finetune import fit_head
 from vitlab.train.layer_decay import layer_ids
-from vitlab.train.schedule import warmup_cosine
+from vitlab.train.schedule import describe_warmup, step_share, warmup_cosine
+from vitlab.train.setup import epoch_plan
 from vitlab.train.state import load_checkpoint
 
 DECAY = 0.5
@@ -193,3 +194,57 @@ def test_options_that_make_no_sense_together_are_one_line(args, message, folder,
     assert code == 2 and "Traceback" not in err and last.startswith("vitlab train: error: "), err
     assert re.search(message, last), err
     assert not (tmp_path / "run" / "model.safetensors").exists()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# small data: every image every epoch, no step at lr 0
+
+@pytest.mark.parametrize("n, batch, unit, plan", [
+    (165, 128, 1, (83, 2)), (1437, 32, 1, (32, 45)), (36, 128, 1, (36, 1)), (256, 128, 1, (128, 2)),
+    (5, 4, 4, (5, 1)), (50000, 128, 2, (128, 391)),
+])
+def test_epoch_plan_uses_every_image_in_near_equal_batches(n, batch, unit, plan):
+    largest, steps = epoch_plan(n, batch, unit)
+    assert (largest, steps) == plan
+    sizes = [len(b) for b in torch.arange(n).tensor_split(steps)]  # how the trainer cuts an epoch's order
+    assert sum(sizes) == n and max(sizes) == largest and max(sizes) - min(sizes) <= 1
+    assert largest <= batch or steps == 1
+    assert min(sizes) >= unit or steps == 1
+
+
+def test_warmup_first_step_learns_and_reaches_the_peak_after_warmup():
+    total = 10  # warmup 0.3: three warmup steps, then the cosine from its peak
+    lrs = [warmup_cosine(k / total, 1.0, 0.0, 0.3, step_share(k / total, k, total)) for k in range(total)]
+    assert lrs[:4] == pytest.approx([0.25, 0.5, 0.75, 1.0])
+    assert all(a > b for a, b in zip(lrs[3:], lrs[4:]))
+    assert warmup_cosine(0.0, 1.0, 0.0, 0.05, 0.5) == pytest.approx(0.5 / 0.55)  # warmup under one step
+    assert step_share(0.3, 6, 100) == pytest.approx(0.05)  # a time budget: the progress per step so far
+    assert describe_warmup(0.3, 10, 1.0, 0.0) == "warmup over the first 3 of 10 steps, lr 0.25 to 1"
+    assert describe_warmup(0.05, 4, 1e-3, 0.0) == "warmup 0.05 of 4 steps spans one step, at lr 0.000833"
+    assert describe_warmup(0.0, 4, 1e-3, 0.0) is None
+
+
+def test_small_folder_uses_every_image_every_epoch(tmp_path, cache_dir, monkeypatch):
+    import vitlab.train.trainer as trainer
+
+    data = noise_folder(tmp_path / "small", classes=3, per_class=69, size=8)  # 165 training images, 42 test
+    seen, lrs, real_step = [], [], trainer.train_step
+
+    def step(net, augment, loss_fn, optimizer, images, labels, *args):
+        seen.append([bytes(image.cpu().numpy()) for image in images])  # noise: every image is distinct
+        lrs.append(optimizer.param_groups[0]["lr"])
+        return real_step(net, augment, loss_fn, optimizer, images, labels, *args)
+
+    monkeypatch.setattr(trainer, "train_step", step)
+    lines = []
+    summary = train(load_recipe(None, data=str(data), model="vit_micro_patch2_8", model_args={"in_chans": 3},
+                                epochs=3, precision="fp32", threads=1, out=str(tmp_path / "run")), log=lines.append)
+    assert summary["num_train"] == 165 and summary["steps"] == 6
+    assert [len(s) for s in seen] == [83, 82] * 3
+    assert len(set(seen[0] + seen[1])) == 165
+    for epoch in range(3):  # every image once an epoch
+        assert sorted(seen[2 * epoch] + seen[2 * epoch + 1]) == sorted(seen[0] + seen[1])
+    assert lrs[0] > 0 and lrs[0] == pytest.approx(1e-3 * (1 / 6) / (0.05 + 1 / 6))
+    assert ("batches of 82-83 images, 2 steps an epoch: every one of the 165 training images is used every epoch "
+            "(batch_size 128 at most)") in lines, lines
+    assert "warmup 0.05 of 6 steps spans one step, at lr 0.000769" in lines, lines

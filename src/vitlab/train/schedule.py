@@ -8,13 +8,36 @@ if TYPE_CHECKING:
     import torch
 
 
-def warmup_cosine(progress: float, lr: float, min_lr: float, warmup: float) -> float:
-    """The learning rate at progress in [0, 1] (a share of steps, or of the time budget)."""
+def warmup_cosine(progress: float, lr: float, min_lr: float, warmup: float, step_share: float = 0.0) -> float:
+    """The learning rate of the step at progress in [0, 1] (a share of steps, or of the time budget).
+
+    The warmup rises linearly to ``lr`` at ``warmup``; ``step_share`` (one step's share of the schedule) moves
+    each warmup step on by one step, ``lr * (progress + step_share) / (warmup + step_share)``, so that the first
+    step learns (as timm's warmup starts above 0) and the first step after the warmup is the first at ``lr``.
+    """
     progress = min(max(progress, 0.0), 1.0)
     if warmup > 0 and progress < warmup:
-        return lr * progress / warmup
+        return lr * (progress + step_share) / (warmup + step_share)
     t = (progress - warmup) / max(1.0 - warmup, 1e-12)
     return min_lr + 0.5 * (lr - min_lr) * (1.0 + math.cos(math.pi * t))
+
+
+def step_share(progress: float, step: int, total_steps: int) -> float:
+    """One step's share of the schedule at ``step``: the progress per step so far (steps or time), before the first
+    step the share of one of ``total_steps``."""
+    return progress / step if step > 0 else 1.0 / max(total_steps, 1)
+
+
+def describe_warmup(warmup: float, total_steps: int | None, lr: float, min_lr: float) -> str | None:
+    """The line that says how the warmup falls on the run's steps (``total_steps`` None: a time budget)."""
+    if warmup <= 0:
+        return None
+    if total_steps is None:
+        return f"warmup over the first {100 * warmup:g}% of the time budget, from lr > 0 to {lr:g}"
+    first = warmup_cosine(0.0, lr, min_lr, warmup, 1.0 / total_steps)
+    steps = math.ceil(warmup * total_steps - 1e-9)
+    return (f"warmup over the first {steps} of {total_steps} steps, lr {first:.3g} to {lr:g}" if steps > 1 else
+            f"warmup {warmup:g} of {total_steps} steps spans one step, at lr {first:.3g}")
 
 
 def progressive_size(progress: float, full: tuple[int, int], start_scale: float, until: float,

@@ -143,6 +143,27 @@ def check_size(name: str, img_size: int | tuple, args: dict, r: Recipe, log: Cal
             f"size with --img-size (a multiple of {multiple}, e.g. {-(-native // multiple) * multiple})")
 
 
+def epoch_plan(n: int, batch_size: int, unit: int) -> tuple[int, int]:
+    """(largest batch, steps per epoch) for ``n`` training images: every image once an epoch, in batches of near-equal
+    size (they differ by one image at most) no larger than ``batch_size``, each of ``unit`` images (processes x
+    micro-batches) or more where the set allows; a set smaller than the batch is one step."""
+    steps = max(1, min(-(-n // batch_size), n // unit))
+    return -(-n // steps), steps
+
+
+def describe_plan(n: int, batch_size: int, largest: int, steps: int) -> str | None:
+    """The line that says how the epoch's batches were chosen, when they are not all ``batch_size``; else None."""
+    if largest == batch_size and n == steps * batch_size:
+        return None
+    if steps == 1:
+        return (f"batch_size {batch_size} is larger than the {n} training images: each step uses the whole "
+                "training set")
+    smallest = n // steps
+    sizes = f"{smallest}-{largest}" if smallest < largest else f"{largest}"
+    return (f"batches of {sizes} images, {steps} steps an epoch: every one of the {n} training images is used every "
+            f"epoch (batch_size {batch_size} at most)")
+
+
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     """AdamW groups: no decay on norms, biases, LayerScale, position embeddings and tokens."""
     skip = set(model.no_weight_decay()) if hasattr(model, "no_weight_decay") else set()

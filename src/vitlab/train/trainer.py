@@ -53,13 +53,15 @@ from .objective import (
     wrap_model,
 )
 from .recipe import Recipe
-from .schedule import Plateau, progressive_size, set_lr, warmup_cosine
+from .schedule import Plateau, describe_warmup, progressive_size, set_lr, step_share, warmup_cosine
 from .setup import (
     any_size,
     build_model_and_data,
     check_groups,
     choose_precision,
     describe_groups,
+    describe_plan,
+    epoch_plan,
     epoch_seed,
     freeze,
     make_optimizer,
@@ -248,10 +250,9 @@ def set_up(r: Recipe, d: Dist, resume: bool, log: Callable[[str], None], now: Ca
     if pretraining(r):
         model = wrap_model(model, r, mean, std, log)  # the objective is what trains, checkpoints and resumes
     n_train = len(data.train.images)
-    if n_train < r.batch_size:
-        log(f"batch_size {r.batch_size} is larger than the {n_train} training images: "
-            f"each step uses the whole training set")
-    batch_size = min(r.batch_size, n_train - n_train % (d.world * r.accum_steps)) or n_train
+    batch_size, per_epoch = epoch_plan(n_train, r.batch_size, d.world * r.accum_steps)  # no image left out
+    if said := describe_plan(n_train, r.batch_size, batch_size, per_epoch):
+        log(said)
     on_device = r.data_on_device if r.data_on_device is not None else fits_on_device(
         data.train.images.nbytes, d.device)
     feeder = BatchFeeder(data.train.images, data.train.labels, d.device, on_device)
@@ -283,9 +284,10 @@ def set_up(r: Recipe, d: Dist, resume: bool, log: Callable[[str], None], now: Ca
     net = torch.compile(model, dynamic=False) if r.compile else model  # progressive resizing: one graph per size
     if d.enabled:
         net = nn.parallel.DistributedDataParallel(net, device_ids=[d.device.index] if d.device.type == "cuda" else None)
-    per_epoch = n_train // batch_size  # the last partial batch is dropped
     budget = r.time_budget * 60 if r.time_budget else None
     clock = RunClock(d, per_epoch * r.epochs, budget, seconds=state.seconds, reserve=state.reserve, now=now)
+    if said := describe_warmup(r.warmup, None if budget else clock.total_steps, r.lr, r.min_lr):
+        log(said)
     run = Run(r, d, out, log, now, model, net, data, classes, mean, std, feeder, augment, loss_fn, state, clock, tb,
               view, img_size, batch_size, per_epoch, channels_last, size_flags, n_params)
     log(describe(run))
@@ -358,7 +360,7 @@ def epoch_batches(run: Run, epoch: int) -> list[torch.Tensor]:
         order = repeated_aug_indices(n_train, r.augment.repeated_aug, g)
     else:
         order = torch.randperm(n_train, generator=g)
-    return [order[i * run.batch_size:(i + 1) * run.batch_size][d.rank::d.world] for i in range(run.per_epoch)]
+    return [batch[d.rank::d.world] for batch in order.tensor_split(run.per_epoch)]  # near-equal batches
 
 
 def train_epoch(run: Run) -> tuple[EpochRow | None, bool]:
@@ -379,7 +381,8 @@ def train_epoch(run: Run) -> tuple[EpochRow | None, bool]:
         if run.budget is not None and p >= 1:
             cut = True
             break
-        lr = warmup_cosine(p, r.lr, r.min_lr, r.warmup) * state.plateau.scale
+        share = step_share(p, state.step, run.clock.total_steps)
+        lr = warmup_cosine(p, r.lr, r.min_lr, r.warmup, share) * state.plateau.scale
         size = input_size(run, p)
         set_lr(state.optimizer, lr)  # times each group's lr_scale (layer decay)
         loss, hits = train_step(run.net, run.augment, run.loss_fn, state.optimizer, images, labels, run.precision,
