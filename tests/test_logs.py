@@ -117,6 +117,29 @@ def test_compare_unfinished_run_without_evaluation_and_bad_folders(tmp_path):
         compare([tmp_path / "empty"], out=tmp_path / "c.png")
 
 
+def test_compare_rewrites_its_own_figures_and_no_other_file(tmp_path, capsys, monkeypatch):
+    run = make_run(tmp_path / "a", 2)
+    Image.new("RGB", (8, 8)).save(run / "curves.png")  # a figure another command wrote
+    monkeypatch.chdir(tmp_path)
+    theirs = {"compare.png": b"\x89PNG\r\n\x1a\nsomeone else's", "notes.pdf": b"%PDF-1.4 mine",
+              "c.jpg": b"\xff\xd8\xff", "notes.md": b"how to run vitlab compare", "a/curves.png": None}
+    theirs["a/curves.png"] = (run / "curves.png").read_bytes()
+    (tmp_path / "fig.png").mkdir()
+    for name in [*theirs, "fig.png"]:
+        if theirs.get(name) is not None:
+            (tmp_path / name).write_bytes(theirs[name])
+        assert main(["compare", str(run), "--out", name]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+        assert ("is a folder" if name == "fig.png" else "is a file that vitlab compare did not write") in err, err
+    assert {name: (tmp_path / name).read_bytes() for name in theirs} == theirs
+    for name in ("own.png", "own.pdf", "own.svg", "own"):  # a figure compare wrote is rewritten, as often as asked
+        for _ in range(2):
+            assert main(["compare", str(run), "--out", name]) == 0
+        assert capsys.readouterr().out.endswith(f"curves: {name if '.' in name else name + '.png'}\n")
+    assert (tmp_path / "own.png").stat().st_size > 0 and not (tmp_path / "own").exists()
+
+
 def test_training_run_logs_to_tensorboard(tmp_path, cache_dir):
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

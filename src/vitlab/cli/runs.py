@@ -11,7 +11,8 @@ from .options import add_option
 def register(sub: argparse._SubParsersAction) -> None:
     c = sub.add_parser("compare", help="a table of run folders and their curves in one figure")
     c.add_argument("runs", nargs="+", metavar="RUN", help="run folders (finished or not)")
-    c.add_argument("--out", default="compare.png", help="figure to write (default: compare.png here)")
+    c.add_argument("--out", default="compare.png",
+                   help="figure to write: a new file, or one an earlier compare wrote (default: compare.png here)")
     c.add_argument("--json", action="store_true", help="print the table as JSON")
     c.set_defaults(func=run_compare)
 
@@ -33,13 +34,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_compare(args: argparse.Namespace) -> int:
-    from ..runs.compare import compare, format_table
+    from ..runs.compare import compare, figure_path, format_table
     rows = compare(args.runs, out=args.out)
     if args.json:
         print(json.dumps([{k: v for k, v in r.items() if k != "history"} for r in rows], indent=2))
     else:
         print(format_table(rows))
-        print(f"curves: {args.out}")
+        print(f"curves: {figure_path(args.out)}")
     return 0
 
 

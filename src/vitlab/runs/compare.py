@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from .figures import plot_runs
+from .folder import claim_file, figure_metadata
 from .format import METRICS, SUMMARY, EpochRow, is_finished, read_config, read_history, read_summary
 
 COLUMNS = [("run", "run"), ("status", "status"), ("model", "model"), ("params", "parameters"), ("data", "data"),
@@ -75,15 +76,24 @@ def format_table(runs: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def figure_path(out: str | os.PathLike) -> Path:
+    """Where the figure for ``out`` is written: a name without a suffix gets .png (as matplotlib writes it)."""
+    out = Path(out)
+    return out if out.suffix else out.with_name(out.name + ".png")
+
+
 def compare(runs: Sequence[str | os.PathLike], out: str | os.PathLike = "compare.png") -> list[dict[str, Any]]:
-    """Read the run folders and write the overlaid curves to ``out``; returns the runs' rows (with histories)."""
+    """Read the run folders and write the overlaid curves to ``out`` (a new file, or a figure an earlier compare
+    wrote: anything else is refused); returns the runs' rows (with histories)."""
     if not runs:
         raise ValueError("compare needs at least one run folder")
+    out = claim_file(figure_path(out), "compare")
     rows = [read_run(r) for r in runs]
     names = [r["run"] for r in rows]
     if len(set(names)) < len(names):  # same folder names under different parents: label by path
         for r in rows:
             r["run"] = r["path"]
-    plot_runs([(r["run"], [EpochRow.from_dict(h) for h in r["history"]]) for r in rows], Path(out))
+    plot_runs([(r["run"], [EpochRow.from_dict(h) for h in r["history"]]) for r in rows], out,
+              metadata=figure_metadata(out, "compare"))
     return rows
 

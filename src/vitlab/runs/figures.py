@@ -21,12 +21,12 @@ def new_figure(width: float, height: float) -> Figure:
     return fig
 
 
-def save(fig: Figure, path: Path, dpi: int = 110) -> Path:
+def save(fig: Figure, path: Path, dpi: int = 110, metadata: dict[str, str] | None = None) -> Path:
     """Lay the figure out and write it as a PNG (the folder is made if needed)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
-    fig.savefig(path, dpi=dpi)
+    fig.savefig(path, dpi=dpi, metadata=metadata)
     return path
 
 
@@ -87,7 +87,8 @@ def plot_confusion(confusion: Sequence[Sequence[int]], classes: Sequence[str], p
     return save(fig, path)
 
 
-def plot_runs(runs: Sequence[tuple[str, Sequence[EpochRow]]], path: Path) -> Path:
+def plot_runs(runs: Sequence[tuple[str, Sequence[EpochRow]]], path: Path,
+              metadata: dict[str, str] | None = None) -> Path:
     """Train loss and test top-1 against epoch, one line per (name, history), in one figure."""
     fig = new_figure(12, 4.5)
     ax_loss, ax_acc = fig.subplots(1, 2)
@@ -101,4 +102,4 @@ def plot_runs(runs: Sequence[tuple[str, Sequence[EpochRow]]], path: Path) -> Pat
     for ax in (ax_loss, ax_acc):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    return save(fig, path)
+    return save(fig, path, metadata=metadata)

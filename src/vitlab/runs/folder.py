@@ -1,9 +1,10 @@
-"""The folders vitlab commands write, and the claim each command takes on its folder before it writes.
+"""The folders (and single files) vitlab commands write, and the claim each command takes on them before it writes.
 
 A command writes into a folder only when the folder is new or empty, or holds nothing but what the same kind of
 command wrote there before (its lock file says which); it never writes into a folder holding anyone else's
 files, nor into one that another live process is writing (an exclusive ``flock`` on the lock file, held for the
-life of the command and released by the kernel if the process dies).
+life of the command and released by the kernel if the process dies). A command that writes a single file (a
+figure) writes a new one, or rewrites one that the same kind of command wrote (its mark in the figure's metadata).
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import errno
 import fcntl
 import fnmatch
 import os
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,7 +22,7 @@ from ..checkpoint import CONFIG as MODEL_CONFIG
 from ..checkpoint import WEIGHTS as MODEL_WEIGHTS
 from .format import CONFUSION_PNG, FILES, SUMMARY, check_out_dir
 
-LOCK = ".vitlab.lock"  # holds "KIND PID" of the command that writes (or last wrote) the folder
+LOCK = ".vitlab.lock"  # holds "KIND PID [LAUNCH]" of the command that writes (or last wrote) the folder
 
 WRITES: dict[str, tuple[str, ...]] = {  # what each kind of command writes in its folder (names or patterns)
     "train": (*FILES, "tb"),
@@ -31,10 +33,60 @@ WRITES: dict[str, tuple[str, ...]] = {  # what each kind of command writes in it
     "study": ("runs", "*.md", "*.json", "*.png"),
 }
 
+FIGURE_MARKS = {  # the figure formats whose metadata names the command that wrote them: (how the file begins, the mark)
+    ".png": (b"\x89PNG", "tEXtCreator\x00{}"),
+    ".pdf": (b"%PDF", "/Creator ({})"),
+    ".svg": (b"<?xml", "<dc:title>{}</dc:title>"),
+    ".ps": (b"%!PS", "%%Creator: {}"),
+    ".eps": (b"%!PS", "%%Creator: {}"),
+}
+
+
+def figure_metadata(path: str | os.PathLike, kind: str) -> dict[str, str] | None:
+    """The metadata that marks a figure at ``path`` as written by vitlab ``kind`` (None: its format carries none)."""
+    return {"Creator": f"vitlab {kind}"} if Path(path).suffix.lower() in FIGURE_MARKS else None
+
+
+def _marked(path: Path, kind: str) -> bool:
+    begins, mark = FIGURE_MARKS.get(path.suffix.lower(), (b"", ""))
+    if not mark or not path.is_file() or path.stat().st_size > 64 << 20:  # a figure vitlab writes is far smaller
+        return False
+    data = path.read_bytes()
+    return data.startswith(begins) and mark.format(f"vitlab {kind}").encode() in data
+
+
+def claim_file(path: str | os.PathLike, kind: str, flag: str = "--out") -> Path:
+    """Check that a command of ``kind`` may write the file ``path``: a new one, or a figure this kind of command wrote
+    (figure_metadata); anything else is refused (a ValueError, one line) before the work."""
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{flag} {path} is a folder; accepted: a file name")
+    if path.exists() and not _marked(path, kind):
+        raise ValueError(f"{flag} {path} is a file that vitlab {kind} did not write (it knows its own "
+                         f"{', '.join(FIGURE_MARKS)} figures by their metadata); choose a new file name")
+    return path
+
 
 def _owner(text: str) -> tuple[str, str]:
-    kind, _, pid = text.strip().partition(" ")
+    kind, pid, *_ = (*text.split(), "", "")
     return kind, pid
+
+
+def launch_id() -> str:
+    """The torchrun launch this process belongs to (its elastic agent, on this host), or "" outside torchrun: the
+    worker group that the agent restarts after a failure has the same one, a later launch has another."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ:
+        return ""
+    return f"{socket.gethostname()}/{os.getppid()}/{os.environ['TORCHELASTIC_RUN_ID']}"
+
+
+def written_by_this_launch(out: str | os.PathLike) -> bool:
+    """True when ``out``'s lock file says that an earlier worker group of this torchrun launch wrote the folder."""
+    path = Path(out) / LOCK
+    if not launch_id() or not path.is_file():
+        return False
+    fields = path.read_text(errors="replace").split()
+    return len(fields) == 3 and fields[2] == launch_id()
 
 
 def _entries(out: Path) -> list[str]:
@@ -69,7 +121,7 @@ def claim_folder(out: str | os.PathLike, kind: str, resume: bool = False, lock: 
         raise ValueError(f"{flag} {out} is a file; accepted: a new or empty folder")
     if out.is_dir() and not (out / LOCK).exists():
         _check(out, kind, False, resume, flag)  # refused before anything is added to it
-    made = not out.exists()
+    made, locked = not out.exists(), False
     try:
         out.mkdir(parents=True, exist_ok=True)
         fd = os.open(out / LOCK, os.O_RDWR | os.O_CREAT, 0o644) if lock else None
@@ -85,15 +137,16 @@ def claim_folder(out: str | os.PathLike, kind: str, resume: bool = False, lock: 
                 _, pid = _owner(os.pread(fd, 64, 0).decode(errors="replace"))
                 raise ValueError(f"{out} is being written by another vitlab process{f' (pid {pid})' if pid else ''};"
                                  f" wait for it to end or choose another {flag}") from None
+            locked = True
         text = (out / LOCK).read_text(errors="replace") if (out / LOCK).is_file() else ""
         _check(out, kind, _owner(text)[0] == kind, resume, flag)
         if fd is not None:
             os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{kind} {os.getpid()}\n".encode(), 0)
+            os.pwrite(fd, f"{kind} {os.getpid()} {launch_id()}".rstrip().encode() + b"\n", 0)
         yield out
     finally:
         if fd is not None:
-            if made and not _entries(out):  # a command that failed before writing leaves no folder behind
+            if locked and made and not _entries(out):  # a command that failed before writing leaves no folder behind
                 (out / LOCK).unlink(missing_ok=True)
                 with contextlib.suppress(OSError):
                     out.rmdir()

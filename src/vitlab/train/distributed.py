@@ -2,14 +2,19 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 
 from ..devices import resolve_device
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -66,6 +71,49 @@ def broadcast_value(value: float, d: Dist) -> float:
     return float(t[0])
 
 
+def broadcast_bytes(data: bytes | None, d: Dist) -> bytes | None:
+    """Rank 0's bytes (or None), on every rank (through the CPU control group)."""
+    if not d.enabled:
+        return data
+    n = int(broadcast_value(-1 if data is None else len(data), d))
+    if n <= 0:
+        return None if n < 0 else b""
+    t = torch.frombuffer(bytearray(data), dtype=torch.uint8) if d.is_main else torch.empty(n, dtype=torch.uint8)
+    dist.broadcast(t, src=0, group=d.control)
+    return data if d.is_main else t.numpy().tobytes()
+
+
+def broadcast_state(state: dict[str, Any] | None, d: Dist) -> dict[str, Any] | None:
+    """Rank 0's dict of tensors and plain values (a checkpoint, say), on every rank: saved by torch and loaded back
+    with ``weights_only`` (nothing unpickled runs)."""
+    if not d.enabled:
+        return state
+    data = None
+    if d.is_main and state is not None:
+        buffer = io.BytesIO()
+        torch.save(state, buffer)
+        data = buffer.getvalue()
+    data = broadcast_bytes(data, d)
+    if d.is_main or data is None:
+        return state
+    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+
+
+def on_rank0(fn: Callable[[], T], d: Dist, what: str) -> T | None:
+    """``fn()`` on rank 0 alone (None on the others). When it raises there, every rank raises (the others a one-line
+    ValueError naming ``what``), so that no rank is left waiting for a peer that has gone."""
+    result = None
+    if d.is_main:
+        try:
+            result = fn()
+        except BaseException:
+            broadcast_flag(False, d)
+            raise
+    if not broadcast_flag(True, d):
+        raise ValueError(f"rank 0 could not {what} (its error says why)")
+    return result
+
+
 def all_reduce_value(value: float, d: Dist) -> float:
     """The sum of a number over every rank (through the CPU control group)."""
     if not d.enabled:
@@ -104,8 +152,9 @@ def cleanup(d: Dist) -> None:
     if not (d.enabled and dist.is_initialized()):
         return
     store = dist.distributed_c10d._get_default_store()
-    store.add("vitlab/finished", 1)
+    key = f"vitlab/finished/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"  # a restarted group counts anew
+    store.add(key, 1)
     deadline = time.monotonic() + 600
-    while store.add("vitlab/finished", 0) < d.world and time.monotonic() < deadline:
+    while store.add(key, 0) < d.world and time.monotonic() < deadline:
         time.sleep(0.01)
     dist.destroy_process_group()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
+import os
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -20,6 +21,7 @@ from typing import Any
 
 import torch
 import torch.nn as nn
+import yaml
 
 from .. import checkpoint
 from ..data.augment import BatchAugment, repeated_aug_indices
@@ -28,19 +30,32 @@ from ..data.views import eval_view
 from ..pretrain import save_objective
 from ..progress import Progress, log_line
 from ..runs.figures import plot_confusion, plot_curves
-from ..runs.folder import claim_folder
+from ..runs.folder import claim_folder, written_by_this_launch
 from ..runs.format import (
     CONFUSION_PNG,
     CURVES_PNG,
     EpochRow,
     Summary,
+    has_config,
+    read_config,
     write_config,
     write_metrics,
     write_summary,
 )
 from .clock import RunClock
 from .distill import TrainLoss
-from .distributed import Dist, all_reduce_sum, all_reduce_value, barrier, cleanup, init_distributed, replicas_agree
+from .distributed import (
+    Dist,
+    all_reduce_sum,
+    all_reduce_value,
+    barrier,
+    broadcast_flag,
+    broadcast_state,
+    cleanup,
+    init_distributed,
+    on_rank0,
+    replicas_agree,
+)
 from .evaluate import confusion_counts, metrics_from_counts
 from .feed import BatchFeeder, fits_on_device
 from .objective import (
@@ -97,10 +112,35 @@ def train(r: Recipe, resume: bool = False, log: Callable[[str], None] | None = N
         log = log or log_line
         log = log if d.is_main else (lambda s: None)
         try:
-            with claim_folder(r.out, "train", resume=resume, lock=d.is_main):
+            with contextlib.ExitStack() as claimed:
+                resume = claim_out(claimed, r, d, resume, log)
                 return _train(r, d, resume, log, now)
         finally:
             cleanup(d)
+
+
+def claim_out(stack: contextlib.ExitStack, r: Recipe, d: Dist, resume: bool, log: Callable[[str], None]) -> bool:
+    """Rank 0 claims --out for the run (the one rank that writes there: another machine's ranks may not see it) and
+    decides whether it resumes; returns that decision, on every rank."""
+    def claim() -> bool:
+        again = resume or resumes_a_restart(r, log)
+        stack.enter_context(claim_folder(r.out, "train", resume=again))
+        return again
+    return broadcast_flag(bool(on_rank0(claim, d, f"claim --out {r.out}")), d)
+
+
+def resumes_a_restart(r: Recipe, log: Callable[[str], None]) -> bool:
+    """True when torchrun has restarted the worker group (TORCHELASTIC_RESTART_COUNT > 0) and --out holds this
+    launch's own run of this recipe: the run then continues from its last checkpoint (or starts over without one)."""
+    restarts, out = int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0), Path(r.out)
+    if not restarts or not written_by_this_launch(out) or not has_config(out):
+        return False
+    saved, mine = read_config(out), yaml.safe_load(yaml.safe_dump(r.to_dict()))
+    if {**saved, "model": None} != {**mine, "model": None}:  # the model's name is written as the model says it
+        log(f"restart {restarts} of the worker group: {out} holds a run of another recipe; not resumed")
+        return False
+    log(f"restart {restarts} of the worker group: resuming this launch's run in {out}")
+    return True
 
 
 def check_sources_outside(r: Recipe) -> None:
@@ -224,7 +264,8 @@ def _train(r: Recipe, d: Dist, resume: bool, log: Callable[[str], None], now: Ca
 def set_up(r: Recipe, d: Dist, resume: bool, log: Callable[[str], None], now: Callable[[], float]) -> Run:
     """Check the output folder, build the model, data, augmentation and loss, restore a checkpoint, start the bar."""
     out = Path(r.out)
-    ckpt = load_checkpoint(out) if resume else None  # a file it cannot use is said before any work
+    ckpt = broadcast_state(on_rank0(lambda: load_checkpoint(out), d, f"read {out / CHECKPOINT}"), d) if resume \
+        else None  # read by rank 0 (another machine may not see --out); a file it cannot use is said before any work
     if r.threads:
         torch.set_num_threads(r.threads)
     if r.batch_size % (d.world * r.accum_steps):
