@@ -46,9 +46,19 @@ def init_distributed(device: str = "auto") -> Dist:
     control = None
     if "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ:  # started by torchrun
         if not dist.is_initialized():
-            dist.init_process_group("nccl" if dev.type == "cuda" else "gloo")
+            join_group("nccl" if dev.type == "cuda" else "gloo")
         control = dist.new_group(backend="gloo") if dev.type == "cuda" else dist.group.WORLD
     return Dist(rank, world, local_rank, dev, control)
+
+
+def join_group(backend: str) -> None:
+    """Join the process group torchrun describes, under keys of this attempt's own: torchrun's store outlives a
+    worker group it restarts (--max-restarts), and a rank that read the address of a peer of the killed group would
+    fail to connect, or wait."""
+    store, rank, world = next(dist.rendezvous("env://"))
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    dist.init_process_group(backend, store=dist.PrefixStore(f"vitlab/attempt_{attempt}/", store), rank=rank,
+                            world_size=world)
 
 
 def all_reduce_sum(t: torch.Tensor, d: Dist) -> torch.Tensor:
@@ -152,9 +162,8 @@ def cleanup(d: Dist) -> None:
     if not (d.enabled and dist.is_initialized()):
         return
     store = dist.distributed_c10d._get_default_store()
-    key = f"vitlab/finished/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"  # a restarted group counts anew
-    store.add(key, 1)
+    store.add("vitlab/finished", 1)
     deadline = time.monotonic() + 600
-    while store.add(key, 0) < d.world and time.monotonic() < deadline:
+    while store.add("vitlab/finished", 0) < d.world and time.monotonic() < deadline:
         time.sleep(0.01)
     dist.destroy_process_group()
