@@ -235,3 +235,100 @@ def test_probe_as_the_models_head_predicts_as_the_probe(name, images):
         logits = model.eval()(x)
     assert torch.allclose(logits, probe.linear(feats), atol=1e-4)
     assert torch.equal(logits.argmax(1), probe.predict(feats))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# vitlab probe, end to end
+
+def _run(tmp_path_factory):
+    from vitlab.train import load_recipe, train
+    out = tmp_path_factory.mktemp("probe") / "run"
+    train(load_recipe(None, model="vit_micro_patch2_8", epochs=1, precision="fp32", threads=1, out=str(out),
+                      cache_dir=str(out.parent / "cache")), log=lambda s: None)
+    return out
+
+
+@pytest.fixture(scope="module")
+def digits_run(tmp_path_factory):
+    return _run(tmp_path_factory)
+
+
+def test_probe_command_on_a_digits_run_equals_a_hand_computation(digits_run, tmp_path, capsys):
+    import json
+
+    from vitlab.cli import main
+    from vitlab.data.sources import load_data
+    from vitlab.probe.classifiers import accuracy
+
+    cache = digits_run.parent / "cache"
+    args = ["probe", str(digits_run), "--threads", "1", "--cache-dir", str(cache)]
+    assert main([*args, "--out", str(tmp_path / "p")]) == 0
+    captured = capsys.readouterr()
+    result = json.loads((tmp_path / "p" / "probe.json").read_text())
+    assert result["data"] == "digits" and result["split"] == {"seed": 0, "val_fraction": 0.2, "train_fraction": 1.0}
+    assert (result["num_train"], result["num_test"], result["features"]) == (1437, 360, 64)
+    assert "features of 1437 images cached in" in captured.err
+    lines = captured.out.splitlines()
+    assert lines[1].split() == ["classifier", "test", "top-1", "seconds"]
+    assert f"{100 * result['knn']['top1']:.2f}%" in lines[2] and f"{100 * result['linear']['top1']:.2f}%" in lines[3]
+    # by hand: the run's model, the run's split, its own normalisation
+    model = vitlab.load(digits_run)
+    data = load_data("digits", cache_dir=cache, log=lambda s: None)
+    cfg = model.pretrained_cfg
+    feats = {name: extract_features(model, split.images, progress=False, mean=cfg["mean"], std=cfg["std"])
+             for name, split in (("train", data.train), ("test", data.test))}
+    knn = knn_classify(feats["train"], data.train.labels, feats["test"], k=20, temperature=0.07, num_classes=10)
+    assert result["knn"]["top1"] == accuracy(knn, data.test.labels)
+    probe = linear_probe(feats["train"], data.train.labels, feats["test"], data.test.labels, num_classes=10)
+    assert result["linear"]["top1"] == pytest.approx(probe.test_accuracy, abs=1 / 360)
+    # a second probe reads the features back
+    assert main(args) == 0
+    assert "features of 1437 images read from" in capsys.readouterr().err
+
+
+def test_probe_command_on_a_tiny_folder_with_a_random_model(tmp_path, capsys):
+    import json
+
+    from PIL import Image
+
+    from vitlab.cli import main
+    rng = np.random.default_rng(0)
+    for c in range(3):  # three classes told apart by their brightness
+        (tmp_path / "set" / f"c{c}").mkdir(parents=True)
+        for i in range(10):
+            pixels = np.clip(rng.normal(60 + 70 * c, 10, (12, 12, 3)), 0, 255).astype(np.uint8)
+            Image.fromarray(pixels).save(tmp_path / "set" / f"c{c}" / f"{i}.png")
+    code = main(["probe", "vit_micro_patch2_8", "--data", str(tmp_path / "set"), "--train-fraction", "0.5",
+                 "--seed", "3", "--k", "3", "--threads", "1", "--cache-dir", str(tmp_path / "cache"),
+                 "--out", str(tmp_path / "p")])
+    assert code == 0, capsys.readouterr().err
+    result = json.loads((tmp_path / "p" / "probe.json").read_text())
+    assert result["weights"] == "random weights" and result["classes"] == ["c0", "c1", "c2"]
+    assert result["num_train"] == 12 and result["num_test"] == 6  # 8 training images a class, half of them
+    assert result["split"] == {"seed": 3, "val_fraction": 0.2, "train_fraction": 0.5} and result["knn"]["k"] == 3
+    assert result["linear"]["top1"] == 1.0  # brightness survives random features
+
+
+@pytest.mark.parametrize("args, message", [
+    (["no_such_model", "--data", "digits"], "no_such_model is neither a model folder, a hub id"),
+    (["MODEL"], "is not a run folder (no config.yaml names its data): give --data"),
+    (["RUN", "--precision", "fp16"], "--precision fp16 is not valid for features; accepted: fp32, bf16, auto"),
+    (["RUN", "--probe-wd", "-1"], "--probe-wd -1 is not valid; accepted: a number >= 0"),
+    (["RUN", "--k", "0"], "argument --k: '0' is not valid; accepted: an integer >= 1"),
+    (["RUN", "--out", "FOREIGN"], "holds files that vitlab probe did not write (notes.txt)"),
+])
+def test_probe_command_bad_input_is_one_line(args, message, digits_run, tmp_path, capsys):
+    from vitlab.cli import main
+    model = tmp_path / "model"
+    vitlab.save(vitlab.create_model("vit_micro_patch2_8", num_classes=10), model)
+    (tmp_path / "foreign").mkdir()
+    (tmp_path / "foreign" / "notes.txt").write_text("mine")
+    swap = {"MODEL": str(model), "RUN": str(digits_run), "FOREIGN": str(tmp_path / "foreign")}
+    try:
+        code = main(["probe", *[swap.get(a, a) for a in args], "--cache-dir", str(digits_run.parent / "cache")])
+    except SystemExit as e:  # argparse's own errors
+        code = e.code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and message in err[-1] and "Traceback" not in "\n".join(err), err
+    assert (tmp_path / "foreign" / "notes.txt").read_text() == "mine" and not (tmp_path / "foreign" / "probe.json"
+                                                                              ).exists()

@@ -12,9 +12,10 @@ import tempfile
 import typing
 from pathlib import Path
 
-from . import cache, export, infer, inspect, models, pretrain, runs, train
+from . import cache, export, infer, inspect, models, pretrain, probe, runs, train
 
-COMMANDS = (models, train, pretrain, infer, export, runs, inspect, cache)  # in the order `vitlab --help` lists them
+# in the order `vitlab --help` lists them
+COMMANDS = (models, train, pretrain, infer, probe, export, runs, inspect, cache)
 
 
 class Parser(argparse.ArgumentParser):

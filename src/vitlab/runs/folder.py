@@ -31,6 +31,7 @@ WRITES: dict[str, tuple[str, ...]] = {  # what each kind of command writes in it
     "export": (MODEL_CONFIG, MODEL_WEIGHTS, "model.onnx", "model.onnx.data", "preprocess.json",
                "preprocessor_config.json"),
     "study": ("runs", "*.md", "*.json", "*.png"),
+    "probe": ("probe.json",),
 }
 
 FIGURE_MARKS = {  # the figure formats whose metadata names the command that wrote them: (how the file begins, the mark)
