@@ -193,13 +193,14 @@ def test_init_from_a_pretraining_run_loads_every_encoder_tensor(tmp_path, cache_
 
 
 PRE = ["--model", "vit_micro_patch2_8", "--batch-size", "32", "--precision", "fp32", "--threads", "1",
-       "--train-fraction", "0.15", "--pretrain-arg", "decoder_depth=1"]
+       "--train-fraction", "0.15"]
+LIGHT = {"mae": ["--pretrain-arg", "decoder_depth=1"], "mpp": ["--pretrain-arg", "corrupt_ratio=0.5"]}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("method", ["mae", "mpp"])
 def test_pretraining_resumed_after_kill_matches_uninterrupted(tmp_path, cache_dir, method):
-    common = ["--method", method, *PRE, "--epochs", "6", "--ema-decay", "0.9", "--cache-dir", cache_dir]
+    common = ["--method", method, *PRE, *LIGHT[method], "--epochs", "6", "--ema-decay", "0.9", "--cache-dir", cache_dir]
     run_cli("pretrain", *common, "--out", tmp_path / "full")
     victim = tmp_path / "killed"
     kill_at("epoch 3:", "pretrain", *common, "--out", victim)
@@ -217,7 +218,7 @@ def test_pretraining_resumed_after_kill_matches_uninterrupted(tmp_path, cache_di
 def test_two_torchrun_processes_pretrain_in_sync(tmp_path, cache_dir):
     """DistributedDataParallel over the objective: both replicas (encoder and decoder) end identical."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    args = ["pretrain", "--method", "mae", *PRE, "--epochs", "2", "--cache-dir", cache_dir, "--out", tmp_path / "two"]
+    args = ["pretrain", "--method", "mae", *PRE, *LIGHT["mae"], "--epochs", "2", "--cache-dir", cache_dir, "--out", tmp_path / "two"]
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
                            "29541", "-m", "vitlab", *map(str, args)], capture_output=True, text=True, env=env,
                           timeout=300)
@@ -232,3 +233,13 @@ def test_pretraining_takes_maes_adamw_betas(tmp_path, cache_dir):
     train(tiny_pretrain("digits", tmp_path / "run", epochs=1, train_fraction=0.05), log=lambda s: None)
     groups = load_checkpoint(tmp_path / "run")["optimizer"]["param_groups"]
     assert {tuple(g["betas"]) for g in groups} == {(0.9, 0.95)}
+
+
+def test_predict_and_eval_of_a_headless_encoder_are_one_line(tmp_path, cache_dir, capsys):
+    vitlab.save(encoder(), tmp_path / "enc")
+    Image.new("L", (8, 8)).save(tmp_path / "x.png")
+    assert main(["predict", str(tmp_path / "enc"), str(tmp_path / "x.png")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "no classifier head" in err and "vitlab train --init" in err
+    assert main(["eval", str(tmp_path / "enc"), "--data", "digits"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith("vitlab eval: error: the model predicts 0")

@@ -46,6 +46,9 @@ def predict_files(model_path: str | os.PathLike, images: Sequence[str | os.PathL
     """
     dev = resolve_device(device)
     model = checkpoint.load(model_path).to(dev)
+    if model.num_classes == 0:
+        raise ValueError(f"{model_path} has no classifier head (a pre-trained encoder): nothing to predict; "
+                         f"accepted: a classifier, e.g. one fine-tuned with `vitlab train --init {model_path}`")
     cfg = model.pretrained_cfg
     names = class_names(model)
     prep = Preprocess.from_cfg(cfg)
