@@ -218,7 +218,8 @@ def test_pretraining_resumed_after_kill_matches_uninterrupted(tmp_path, cache_di
 def test_two_torchrun_processes_pretrain_in_sync(tmp_path, cache_dir):
     """DistributedDataParallel over the objective: both replicas (encoder and decoder) end identical."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    args = ["pretrain", "--method", "mae", *PRE, *LIGHT["mae"], "--epochs", "2", "--cache-dir", cache_dir, "--out", tmp_path / "two"]
+    args = ["pretrain", "--method", "mae", *PRE, *LIGHT["mae"], "--epochs", "2", "--cache-dir", cache_dir,
+            "--out", tmp_path / "two"]
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
                            "29541", "-m", "vitlab", *map(str, args)], capture_output=True, text=True, env=env,
                           timeout=300)
