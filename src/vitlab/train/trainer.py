@@ -587,7 +587,8 @@ LOSS_NAMES = {"mae": "MAE loss (squared error, hidden patches)", "mpp": "MPP los
 
 def write_figures(run: Run, history: list[EpochRow], m: dict, model: str) -> list[str]:
     """curves.png, and for a run with labels confusion.png; returns their names."""
-    plot_curves(history, run.out / CURVES_PNG, title=f"{model} on {run.data.name}",
+    what = f"{run.r.pretrain.upper()} pre-training of " if pretraining(run.r) else ""
+    plot_curves(history, run.out / CURVES_PNG, title=f"{what}{model} on {run.data.name}",
                 loss_name=LOSS_NAMES.get(run.r.pretrain, "cross-entropy loss"))
     if m["confusion"] is None:
         return [CURVES_PNG]
