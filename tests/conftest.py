@@ -67,7 +67,7 @@ FAMILIES = (
                                                                num_heads=2, num_classes=10), ("mhsa",) * 2,
            timm=True, hf=False),
     Family("siglip", "vit_base_patch16_siglip_224", dict(img_size=32, patch_size=4, embed_dim=32, depth=2,
-                                                         num_heads=2, num_classes=10), ("mhsa",) * 2,
+                                                         num_heads=2, num_classes=10), ("mhsa", "mhsa", "attn_pool"),
            timm=True, hf=False),
     Family("vit_options", "vit_tiny_patch4_32", dict(embed_dim=32, depth=2, num_heads=2, qk_norm=True, proj_bias=False,
                                                      final_norm=False, global_pool="avg", act_layer="swish"),

@@ -56,7 +56,7 @@ def test_attention_maps_shapes_and_rows(family):
     for m in maps:
         B, H, Q, K = m.attn.shape
         assert (B, m.grid_size) == (2, (gh, gw)) and K == m.num_prefix + gh * gw
-        assert Q == (1 if m.kind == "class_attn" else K)
+        assert Q == (1 if m.kind in ("class_attn", "attn_pool") else K)
         if m.kind != "talking_heads":  # probabilities: every row sums to 1
             torch.testing.assert_close(m.attn.sum(-1), torch.ones(B, H, Q), atol=1e-5, rtol=0)
     names = [m.name for m in maps]

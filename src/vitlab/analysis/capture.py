@@ -1,8 +1,8 @@
 """Read the attention probabilities of every vitlab ViT family through forward hooks on ``attn_map``.
 
 Each attention module passes its probabilities through ``attn_map`` (an ``nn.Identity``).
-MHSA and class attention only do so on their slow path, so ``fused_attn`` is switched off
-while capturing; GPSA and talking-heads attention always do. Everything is put back after.
+MHSA, class attention and SigLIP's attention-pool head only do so on their slow path, so ``fused_attn``
+is switched off while capturing; GPSA and talking-heads attention always do. Everything is put back after.
 """
 from __future__ import annotations
 
@@ -15,11 +15,15 @@ from torch import nn
 
 from ..models.cait import ClassAttn, TalkingHeadAttn
 from ..models.convit import GPSA
-from ..models.layers import Attention
+from ..models.layers import Attention, AttentionPoolLatent
 
 # attention module class -> block kind
 ATTENTION_KINDS: dict[type[nn.Module], str] = {
-    Attention: "mhsa", GPSA: "gpsa", TalkingHeadAttn: "talking_heads", ClassAttn: "class_attn"}
+    Attention: "mhsa", GPSA: "gpsa", TalkingHeadAttn: "talking_heads", ClassAttn: "class_attn",
+    AttentionPoolLatent: "attn_pool"}
+# kinds with one query: CaiT's class token over [cls, patches]; the attention-pool head's learned latent over every
+# token (the model's readout, as the class token's row is in a ViT)
+ONE_QUERY = ("class_attn", "attn_pool")
 TOKENS = ("cls", "dist")  # the tokens a map can be read from
 
 
@@ -28,8 +32,8 @@ class AttentionMap:
     """One attention block's probabilities for a batch of images, and what its tokens are."""
 
     name: str  # block name in the model, e.g. "blocks.3" or "blocks_token_only.0"
-    kind: str  # "mhsa" | "gpsa" | "talking_heads" | "class_attn"
-    attn: torch.Tensor  # (B, heads, queries, keys); class_attn has one query, the class token
+    kind: str  # "mhsa" | "gpsa" | "talking_heads" | "class_attn" | "attn_pool"
+    attn: torch.Tensor  # (B, heads, queries, keys); class_attn has one query, the class token; attn_pool its latent
     prefix_tokens: tuple[str, ...]  # the non-patch tokens at the start of the keys, e.g. ("cls", "dist")
     grid_size: tuple[int, int]  # patch grid (h, w): keys = len(prefix_tokens) + h * w
     patch_size: tuple[int, int] = (1, 1)  # pixels per patch (h, w)

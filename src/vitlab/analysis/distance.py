@@ -14,7 +14,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ..models.convit import relative_indices
-from .capture import AttentionMap, attention_maps, attention_modules
+from .capture import ONE_QUERY, AttentionMap, attention_maps, attention_modules
 
 
 def patch_distances(grid_size: tuple[int, int], patch_size: tuple[int, int]) -> torch.Tensor:
@@ -40,14 +40,16 @@ def attention_distance(attn: torch.Tensor, grid_size: tuple[int, int], patch_siz
 
 
 def map_distances(maps: list[AttentionMap]) -> torch.Tensor:
-    """(layers, heads) mean attention distance of captured maps; class-attention blocks excluded."""
-    rows = [attention_distance(m.attn, m.grid_size, m.patch_size, m.num_prefix) for m in maps if m.kind != "class_attn"]
+    """(layers, heads) mean attention distance of captured maps; one-query maps (class attention, the attention-pool
+    head) excluded."""
+    rows = [attention_distance(m.attn, m.grid_size, m.patch_size, m.num_prefix)
+            for m in maps if m.kind not in ONE_QUERY]
     return torch.stack(rows)
 
 
 def distance_layer_names(model: nn.Module) -> list[tuple[str, str]]:
     """(name, kind) of the blocks mean_attention_distance reports, in its row order."""
-    return [(name, kind) for name, kind, _ in attention_modules(model) if kind != "class_attn"]
+    return [(name, kind) for name, kind, _ in attention_modules(model) if kind not in ONE_QUERY]
 
 
 def mean_attention_distance(model: nn.Module, images: torch.Tensor, batch_size: int = 64,

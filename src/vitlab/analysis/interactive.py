@@ -147,7 +147,8 @@ EXPLORER_JS = r"""
   }
   function queryRow(blk, data, head) {  // the chosen query; what it is, in words
     const P = blk.keys - N;
-    if (blk.queries === 1) return [row(blk, data, head, 0), "the class token (the only query of class attention)"];
+    if (blk.queries === 1) return [row(blk, data, head, 0), blk.kind === "attn_pool" ?
+      "the pooling head's learned query (its only query)" : "the class token (the only query of class attention)"];
     if (state.query === "cls" || state.query === "dist") {
       const t = blk.prefix.indexOf(state.query);
       const name = state.query === "cls" ? "the class token" : "the distillation token";

@@ -74,7 +74,9 @@ def query_attention(m: AttentionMap, index: int) -> tuple[np.ndarray, str]:
     """(heads, grid_h, grid_w) attention to the patches of one image: the class token's row, else the patch mean."""
     P = m.num_prefix
     a = m.attn[index].float().cpu()  # (heads, Q, K)
-    if m.kind == "class_attn" or "cls" in m.prefix_tokens:
+    if m.kind == "attn_pool":
+        row, what = a[:, 0, P:], "pooling query"
+    elif m.kind == "class_attn" or "cls" in m.prefix_tokens:
         row, what = a[:, 0, P:], "class token"
     else:
         row, what = a[:, P:, P:].mean(dim=1), "mean of patch queries"

@@ -28,9 +28,10 @@ def relevance_from_maps(maps: Sequence[AttentionMap], grads: Sequence[torch.Tens
     ``R += mean_heads((grad * A).clamp(min=0)) @ R``. Tokens a block does not hold (the class token
     before ConViT's first MHSA block or CaiT's class attention) get zero rows and columns there, so
     they keep their relevance; a class-attention block (one query) updates the class token's row
-    only. The map is the chosen token's row over the patch columns (prefix columns dropped), or
-    the mean over patch rows without a class token, scaled to [0, 1] by its minimum and maximum
-    as in the authors' code.
+    only. The map is the chosen token's row over the patch columns (prefix columns dropped), the
+    attention-pool head's learned query (``cam @ R``: it is no token, so it has no identity) for a
+    model that pools so, or the mean over patch rows without a class token, scaled to [0, 1] by its
+    minimum and maximum as in the authors' code.
     """
     if not maps:
         raise ValueError("relevance needs at least one attention map")
@@ -42,9 +43,13 @@ def relevance_from_maps(maps: Sequence[AttentionMap], grads: Sequence[torch.Tens
     B = maps[0].attn.shape[0]
     device = maps[0].attn.device
     R = torch.eye(T, device=device).repeat(B, 1, 1)  # (B, T, T)
+    pool = None
     for m, g in zip(maps, grads):
         cam = (g.float() * m.attn.float()).clamp(min=0).mean(dim=1)  # (B, Q, K)
         Q, K = cam.shape[-2:]
+        if m.kind == "attn_pool":  # the head's learned query over every token
+            pool = cam @ R  # (B, 1, T)
+            continue
         keys = torch.cat([torch.arange(m.num_prefix), torch.arange(P, T)]).to(device)  # this block's tokens
         if keys.numel() != K:
             raise ValueError(f"{m.name}: {K} keys do not fit prefix {m.prefix_tokens} and a {gh}x{gw} grid")
@@ -56,7 +61,10 @@ def relevance_from_maps(maps: Sequence[AttentionMap], grads: Sequence[torch.Tens
         else:
             raise ValueError(f"{m.name}: cannot propagate relevance through {Q} queries and {K} keys")
         R = R + full @ R
-    rel = R[:, t, P:] if t is not None else R[:, P:, P:].mean(dim=1)  # (B, N)
+    if pool is not None and token == "cls":
+        rel = pool[:, 0, P:]
+    else:
+        rel = R[:, t, P:] if t is not None else R[:, P:, P:].mean(dim=1)  # (B, N)
     return _min_max(rel).reshape(B, gh, gw)
 
 

@@ -9,7 +9,9 @@ Families: a distilled DeiT can be read from its distillation token (token='dist'
 without a class token is read as the mean over the patch queries; ConViT's early GPSA blocks
 have no class token yet, so there it attends to itself only (an identity row and column);
 CaiT's class-attention rows (the class token querying [cls, patches]) are composed with the
-rollout of its patch-only self-attention blocks. Talking-heads maps can hold small negative
+rollout of its patch-only self-attention blocks. A model with an attention-pool head (SigLIP's ``map``)
+is read from the head's learned query: its attention over every token, composed with the rollout of the
+blocks, as the class token's row is read in a ViT. Talking-heads maps can hold small negative
 entries after their post-softmax head mixing; rollout clips them at 0.
 """
 from __future__ import annotations
@@ -64,9 +66,14 @@ def rollout_from_fused(maps: Sequence[AttentionMap], fused: Sequence[torch.Tenso
     t = token_index(prefix, token)
     B = fused[0].shape[0]
     result = torch.eye(T, device=fused[0].device).expand(B, T, T)
+    pool = None
     for m, a in zip(maps, fused):
         a = a.float().clamp(min=0)  # (B, Q, K)
         Q, K = a.shape[-2:]
+        if m.kind == "attn_pool":  # the head's learned query over every token: no residual, it is not a token
+            pool = discard_lowest(a, discard_ratio)
+            pool = pool / pool.sum(dim=-1, keepdim=True).clamp_min(1e-12)  # (B, 1, T)
+            continue
         protect = []
         if m.prefix_tokens[:1] == ("cls",):
             protect.append((0, 0))  # never drop the class token's attention to itself
@@ -87,7 +94,10 @@ def rollout_from_fused(maps: Sequence[AttentionMap], fused: Sequence[torch.Tenso
             full[:, idx[:, None], idx[None, :]] = a
             a = full
         result = a @ result  # (B, T, T)
-    mask = result[:, t, P:] if t is not None else result[:, P:, P:].mean(dim=1)  # (B, N)
+    if pool is not None and token == "cls":
+        mask = (pool @ result)[:, 0, P:]  # (B, N)
+    else:
+        mask = result[:, t, P:] if t is not None else result[:, P:, P:].mean(dim=1)  # (B, N)
     mask = mask / mask.amax(dim=-1, keepdim=True).clamp_min(1e-12)
     return mask.reshape(B, gh, gw)
 
@@ -96,8 +106,9 @@ def rollout(maps_or_model: Sequence[AttentionMap] | nn.Module, images: torch.Ten
             head_fusion: str = "mean", discard_ratio: float = 0.0, token: str = "cls") -> torch.Tensor:
     """Attention rollout of the chosen token ('cls' or 'dist') to the patches, (B, grid_h, grid_w), max 1.
 
-    Takes captured maps, or a model and normalised images (B, C, H, W). A model without a class
-    token (global average pooling) gives the mean over the patch queries instead.
+    Takes captured maps, or a model and normalised images (B, C, H, W). A model with an attention-pool head
+    is read from its learned query; one without a class token (global average pooling) gives the mean over
+    the patch queries instead.
     """
     maps = maps_of(maps_or_model, images, "rollout")
     return rollout_from_fused(maps, [fuse_heads(m.attn, head_fusion) for m in maps], token, discard_ratio)
@@ -121,7 +132,7 @@ def raw_attention(maps_or_model: Sequence[AttentionMap] | nn.Module, images: tor
     """The last block's attention from the chosen token to the patches, heads averaged: (B, grid_h, grid_w), max 1.
 
     The baseline of Chefer et al.: no propagation through depth. Without a class token, the mean
-    over the patch queries.
+    over the patch queries; with an attention-pool head (the last attention), its learned query's row.
     """
     maps = maps_of(maps_or_model, images, "raw_attention")
     if not maps:
