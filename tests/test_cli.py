@@ -26,8 +26,8 @@ def option(command: str, flag: str) -> argparse.Action:
 
 
 def test_every_command_of_before_is_there():
-    assert list(commands()) == ["models", "train", "pretrain", "eval", "predict", "export", "compare", "study",
-                                "inspect", "cache"]
+    assert list(commands()) == ["models", "train", "pretrain", "eval", "predict", "probe", "export", "compare",
+                                "study", "inspect", "cache"]
 
 
 @pytest.mark.parametrize("command, flag, default", [
