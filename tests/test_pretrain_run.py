@@ -244,3 +244,15 @@ def test_predict_and_eval_of_a_headless_encoder_are_one_line(tmp_path, cache_dir
     assert len(err.splitlines()) == 1 and "no classifier head" in err and "vitlab train --init" in err
     assert main(["eval", str(tmp_path / "enc"), "--data", "digits"]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1].startswith("vitlab eval: error: the model predicts 0")
+
+
+@pytest.mark.parametrize("method", ["mae", "mpp"])
+def test_an_objective_decays_what_supervised_training_decays(method):
+    from vitlab.train.setup import param_groups
+    objective = create_objective(method, encoder())
+    decay, no_decay = param_groups(objective, 0.05)
+    names = {id(p): n for n, p in objective.named_parameters()}
+    undecayed = {names[id(p)] for p in no_decay["params"]}
+    tokens = {n for n in names.values() if n.endswith(("pos_embed", "cls_token", "reg_token", "mask_token"))}
+    assert {"encoder.pos_embed", "mask_token" if method == "mpp" else "decoder.mask_token"} <= tokens <= undecayed
+    assert all(names[id(p)].endswith("weight") and p.ndim > 1 for p in decay["params"])

@@ -29,6 +29,12 @@ def set_aside_head(encoder: VisionTransformer) -> None:
             module.requires_grad_(False)
 
 
+def no_weight_decay(objective: nn.Module) -> set[str]:
+    """Parameter names an objective keeps out of weight decay: its encoder's (position embedding, tokens), as in
+    supervised training, and its own mask token."""
+    return {*objective.encoder.no_weight_decay(), "mask_token"}
+
+
 def run_blocks(encoder: VisionTransformer, x: torch.Tensor) -> torch.Tensor:
     """(B, T, D) embedded tokens -> the encoder's output tokens: norm_pre (where the model has one), blocks, norm."""
     norm_pre = getattr(encoder, "norm_pre", None)

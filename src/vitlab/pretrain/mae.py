@@ -26,7 +26,7 @@ from torch import nn
 
 from ..models.layers import Block, init_weights_vit, sincos_2d_pos_embed, to_2tuple
 from ..models.vit import VisionTransformer
-from .encoder import check_encoder, run_blocks, set_aside_head
+from .encoder import check_encoder, no_weight_decay, run_blocks, set_aside_head
 from .masking import Masking, gather_tokens, num_visible, random_masking, restore_tokens
 
 
@@ -144,6 +144,9 @@ class MaskedAutoencoder(nn.Module):
         self.decoder = MAEDecoder(encoder.embed_dim, embed.grid_size, self.patch_size, embed.proj.in_channels,
                                   encoder.num_prefix_tokens, dim, depth, heads, decoder_mlp_ratio,
                                   norm_in=isinstance(encoder.norm, nn.Identity))
+
+    def no_weight_decay(self) -> set[str]:
+        return no_weight_decay(self)
 
     def forward_encoder(self, imgs: torch.Tensor, masking: Masking | None = None,
                         generator: torch.Generator | None = None) -> tuple[torch.Tensor, Masking, tuple[int, int]]:

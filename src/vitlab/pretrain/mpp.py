@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..models.vit import VisionTransformer
-from .encoder import check_encoder, output_norm, run_blocks, set_aside_head
+from .encoder import check_encoder, no_weight_decay, output_norm, run_blocks, set_aside_head
 from .masking import gather_tokens, random_masking, uniform_noise
 
 
@@ -108,6 +108,9 @@ class MaskedPatchPrediction(nn.Module):
         nn.init.trunc_normal_(self.mask_token, std=0.02)
         nn.init.trunc_normal_(self.head.weight, std=0.02)
         nn.init.zeros_(self.head.bias)
+
+    def no_weight_decay(self) -> set[str]:
+        return no_weight_decay(self)
 
     def targets(self, imgs: torch.Tensor) -> torch.Tensor:
         """(B, C, H, W) normalised images -> (B, N) mean-colour classes of their un-normalised patches."""
