@@ -62,20 +62,39 @@ def train_args(cache_dir, out, *extra) -> list[str]:
     return ["-m", "vitlab", "train", *TINY, "--cache-dir", cache_dir, *extra, "--out", out]
 
 
+def two_nodes(cache_dir, out, elsewhere) -> tuple[list[int], list[str]]:
+    """Two 'machines' of one process each (torchrun --nnodes 2 on loopback) train for 2 epochs; node 1 is told
+    another --out, which stands for a path its machine does not share. Returns their exit codes and logs."""
+    node = ["--nnodes", "2", "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", free_port()]
+    with launched(torchrun(*node, "--node-rank", "0", *train_args(cache_dir, out, "--epochs", "2")),
+                  torchrun(*node, "--node-rank", "1", *train_args(cache_dir, elsewhere, "--epochs", "2"))) as procs:
+        logs = [finish(p) for p in procs]
+    return [p.returncode for p in procs], logs
+
+
 @pytest.mark.slow
 def test_two_nodes_on_one_machine_train_in_sync(tmp_path, cache_dir):
     """Node 1's rank never touches --out (a second machine may not have it): it is given a path that must stay
     absent."""
-    port = free_port()
-    node = ["--nnodes", "2", "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", port]
     out, elsewhere = tmp_path / "run", tmp_path / "not-on-node-0"
-    with launched(torchrun(*node, "--node-rank", "0", *train_args(cache_dir, out, "--epochs", "2")),
-                  torchrun(*node, "--node-rank", "1", *train_args(cache_dir, elsewhere, "--epochs", "2"))) as procs:
-        logs = [finish(p) for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], logs[0][-3000:] + logs[1][-3000:]
+    codes, logs = two_nodes(cache_dir, out, elsewhere)
+    assert codes == [0, 0], logs[0][-3000:] + logs[1][-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["processes"] == 2 and summary["replicas_in_sync"] is True and summary["epochs"] == 2
     assert not elsewhere.exists()
+
+
+@pytest.mark.slow
+def test_a_refused_out_ends_every_rank(tmp_path, cache_dir):
+    """Rank 0 refuses a finished run; rank 1, on the other 'machine', learns it and leaves too: none is left waiting."""
+    out, elsewhere = tmp_path / "run", tmp_path / "not-on-node-0"
+    train(load_recipe(None, **RECIPE, out=str(out)))
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    codes, logs = two_nodes(cache_dir, out, elsewhere)
+    assert 0 not in codes
+    assert f"vitlab train: error: {out} holds a finished run" in logs[0], logs[0][-3000:]
+    assert f"vitlab train: error: rank 0 could not claim --out {elsewhere}" in logs[1], logs[1][-3000:]
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before and not elsewhere.exists()
 
 
 def worker(agent: int, rank: int) -> int:
