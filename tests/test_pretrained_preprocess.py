@@ -256,3 +256,18 @@ def test_init_at_a_size_the_patches_do_not_tile_names_img_size(tmp_path, cache_d
     with pytest.raises(ValueError, match=r"img_size 18x18 is not divisible by the patch size 4x4 .*--img-size 16"):
         train(load_recipe(None, init=str(checkpoint_16), data=str(data), img_size=18, epochs=1,
                           out=str(tmp_path / "run"), threads=1, cache_dir=str(cache_dir)), log=lambda s: None)
+
+
+def test_eval_decodes_a_folder_by_the_checkpoints_rule(tmp_path, cache_dir):
+    """transformers' exact resize on a folder of 61x37 photos: eval's loss is the one transformers' probabilities
+    give (vitlab's centre crop would give another)."""
+    from vitlab.infer.eval import evaluate_folder
+
+    folder = PEERS / "hf_vit_exact_bilinear"
+    probs = load_file(folder / "io.safetensors")["probabilities"][0]
+    for split in ("train", "test"):
+        for c in range(5):
+            (tmp_path / "data" / split / f"c{c}").mkdir(parents=True)
+            (tmp_path / "data" / split / f"c{c}" / "0.png").write_bytes((folder / "image.png").read_bytes())
+    result = evaluate_folder(folder, str(tmp_path / "data"), cache_dir=str(cache_dir))
+    assert result["heads"]["logits"]["loss"] == pytest.approx(float(-probs.log().mean()), abs=1e-4)
