@@ -227,3 +227,29 @@ def test_accumulation_matches_one_big_batch():
                    "fp32", accum_steps=accum)
         results.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
     torch.testing.assert_close(results[0], results[1], rtol=1e-5, atol=1e-6)
+
+
+def test_unequal_rank_shares_average_to_the_whole_batch_step():
+    """A batch of 9 over two ranks (5 + 4 images): each rank weighs its loss by its share, so the average of the
+    ranks' steps (what DistributedDataParallel's gradient mean gives with SGD) is the one-process step; unweighted,
+    it is not."""
+    off = AugmentConfig(crop="none", hflip=False, auto_augment="none", random_erasing=0.0, mixup=0.0, cutmix=0.0,
+                        label_smoothing=0.0)
+    images = torch.randint(0, 256, (9, 1, 8, 8), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    labels = torch.arange(9) % 10
+
+    def step(idx: torch.Tensor, share: float) -> torch.Tensor:
+        torch.manual_seed(0)
+        model = vitlab.create_model("vit_micro_patch2_8", num_classes=10, drop_path_rate=0.0)
+        before = torch.cat([p.detach().flatten() for p in model.parameters()])
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        train_step(model, BatchAugment(off, (8, 8), (0.5,), (0.25,), 10), TrainLoss(), optimizer, images[idx],
+                   labels[idx], "fp32", share=share)
+        return torch.cat([p.detach().flatten() for p in model.parameters()]) - before
+
+    whole = step(torch.arange(9), 1.0)
+    shards = [torch.arange(9)[r::2] for r in range(2)]
+    weighted = sum(step(s, len(s) * 2 / 9) for s in shards) / 2
+    plain = sum(step(s, 1.0) for s in shards) / 2
+    torch.testing.assert_close(weighted, whole, rtol=1e-4, atol=1e-7)
+    assert not torch.allclose(plain, whole, rtol=1e-4, atol=1e-7)

@@ -44,15 +44,17 @@ def train_step(net: nn.Module, augment: BatchAugment, loss_fn: TrainLoss, optimi
                images: torch.Tensor, labels: torch.Tensor, precision: str = "fp32", clip_grad: float | None = None,
                ema: nn.Module | None = None, ema_decay: float = 0.0, size: tuple[int, int] | None = None,
                accum_steps: int = 1, scaler: torch.amp.GradScaler | None = None,
-               channels_last: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+               channels_last: bool = False, share: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     """One optimisation step from a uint8 batch: augment, forward, loss, backward, clip, AdamW, EMA.
 
     The batch is split into ``accum_steps`` micro-batches whose gradients add up before the step
     (under DistributedDataParallel only the last one synchronises). ``size`` resizes the augmented
-    batch (progressive resizing). With a ``scaler`` (fp16) the loss is scaled and a step whose
-    gradients are not finite is skipped. Returns the batch's summed loss and its count of correct
-    predictions (against the mixed targets' argmax; 0 for a pre-training objective), as tensors on the
-    device: reading them is left to the caller, so a GPU never waits for the host here.
+    batch (progressive resizing). ``share`` is this rank's part of the whole batch times the number of ranks
+    (1 where the ranks hold equal parts): DistributedDataParallel averages the ranks' gradients, so a rank with
+    one image more or less weighs its loss by it and the step follows the whole batch's mean. With a ``scaler``
+    (fp16) the loss is scaled and a step whose gradients are not finite is skipped. Returns the batch's summed
+    loss and its count of correct predictions (against the mixed targets' argmax; 0 for a pre-training
+    objective), as tensors on the device: reading them is left to the caller, so a GPU never waits for the host.
     """
     device = images.device
     optimizer.zero_grad(set_to_none=True)
@@ -70,7 +72,7 @@ def train_step(net: nn.Module, augment: BatchAugment, loss_fn: TrainLoss, optimi
             with autocast(device, precision):
                 outputs = net(x)
                 loss = loss_fn(x, outputs, targets)
-            scaled = loss * (len(xb) / len(images))  # the mean over the whole batch
+            scaled = loss * (len(xb) / len(images) * share)  # the mean over the whole batch, all ranks
             (scaler.scale(scaled) if scaler is not None else scaled).backward()
         loss_sum += loss.detach().float() * len(xb)
         hits += correct(outputs, targets)

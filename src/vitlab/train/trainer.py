@@ -394,7 +394,8 @@ def keep_back_final_evaluation(run: Run) -> None:
 
 
 def epoch_batches(run: Run, epoch: int) -> list[torch.Tensor]:
-    """This rank's share of every batch of the epoch, in an order that depends on (seed, epoch) only."""
+    """This rank's share of every batch of the epoch, in an order that depends on (seed, epoch) only (the whole
+    batches' sizes: ``batch_sizes``)."""
     r, d, n_train = run.r, run.d, len(run.data.train.images)
     g = torch.Generator().manual_seed(epoch_seed(r.seed, epoch, 0))
     if r.augment.repeated_aug > 1:
@@ -402,6 +403,11 @@ def epoch_batches(run: Run, epoch: int) -> list[torch.Tensor]:
     else:
         order = torch.randperm(n_train, generator=g)
     return [batch[d.rank::d.world] for batch in order.tensor_split(run.per_epoch)]  # near-equal batches
+
+
+def batch_sizes(run: Run) -> list[int]:
+    """The size of every whole batch of an epoch (all ranks together), as ``epoch_batches`` splits it."""
+    return [len(b) for b in torch.arange(len(run.data.train.images)).tensor_split(run.per_epoch)]
 
 
 def train_epoch(run: Run) -> tuple[EpochRow | None, bool]:
@@ -417,6 +423,7 @@ def train_epoch(run: Run) -> tuple[EpochRow | None, bool]:
     epoch_t0 = run.now()
     run.clock.start()
     lr, steps_before, cut, every = r.lr, state.step, False, figures_every(d.device)
+    sizes = batch_sizes(run)
     for i, (images, labels) in enumerate(run.feeder.batches(batches)):
         p = run.clock.progress(state.step)
         if run.budget is not None and p >= 1:
@@ -428,7 +435,7 @@ def train_epoch(run: Run) -> tuple[EpochRow | None, bool]:
         set_lr(state.optimizer, lr)  # times each group's lr_scale (layer decay)
         loss, hits = train_step(run.net, run.augment, run.loss_fn, state.optimizer, images, labels, run.precision,
                                 r.clip_grad, state.ema, r.ema_decay, size, r.accum_steps, state.scaler,
-                                run.channels_last)
+                                run.channels_last, share=len(images) * d.world / sizes[i])
         state.step += 1
         meter.add(loss, hits, len(images))
         if i % every == 0 or i == run.per_epoch - 1:
