@@ -46,10 +46,11 @@ def test_every_study_writes_its_table_figure_and_answer(quick):
         table = (out / f"{name}.md").read_text()
         saved = json.loads((out / f"{name}.json").read_text())
         assert saved["answer"] == results[name]["answer"] and saved["answer"] in table
-        assert [r["label"] for r in saved["rows"]] == [a.label for a in study.arms]
+        probes = [r["label"] for r in saved["rows"] if r["group"] == "linear probe"]
+        assert [r["label"] for r in saved["rows"]] == [a.label for a in study.arms if not a.pretraining] + probes
         for row in saved["rows"]:
             assert row["label"] in table
-            assert 0 <= row["top1_mean"] <= 1 and row["epochs"] == 1
+            assert 0 <= row["top1_mean"] <= 1 and row["epochs"] == (None if row["label"] in probes else 1)
 
 
 def test_data_scale_trains_on_nested_stratified_shares(quick):
@@ -74,9 +75,10 @@ def test_studies_share_runs_and_a_rerun_trains_nothing(quick):
     said = []
     run_study("distill", out=out, quick=True, log=said.append)
     assert "4 runs, 4 done, 0 to train" in said[0]
-    # every run trained once: pos-embed 3, data-scale 4 more ViT + 5 ResNet + 5 ConViT, the hybrid, and the
-    # distillation's 3 students (its teacher is data-scale's ResNet on the whole set: the same recipe)
-    assert len(list((out / "runs").glob("*/summary.json"))) == 3 + 4 + 5 + 5 + 1 + 3
+    # every run trained once: pos-embed 3, data-scale 4 more ViT + 5 ResNet + 5 ConViT, the hybrid, the
+    # distillation's 3 students (its teacher is data-scale's ResNet on the whole set: the same recipe), and
+    # pretrain's 2 pre-training runs and 4 fine-tunings (its scratch arms are data-scale's ViT 10% and 100%)
+    assert len(list((out / "runs").glob("*/summary.json"))) == 3 + 4 + 5 + 5 + 1 + 3 + 2 + 4
     assert before == {p: p.stat().st_mtime_ns for p in (out / "runs").glob("*/summary.json")}
 
 
@@ -90,6 +92,36 @@ def test_distill_reports_both_heads_and_trains_the_teacher_first(quick):
     for arm in ("soft", "hard"):
         summary = json.loads((Path(rows[arm]["runs"][0]) / "summary.json").read_text())
         assert summary["teacher"] == teacher_folder and summary["distill"] == arm
+
+
+def test_pretrain_fine_tunes_from_its_pretraining_runs_and_probes_their_encoders(quick):
+    from vitlab.runs.format import read_config, read_summary
+    from vitlab.studies.claims import probe_label
+
+    out, results = quick
+    result = results["pretrain"]
+    rows = {r["label"]: r for r in result["rows"]}
+    pre = {r["method"]: r for r in result["pretraining"]}
+    assert set(pre) == {"mae", "mpp"} and all(r["epochs"] == 1 and r["test_loss"] > 0 for r in pre.values())
+    for method, name in (("mae", "MAE"), ("mpp", "MPP")):
+        run = Path(pre[method]["run"])
+        assert read_summary(run).pretrain == method and (run / "pretrain.safetensors").is_file()
+        for share in ("10%", "100%"):
+            (folder,) = rows[f"{name}, {share} labels"]["runs"]
+            assert read_config(Path(folder))["init"] == str(run)  # fine-tuned from the study's pre-training run
+    scale = {r["label"]: r["runs"] for r in results["data-scale"]["rows"]}
+    assert rows["no pre-training, 10% labels"]["runs"] == scale["ViT 10%"]  # shared, not trained again
+    assert rows["no pre-training, 100% labels"]["runs"] == scale["ViT 100%"]
+    for encoder in ("MAE", "MPP", "random encoder"):
+        few, every = rows[probe_label(encoder, 0.1)], rows[probe_label(encoder, 1.0)]
+        assert few["train_images"] < every["train_images"] == rows["no pre-training, 100% labels"]["train_images"]
+        assert 0 <= every["knn"] <= 1 and few["knn"] is None
+    table = (out / "pretrain.md").read_text()
+    assert "MAE pre-training: 1 epoch(s)" in table and "Weighted k-NN" in table
+    assert len(list((out / "features").glob("features-*.safetensors"))) == 3 * 2  # train and test, per encoder
+    said = []
+    again = run_study("pretrain", out=out, quick=True, log=said.append)
+    assert "8 runs, 8 done, 0 to train" in said[0] and again["rows"] == result["rows"]
 
 
 def test_an_unfinished_arm_is_finished_from_its_checkpoint(quick, tmp_path):
@@ -126,7 +158,7 @@ def test_cli_lists_studies_and_names_a_wrong_one(capsys):
     assert all(name in listed for name in STUDIES)
     assert main(["study", "pos-embeds", "--quick"]) == 2
     err = capsys.readouterr().err
-    assert "no study 'pos-embeds'; accepted: pos-embed, data-scale, hybrid, distill, locality" in err
+    assert "no study 'pos-embeds'; accepted: pos-embed, data-scale, hybrid, distill, locality, pretrain" in err
     assert main(["study", "hybrid", "--seeds", "a"]) == 2
     assert "--seeds 'a' is not valid" in capsys.readouterr().err
 

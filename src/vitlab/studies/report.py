@@ -22,9 +22,12 @@ def write_report(result: dict[str, Any], study: Study, out: Path) -> None:
 
 
 def aggregate(study: Study, plan: list[tuple[Arm, int, Recipe]]) -> list[dict[str, Any]]:
-    """One row per arm: its seeds' top-1 (and heads), their mean, training images, epochs, img/s."""
+    """One row per arm: its seeds' top-1 (and heads), their mean, training images, epochs, img/s. Pre-training
+    arms have no top-1: they are reported by their probes (probe.py)."""
     rows = []
     for arm in study.arms:
+        if arm.pretraining:
+            continue
         runs = [(seed, Path(r.out)) for a, seed, r in plan if a is arm]
         seeds = {}
         heads: dict[str, list[float]] = {"cls": [], "dist": []}
@@ -74,15 +77,26 @@ def format_markdown(result: dict[str, Any], study: Study) -> str:
         cells += [f"{r['epochs']:.1f}" if r["epochs"] else "",
                   f"{r['images_per_second']:.0f}" if r["images_per_second"] else ""]
         lines.append("| " + " | ".join(cells) + " |")
+    lines += _pretraining_lines(result)
     lines += ["", f"Measured: {result['answer']}"]
     lines += ["", *result["notes"]] if result["notes"] else []
     return "\n".join(lines) + "\n"
 
 
+def _pretraining_lines(result: dict[str, Any]) -> list[str]:
+    """The pre-training runs and the probes' k-NN, as lines under the table."""
+    lines = [f"{r['label']}: {r['epochs']} epoch(s), {r['images_per_second']:.0f} img/s, held-out loss "
+             f"{r['test_loss']:.4f} ({Path(r['run']).name})" for r in result.get("pretraining", [])]
+    knn = [f"{r['encoder']} {_pct(r['knn'])}%" for r in result["rows"] if r.get("knn") is not None]
+    if knn:
+        lines.append("Weighted k-NN (k=20, cosine) on the frozen features, every label: " + ", ".join(knn) + ".")
+    return ["", *lines] if lines else []
+
+
 def plot_study(result: dict[str, Any], study: Study, path: Path) -> Path:
     """Bars (one per arm, a dot per seed) or lines (top-1 against training images, one per group)."""
     rows = [r for r in result["rows"] if not r["teacher"]]
-    fig = new_figure(7.5, 4.5)
+    fig = new_figure(7.5 if len(rows) <= 6 else 0.75 * len(rows) + 2, 4.5 if len(rows) <= 6 else 6)
     ax = fig.subplots()
     if study.x:
         for group in dict.fromkeys(r["group"] for r in rows):
@@ -102,7 +116,10 @@ def plot_study(result: dict[str, Any], study: Study, path: Path) -> Path:
             ax.scatter([i] * len(r["top1"]), [100 * v for v in r["top1"].values()], color="k", s=12, zorder=3)
             ax.annotate(f"{100 * r['top1_mean']:.1f}", (i, 100 * r["top1_mean"]), ha="center", va="bottom",
                         fontsize=9, xytext=(0, 3), textcoords="offset points")
-        ax.set_xticks(range(len(rows)), labels, rotation=15)
+        if len(rows) > 6:
+            ax.set_xticks(range(len(rows)), labels, rotation=35, ha="right", fontsize=8)
+        else:
+            ax.set_xticks(range(len(rows)), labels, rotation=15)
         ax.set(ylabel="test top-1 (%)")
         low = min(100 * min(r["top1"].values()) for r in rows)
         ax.set_ylim(max(0.0, low - 10), None)

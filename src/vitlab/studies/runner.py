@@ -27,7 +27,8 @@ import yaml
 from ..progress import Progress
 from ..runs.format import has_config, is_finished, read_config
 from ..train.recipe import Recipe, load_recipe
-from .claims import QUICK, QUICK_SHARE, STUDIES, TEACHER, Arm, base_values
+from .claims import PRETRAIN_BASE_KEYS, PRETRAINED, QUICK, QUICK_SHARE, STUDIES, TEACHER, Arm, base_values
+from .probe import pretraining_rows, probe_rows
 from .report import aggregate, write_report
 
 
@@ -47,13 +48,21 @@ def _slug(values: dict[str, Any], seed: int) -> str:
 
 
 def arm_recipe(arm: Arm, seed: int, out: Path, common: dict[str, Any], teacher_run: Path | None,
-               share: float = 1.0, base: dict[str, Any] | None = None) -> Recipe:
-    """The recipe of one arm and seed: the base values, the study's common values, then the arm's."""
-    values = {**(base_values() if base is None else base), **common, **arm.values, "seed": seed}
+               share: float = 1.0, base: dict[str, Any] | None = None,
+               pretrained: dict[str, Path] | None = None) -> Recipe:
+    """The recipe of one arm and seed: the base values, the study's common values, then the arm's; ``pretrained``
+    maps a pre-training method to the study's run of it (what ``init: pretrained:METHOD`` stands for)."""
+    base = base_values() if base is None else base
+    if arm.pretraining:  # the optimiser's values only: the augmentation is pre-training's own (random resized crops)
+        base = {k: v for k, v in base.items() if k in PRETRAIN_BASE_KEYS}
+    values = {**base, **common, **arm.values, "seed": seed}
     if share < 1:
         values["train_fraction"] = values.get("train_fraction", 1.0) * share
     if values.get("teacher") == TEACHER:
         values["teacher"] = str(teacher_run)
+    init = values.get("init")
+    if isinstance(init, str) and init.startswith(PRETRAINED):
+        values["init"] = str((pretrained or {})[init.removeprefix(PRETRAINED)])
     return load_recipe(None, out=str(out), **values)
 
 
@@ -194,30 +203,38 @@ def run_study(name: str, out: str | os.PathLike = "studies", data: str = "cifar1
     runs, base = out / "runs", base_values()
     teacher_arms = [a for a in study.arms if a.teacher]
     teacher_run = runs / _slug(teacher_arms[0].values, 0) if teacher_arms else None
+    pretrained = {a.values["pretrain"]: runs / _slug(a.values, 0) for a in study.arms if a.pretraining}
     plan: list[tuple[Arm, int, Recipe]] = []
     for arm in study.arms:
-        for seed in ([0] if arm.teacher else seeds):
+        for seed in ([0] if arm.teacher or arm.pretraining else seeds):  # one teacher, one pre-training each
             recipe = arm_recipe(arm, seed, runs / _slug(arm.values, seed), common, teacher_run,
-                                share=QUICK_SHARE if quick else 1.0, base=base)
+                                share=QUICK_SHARE if quick else 1.0, base=base, pretrained=pretrained)
             _check_same(Path(recipe.out), recipe)
             plan.append((arm, seed, recipe))
     todo = [(a, s, r) for a, s, r in plan if not is_finished(Path(r.out))]
     log(f"study {name}: {len(plan)} runs, {len(plan) - len(todo)} done, {len(todo)} to train "
         + (f"({jobs} at a time, {threads} thread(s) each)" if todo else ""))
     with Progress(total=len(plan), initial=len(plan) - len(todo), unit="run", desc=f"study {name}") as bar:
-        first = [(f"{a.label} seed {s}", r) for a, s, r in todo if a.teacher]  # the teacher before its students
-        rest = [(f"{a.label} seed {s}", r) for a, s, r in todo if not a.teacher]
+        # the teacher before its students, the pre-training runs before the arms that start from them
+        first = [(f"{a.label} seed {s}", r) for a, s, r in todo if a.teacher or a.pretraining]
+        rest = [(f"{a.label} seed {s}", r) for a, s, r in todo if not (a.teacher or a.pretraining)]
         for batch in (first, rest):
             if batch:
                 _train_arms(batch, jobs, log, bar)
 
-    rows = aggregate(study, plan)
+    rows, extra = aggregate(study, plan), {}
+    pre_runs = {a.label: Path(r.out) for a, _, r in plan if a.pretraining}
+    if study.probe:
+        rows += probe_rows(pre_runs, study.probe, common["data"], common.get("img_size"),
+                           QUICK_SHARE if quick else 1.0, cache_dir, out / "features", threads, log)
+    if pre_runs:
+        extra["pretraining"] = pretraining_rows(pre_runs)
     result = {"study": name, "claim": study.claim, "source": study.source,
               "budget": f"quick (digits, {100 * QUICK_SHARE:g}% of the images, 1 epoch at 16x16)" if quick else
               (f"{epochs} epochs" if epochs is not None else f"{budget:g} min per run"),
               "data": common["data"], "seeds": list(seeds), "threads_per_run": threads, "runs_at_a_time": jobs,
               "recipe": {**base, **{k: v for k, v in common.items() if k not in ("cache_dir",)}},
-              "rows": rows, "answer": study.answer(rows), "notes": study.notes}
+              "rows": rows, "answer": study.answer(rows), "notes": study.notes, **extra}
     write_report(result, study, out)
     return result
 
