@@ -57,7 +57,7 @@ def probe_rows(runs: dict[str, Path], fractions: Sequence[float], data: str, img
     rows = []
     try:
         for name, encoder in _encoders(runs, size, in_chans).items():
-            log(f"linear probe of the {name} encoder")
+            log(f"linear probe: {name}")
             kw = dict(mean=bundle.mean, std=bundle.std, cache_dir=features_dir, progress=False, batch_size=256)
             train_f = extract_features(encoder, train.images, **kw)
             test_f = extract_features(encoder, test.images, **kw)
