@@ -19,7 +19,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     st = sub.add_parser("study", help="a paper's claim as runs that differ in one factor: table, figure, answer",
                         description="Train every arm of a study (skipping finished ones, resuming unfinished "
                         "ones) and write OUT/NAME.md, .json and .png.")
-    st.add_argument("name", nargs="?", help="pos-embed, data-scale, hybrid, distill or locality (--list)")
+    st.add_argument("name", nargs="?", help="pos-embed, data-scale, hybrid, distill, locality or pretrain (--list)")
     st.add_argument("--list", action="store_true", help="list the studies and their claims")
     add_option(st, "data", default="cifar10", help="data set (a .tar.gz or folder works)")
     st.add_argument("--budget", type=float, default=5.0, help="minutes of training per run (default 5)")
