@@ -207,3 +207,26 @@ def test_a_run_trained_by_another_live_process_is_waited_for(tmp_path):
     other_lock = tmp_path / "runs" / "resnet-train_fraction=0.1-seed0.lock"
     other_lock.write_text("999999999")  # left by a process that is gone: taken over
     assert _claim(other, said.append) is True and other_lock.read_text() == str(os.getpid())
+
+
+def test_probe_rows_judge_a_pretrained_and_a_random_encoder_on_nested_label_shares(tmp_path, cache_dir):
+    import vitlab
+    from vitlab.pretrain import create_objective, save_objective
+    from vitlab.studies.probe import probe_rows
+
+    encoder = vitlab.create_model("vit_micro_patch2_8", depth=1, num_classes=0)
+    save_objective(create_objective("mae", encoder, decoder_depth=1), tmp_path / "mae", "mae", {"decoder_depth": 1})
+    rows = probe_rows({"MAE pre-training": tmp_path / "mae"}, (0.1, 1.0), "digits", None, 1.0, None,
+                      tmp_path / "features", threads=1, log=lambda s: None)
+    assert [r["label"] for r in rows] == ["linear probe: MAE, 10% labels", "linear probe: MAE, 100% labels",
+                                          "linear probe: random encoder, 10% labels",
+                                          "linear probe: random encoder, 100% labels"]
+    from vitlab.data import load_data
+    few = len(stratified_subset(load_data("digits", log=lambda s: None).train.labels, 0.1))
+    assert [r["train_images"] for r in rows] == [few, 1437, few, 1437]  # stratified shares of the 1,437 digits
+    assert all(0.1 < r["top1_mean"] <= 1 for r in rows)  # above chance on 10 classes
+    assert [r["knn"] is None for r in rows] == [True, False, True, False]
+    assert rows[0]["runs"] == [str(tmp_path / "mae")] and rows[2]["runs"] == []
+    assert len(list((tmp_path / "features").glob("*.safetensors"))) == 2 * 2  # train and test, per encoder
+    assert probe_rows({"MAE pre-training": tmp_path / "mae"}, (0.1, 1.0), "digits", None, 1.0, None,
+                      tmp_path / "features", threads=1, log=lambda s: None) == rows  # read back from the cache

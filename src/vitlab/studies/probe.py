@@ -55,22 +55,22 @@ def probe_rows(runs: dict[str, Path], fractions: Sequence[float], data: str, img
     threads_before = torch.get_num_threads()
     torch.set_num_threads(threads)
     rows = []
+    widest = stratified_subset(train.labels, max(fractions) * share)  # the shares nest: features of these only
+    labels = train.labels[widest]
     try:
         for name, encoder in _encoders(runs, size, in_chans).items():
             log(f"linear probe: {name}")
             kw = dict(mean=bundle.mean, std=bundle.std, cache_dir=features_dir, progress=False, batch_size=256)
-            train_f = extract_features(encoder, train.images, **kw)
+            train_f = extract_features(encoder, train.images[widest], **kw)
             test_f = extract_features(encoder, test.images, **kw)
             for f in fractions:
-                keep = stratified_subset(train.labels, f * share)
-                probe = linear_probe(train_f[keep], train.labels[keep], test_f, test.labels,
-                                     num_classes=len(bundle.classes))
+                keep = torch.isin(widest, stratified_subset(train.labels, f * share))
+                probe = linear_probe(train_f[keep], labels[keep], test_f, test.labels, num_classes=len(bundle.classes))
                 knn = None
                 if f == 1.0:
-                    pred = knn_classify(train_f[keep], train.labels[keep], test_f, k=KNN_K,
-                                        num_classes=len(bundle.classes))
+                    pred = knn_classify(train_f[keep], labels[keep], test_f, k=KNN_K, num_classes=len(bundle.classes))
                     knn = float((pred == test.labels).double().mean())
-                rows.append(_row(probe_label(name, f), name, len(keep), probe.test_accuracy, knn,
+                rows.append(_row(probe_label(name, f), name, int(keep.sum()), probe.test_accuracy, knn,
                                  runs.get(f"{name} pre-training")))
     finally:
         torch.set_num_threads(threads_before)
