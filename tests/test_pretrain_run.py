@@ -186,6 +186,8 @@ def test_init_from_a_pretraining_run_loads_every_encoder_tensor(tmp_path, cache_
     said = [line for line in lines if line.startswith("--init")]
     assert said == [f"--init {run}: loaded {len(encoder_state)} encoder tensors (its decoder, {PRETRAIN_WEIGHTS}, "
                     "is not used); new: head.weight, head.bias"]
+    summary = train(r.model_copy(update={"train_fraction": 0.05}), log=lambda s: None)  # and it fine-tunes
+    assert summary["pretrain"] == "none" and summary["top1"] is not None and vitlab.load(r.out).num_classes == 10
 
 
 # ---------------------------------------------------------------------------------------------
