@@ -74,8 +74,14 @@ def vitlab(*args: str) -> tuple[float, str]:
     return seconds, proc.stdout
 
 
-def top1(run: Path) -> float:
-    return json.loads((run / "summary.json").read_text())["top1"]
+def train_arm(name: str, out: Path, *args: str) -> tuple[str, float, float]:
+    """(name, test top-1, wall seconds) of `vitlab train ... --out OUT`; a finished run is read back (its own wall
+    time from summary.json), so a benchmark started again continues where it stopped."""
+    if (out / "summary.json").is_file():
+        summary = json.loads((out / "summary.json").read_text())
+        return name, summary["top1"], summary["wall_seconds"]
+    seconds, _ = vitlab("train", *args, "--out", out)
+    return name, json.loads((out / "summary.json").read_text())["top1"], seconds
 
 
 def main() -> None:
@@ -102,21 +108,15 @@ def main() -> None:
               "--random-erasing", 0]
     target = ["--data", b, "--train-fraction", args.train_fraction, "--epochs", args.epochs,
               "--eval-every", args.epochs]
-    rows = []
     backbone = runs / "backbone"
-    if not (backbone / "summary.json").is_file():
-        seconds, _ = vitlab("train", "--data", a, "--model", args.model, "--time-budget", args.pretrain_minutes,
-                            "--lr", args.lr, *common, "--out", backbone)
-        rows.append((f"backbone: classes 0-4, all labels, {args.pretrain_minutes:g} min", top1(backbone), seconds))
+    rows = [train_arm(f"backbone: classes 0-4, all labels, {args.pretrain_minutes:g} min", backbone, "--data", a,
+                      "--model", args.model, "--time-budget", args.pretrain_minutes, "--lr", args.lr, *common)]
     arms = [("fine-tuned, no layer decay", "finetune", ["--init", backbone, "--lr", args.lr / 2]),
             (f"fine-tuned, layer decay {args.layer_decay:g}", "finetune-ld", ["--init", backbone, "--lr", args.lr / 2,
                                                                              "--layer-decay", args.layer_decay]),
             ("from scratch", "scratch", ["--model", args.model, "--lr", args.lr])]
-    for name, folder, extra in arms:
-        if not (runs / folder / "summary.json").is_file():
-            seconds, _ = vitlab("train", *target, *extra, *common, "--out", runs / folder)
-            rows.append((name, top1(runs / folder), seconds))
-    _, _ = vitlab("probe", backbone, "--data", b, "--train-fraction", args.train_fraction, "--threads",
+    rows += [train_arm(name, runs / folder, *target, *extra, *common) for name, folder, extra in arms]
+    vitlab("probe", backbone, "--data", b, "--train-fraction", args.train_fraction, "--threads",
                         args.threads, "--device", args.device, "--cache-dir", cache, "--out", runs / "probe")
     probe = json.loads((runs / "probe" / "probe.json").read_text())
     t = probe["seconds"]  # each classifier with the features it needs (both splits, extracted once)
