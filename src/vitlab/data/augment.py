@@ -37,6 +37,7 @@ from ..settings import Settings
 __all__ = [
     "AUTO_AUGMENT_OPS",
     "AugmentConfig",
+    "alternating_flip",
     "BatchAugment",
     "apply_augment_ops",
     "cutmix_box",
@@ -95,6 +96,8 @@ class AugmentConfig(Settings):
     rrc_scale: tuple[float, float] = Field((0.35, 1.0), description="area range of the random resized crop",
                                            json_schema_extra={"accepted": RRC_SCALE_ACCEPTED})
     hflip: bool = Field(True, description="random horizontal flips")
+    alternating_flip: bool = Field(False, description="with hflip: mirror a fixed half of the images in even "
+                                   "epochs and the other half in odd ones instead of at random (airbench)")
     auto_augment: AutoAugment = Field("trivial", description="trivial (TrivialAugment), rand (RandAugment) or none")
     ra_num_ops: int = Field(2, ge=1, description="RandAugment ops per image")
     ra_magnitude: int = Field(9, ge=0, le=10, description="RandAugment magnitude (timm scale, 10 = full strength)")
@@ -225,6 +228,16 @@ def pad_crop_flip(
     if valid is not None:
         out = out.masked_fill_(~valid, 0)
     return out
+
+
+def alternating_flip(images: Tensor, index: Tensor, epoch: int, seed: int = 0) -> Tensor:
+    """Mirror image ``index[i]`` of the training set in epoch ``epoch`` where its flip bit says: a hash of
+    (index, seed) picks half of the images for the even epochs, the others are mirrored in the odd ones, so
+    every image is seen mirrored every other epoch (airbench's alternating flip). Same dtype, a new tensor."""
+    idx = to_device(index, images.device).long()
+    bit = (((idx * 2654435761 + seed * 40503 + 12345) % 4294967296) >> 16) & 1  # Knuth's multiplicative hash
+    flip = (bit ^ (epoch % 2)).bool().view(-1, *([1] * (images.dim() - 1)))
+    return torch.where(flip, images.flip(-1), images)
 
 
 def resized_crop_flip(images: Tensor, boxes: Tensor, flip: Tensor, size: tuple[int, int]) -> Tensor:
@@ -578,6 +591,8 @@ class BatchAugment(torch.nn.Module):
         cfg, (h, w) = self.cfg, self.img_size
         b, _, hi, wi = images.shape
         flip = torch.rand(b) < 0.5 if cfg.hflip else torch.zeros(b, dtype=torch.bool)
+        if cfg.alternating_flip:  # the trainer mirrored the batch already (alternating_flip)
+            flip = torch.zeros(b, dtype=torch.bool)
         if cfg.crop == "rrc":
             return resized_crop_flip(images, _sample_rrc_boxes(b, hi, wi, cfg.rrc_scale), flip, (h, w))
         if cfg.crop == "pad":

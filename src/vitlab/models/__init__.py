@@ -1,4 +1,6 @@
-"""The ViT family: ViT/DeiT, ConViT, CaiT, hybrid ViT, CCT, and ResNet teachers."""
+"""The ViT family: ViT/DeiT, ConViT, CaiT, hybrid ViTs, CCT, and ResNet and airbench CNNs (teachers)."""
+from .airbench import AirBench
+from .airbench_hybrid import AirBenchHybrid
 from .cait import Cait
 from .cct import CompactTransformer
 from .convit import ConVit
@@ -7,5 +9,6 @@ from .registry import create_model, list_models
 from .resnet import ResNet
 from .vit import VisionTransformer
 
-__all__ = ["Cait", "CompactTransformer", "ConVit", "HybridVisionTransformer", "ResNet", "VisionTransformer",
+__all__ = ["AirBench", "AirBenchHybrid", "Cait", "CompactTransformer",
+           "ConVit", "HybridVisionTransformer", "ResNet", "VisionTransformer",
            "create_model", "list_models"]

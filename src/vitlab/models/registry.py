@@ -8,6 +8,8 @@ from typing import Any
 
 from torch import nn
 
+from .airbench import AirBench
+from .airbench_hybrid import AirBenchHybrid
 from .base import DEFAULT_MEAN, DEFAULT_STD, Model, make_pretrained_cfg
 from .cait import Cait
 from .cct import CompactTransformer
@@ -107,6 +109,10 @@ register("vit_nano_r18_32", HybridVisionTransformer, CIFAR_MEAN, CIFAR_STD, **_C
          backbone_stem="cifar")
 register("resnet18_32", ResNet, CIFAR_MEAN, CIFAR_STD, **_CIFAR, layers=(2, 2, 2, 2), stem="cifar")
 register("resnet10_32", ResNet, CIFAR_MEAN, CIFAR_STD, **_CIFAR, layers=(1, 1, 1, 1), stem="cifar")
+# The speed-run CNN (airbench) and the hybrid that tokenizes with its whitening stem and conv groups
+register("airbench_32", AirBench, CIFAR_MEAN, CIFAR_STD, **_CIFAR, widths=(64, 256, 256))
+register("vit_nano_airbench_32", AirBenchHybrid, CIFAR_MEAN, CIFAR_STD, **_CIFAR, stem_widths=(64, 256),
+         embed_dim=128, depth=4, num_heads=4, class_token=False, global_pool="avg")
 # CCT (the paper's names: depth / kernel x tokenizer layers): CIFAR from scratch, and ImageNet
 register("cct_7_3x1_32", CompactTransformer, CIFAR_MEAN, CIFAR_STD, **_CIFAR,
          embed_dim=256, depth=7, num_heads=4, mlp_ratio=2.0, tokenizer_layers=1, tokenizer_kernel=3)

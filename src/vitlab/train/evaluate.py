@@ -12,12 +12,20 @@ from ..devices import to_device
 from .step import autocast
 
 
-def head_logits(model: nn.Module, x: torch.Tensor, tta: bool = False) -> dict[str, torch.Tensor]:
+def head_logits(model: nn.Module, x: torch.Tensor, tta: bool = False, translate: int = 0) -> dict[str, torch.Tensor]:
     """Eval logits by head: {'logits'} and, for a distilled model, also {'cls', 'dist'} (logits is their mean).
 
     With ``tta`` each head's logits are the mean over the image and its mirror image (test-time
-    augmentation by horizontal flip: right for photographs, wrong for digits or text).
+    augmentation by horizontal flip: right for photographs, wrong for digits or text). With ``translate``
+    N > 0 as well, airbench's mirror + translate: half that mean, plus a quarter each of the same mean for
+    the image shifted by N pixels up-left and down-right (borders reflected).
     """
+    if tta and translate:
+        h, w = x.shape[-2:]
+        padded = F.pad(x, (translate,) * 4, mode="reflect")
+        shifted = torch.cat([padded[..., :h, :w], padded[..., 2 * translate:, 2 * translate:]])
+        centre, moved = head_logits(model, x, True), head_logits(model, shifted, True)
+        return {name: v / 2 + sum(moved[name].chunk(2)) / 4 for name, v in centre.items()}
     if tta:
         both = head_logits(model, torch.cat([x, x.flip(-1)]))
         return {name: sum(v.chunk(2)) / 2 for name, v in both.items()}
@@ -30,8 +38,8 @@ def head_logits(model: nn.Module, x: torch.Tensor, tta: bool = False) -> dict[st
 @torch.no_grad()
 def confusion_counts(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, mean: Sequence[float],
                      std: Sequence[float], num_classes: int, batch_size: int = 256, precision: str = "fp32",
-                     progress=None, tta: bool = False,
-                     view: Callable[[torch.Tensor], torch.Tensor] | None = None) -> dict[str, dict[str, torch.Tensor]]:
+                     progress=None, tta: bool = False, view: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                     tta_translate: int = 0) -> dict[str, dict[str, torch.Tensor]]:
     """Per head: confusion matrix (true, predicted), top-5 hits and summed loss over uint8 images.
 
     The images may live anywhere (host memory, a memory-mapped store, the device) and are read a
@@ -50,7 +58,7 @@ def confusion_counts(model: nn.Module, images: torch.Tensor, labels: torch.Tenso
         x = normalize(view(batch) if view is not None else batch, mean, std)
         y = to_device(labels.narrow(0, i, n), device)
         with autocast(device, precision):
-            heads = head_logits(model, x, tta)
+            heads = head_logits(model, x, tta, tta_translate)
         for name, logits in heads.items():
             logits = logits.float()
             acc = out.setdefault(name, {

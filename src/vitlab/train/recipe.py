@@ -25,6 +25,7 @@ DistillType = Literal["none", "hard", "soft"]
 Log = Literal["none", "tensorboard"]
 HeadInit = Literal["auto", "zero", "trunc_normal", "keep"]
 Pretrain = Literal["none", "mae", "mpp"]
+Optimizer = Literal["adamw", "sgd"]
 AUGMENT_FIELDS = dict(AugmentConfig.model_fields)
 
 
@@ -72,6 +73,17 @@ class Recipe(Settings):
     min_lr: float = Field(1e-5, ge=0, description="final learning rate of the cosine")
     warmup: float = Field(0.05, ge=0, lt=1, description="share of the schedule spent in linear warmup")
     weight_decay: float = Field(0.05, ge=0, description="AdamW decay (none on norms, biases, embeddings, tokens)")
+    optimizer: Optimizer = Field("adamw", description="adamw, or sgd: Nesterov SGD whose lr and weight decay are "
+                                 "per 1,024 examples (airbench's decoupled hyperparameters, train/optim.py)")
+    momentum: float = Field(0.9, gt=0, lt=1, description="SGD's Nesterov momentum (optimizer: sgd)")
+    bn_bias_lr_scale: float = Field(1.0, gt=0, description="learning-rate factor of the BatchNorm biases "
+                                    "(airbench: 64; their weight decay per step unchanged)")
+    lookahead_every: int = Field(0, ge=0, description="lookahead: every N steps pull the weights toward their slow "
+                                 "average and copy it back (airbench: 5; 0 = off)")
+    lookahead_decay: float = Field(0.95, gt=0, le=1, description="lookahead: the slow weights keep "
+                                   "decay ** N * progress ** 3 of themselves at each pull")
+    freeze_stem_after: int = Field(0, ge=0, description="stop training a model's stem (airbench's whitening "
+                                   "bias) after N epochs (0 = never)")
     clip_grad: float | None = Field(1.0, ge=0, description="gradient norm clipping (0 or null = off)")
     ema_decay: float = Field(0.0, ge=0, lt=1, description="EMA of the weights (0 = off, e.g. 0.999)")
     early_stop: int = Field(0, ge=0, description="stop after N evaluations without improvement (0 = off)")
@@ -83,6 +95,8 @@ class Recipe(Settings):
     progressive_until: float = Field(0.5, gt=0, le=1, description="share of the schedule by which the input "
                                      "reaches full size")
     tta: bool = Field(False, description="evaluate on each test image and its mirror image (mean logits)")
+    tta_translate: int = Field(0, ge=0, description="with tta: also the test images shifted by N pixels up-left and "
+                               "down-right (reflected borders), weighted as airbench (1: its level 2)")
     augment: AugmentConfig = Field(default_factory=AugmentConfig, description="batched augmentation")
     # distillation
     teacher: str | None = Field(None, description="teacher model folder for distillation")
@@ -119,6 +133,8 @@ class Recipe(Settings):
             object.__setattr__(self, "distill", "hard")  # DeiT's default; no re-validation loop
         check_finetune(self)
         check_pretrain(self)
+        if self.tta_translate and not self.tta:
+            raise ValueError(f"tta_translate={self.tta_translate} needs tta: true (--tta); accepted without it: 0")
         if self.batch_size % self.accum_steps:
             raise ValueError(f"batch_size={self.batch_size} is not valid with accum_steps={self.accum_steps}; "
                              "accepted: a multiple of accum_steps")

@@ -24,7 +24,7 @@ import torch.nn as nn
 import yaml
 
 from .. import checkpoint
-from ..data.augment import BatchAugment, repeated_aug_indices
+from ..data.augment import BatchAugment, alternating_flip, repeated_aug_indices
 from ..data.sources import DataBundle
 from ..data.views import eval_view
 from ..pretrain import save_objective
@@ -67,6 +67,7 @@ from .objective import (
     pretraining,
     wrap_model,
 )
+from .optim import Lookahead, prepare_model, recipe_optimizer
 from .recipe import Recipe
 from .schedule import Plateau, describe_warmup, progressive_size, set_lr, step_share, warmup_cosine
 from .setup import (
@@ -79,7 +80,6 @@ from .setup import (
     epoch_plan,
     epoch_seed,
     freeze,
-    make_optimizer,
     restore_size_flags,
     set_fast_math,
     size_step,
@@ -201,6 +201,7 @@ class Run:
     n_params: int
     bar: Progress | None = None
     last_size: tuple[int, int] | None = None  # progressive resizing: the input size of the latest step
+    lookahead: Lookahead | None = None
 
     @property
     def budget(self) -> float | None:
@@ -227,7 +228,8 @@ class Run:
             return {"logits": loss_metrics(loss_sum / max(count, 1.0))}
         counts = confusion_counts(m, test.images.narrow(0, start, n), test.labels.narrow(0, start, n),
                                   self.mean, self.std, len(self.classes), batch_size=self.eval_batch,
-                                  precision=self.precision, tta=self.r.tta, view=self.view)
+                                  precision=self.precision, tta=self.r.tta, view=self.view,
+                                  tta_translate=self.r.tta_translate)
         for c in counts.values():
             for k in c:
                 c[k] = all_reduce_sum(c[k], d)
@@ -250,6 +252,8 @@ def _train(r: Recipe, d: Dist, resume: bool, log: Callable[[str], None], now: Ca
         if row is None:  # the budget ran out before this epoch's first step: no epoch
             break
         end = cut or (run.budget is None and row.epoch == r.epochs) or run.out_of_time()
+        if end and run.lookahead is not None:
+            run.lookahead.finish(run.model)
         if end or row.epoch % r.eval_every == 0:
             final_metrics, score = evaluate_epoch(run, row)
             end = end or run.out_of_time()  # the reserve for the end may have grown past what is left
@@ -287,6 +291,8 @@ def set_up(r: Recipe, d: Dist, resume: bool, log: Callable[[str], None], now: Ca
         write_config(out, r, getattr(model, "arch", None))
     channels_last = r.channels_last if r.channels_last is not None else channels_last_helps(model, d.device)
     model.to(d.device, memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+    if ckpt is None and not r.init:
+        prepare_model(model, data.train.images, mean, std, log)
     n_params = sum(p.numel() for p in model.parameters())
     if pretraining(r):
         model = wrap_model(model, r, mean, std, log)  # the objective is what trains, checkpoints and resumes
@@ -307,7 +313,7 @@ def set_up(r: Recipe, d: Dist, resume: bool, log: Callable[[str], None], now: Ca
         r, model, augment, *feeder.gather(torch.arange(min(n_train, batch_size // d.world))), d, log)
     state = TrainState(
         model=model,
-        optimizer=make_optimizer(model, r.lr, r.weight_decay, d.device, r.layer_decay, optimizer_betas(r)),
+        optimizer=recipe_optimizer(model, r, batch_size, d.device, optimizer_betas(r)),
         plateau=Plateau(r.plateau_patience, r.plateau_factor),
         ema=copy.deepcopy(model).eval().requires_grad_(False) if r.ema_decay > 0 else None,
         scaler=torch.amp.GradScaler(d.device.type) if precision == "fp16" else None,
@@ -331,6 +337,7 @@ def set_up(r: Recipe, d: Dist, resume: bool, log: Callable[[str], None], now: Ca
         log(said)
     run = Run(r, d, out, log, now, model, net, data, classes, mean, std, feeder, augment, loss_fn, state, clock, tb,
               view, img_size, batch_size, per_epoch, channels_last, size_flags, n_params)
+    run.lookahead = Lookahead(model, r.lookahead_every, r.lookahead_decay) if r.lookahead_every else None
     log(describe(run))
     run.bar = Progress(total=int(budget) if budget else clock.total_steps,
                        initial=min(int(state.seconds), int(budget)) if budget else state.step,
@@ -383,10 +390,11 @@ def describe(run: Run) -> str:
 
 def keep_back_final_evaluation(run: Run) -> None:
     """Keep back the end's evaluation before the first one has been timed: one batch, timed, scaled to the test
-    split (an over-estimate: the first batch pays for warm-up), so that a run evaluated only at the end still
-    ends within its budget."""
-    t_probe = run.now()
+    split, after one untimed batch that pays for warm-up (a CPU's kernels are chosen on the first call), so that a
+    run evaluated only at the end still ends within its budget."""
     run.evaluate(run.model, limit=run.eval_batch)  # every rank: it sums over them; its metrics are read back
+    t_probe = run.now()
+    run.evaluate(run.model, limit=run.eval_batch)
     shard = len(run.data.test.images) // run.d.world
     run.clock.keep_back((2.0 if run.state.ema is not None else 1.0) * (run.now() - t_probe)
                         * shard / min(run.eval_batch, shard))
@@ -420,6 +428,9 @@ def train_epoch(run: Run) -> tuple[EpochRow | None, bool]:
     run.model.train()
     run.loss_fn.train()
     meter = EpochMeter(d.device)
+    if r.freeze_stem_after and epoch >= r.freeze_stem_after and hasattr(run.model, "freeze_stem"):
+        run.model.freeze_stem()
+    flip = r.augment.hflip and r.augment.alternating_flip
     epoch_t0 = run.now()
     run.clock.start()
     lr, steps_before, cut, every = r.lr, state.step, False, figures_every(d.device)
@@ -432,11 +443,15 @@ def train_epoch(run: Run) -> tuple[EpochRow | None, bool]:
         share = step_share(p, state.step, run.clock.total_steps)
         lr = warmup_cosine(p, r.lr, r.min_lr, r.warmup, share) * state.plateau.scale
         size = input_size(run, p)
-        set_lr(state.optimizer, lr)  # times each group's lr_scale (layer decay)
+        set_lr(state.optimizer, lr)  # times each group's lr_scale (layer decay, BatchNorm biases, SGD)
+        if flip:
+            images = alternating_flip(images, batches[i], epoch, r.seed)
         loss, hits = train_step(run.net, run.augment, run.loss_fn, state.optimizer, images, labels, run.precision,
                                 r.clip_grad, state.ema, r.ema_decay, size, r.accum_steps, state.scaler,
                                 run.channels_last, share=len(images) * d.world / sizes[i])
         state.step += 1
+        if run.lookahead is not None:
+            run.lookahead.step(run.model, state.step, run.clock.progress(state.step))
         meter.add(loss, hits, len(images))
         if i % every == 0 or i == run.per_epoch - 1:
             show_running(run, meter, epoch, epoch_t0)

@@ -1,0 +1,66 @@
+"""A hybrid ViT whose tokenizer is the speed-run CNN's front (models/airbench.py): the frozen 2x2 patch-whitening
+convolution and BatchNorm conv groups, each group halving the grid (two groups: 32x32 -> an 8x8 grid of 64
+tokens; three: 4x4), a 1x1 projection of each cell to a token, then the plain ViT.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .airbench import WhitenStem, scaled_widths
+from .layers import to_2tuple
+from .vit import VisionTransformer
+
+
+class WhitenEmbed(nn.Module):
+    """Whitening stem -> (B, h, w, D) token grid, the PatchEmbed interface."""
+
+    def __init__(self, img_size, in_chans, embed_dim, widths, bn_momentum=0.4, eps=5e-4, dynamic_img_size=False):
+        super().__init__()
+        self.stem = WhitenStem(in_chans, widths, bn_momentum, eps, pad=True)
+        r = 2 ** len(widths)
+        self.img_size = to_2tuple(img_size)
+        if self.img_size[0] % r or self.img_size[1] % r:
+            raise ValueError(f"image size {self.img_size} is not divisible by the stem's stride {r}")
+        self.patch_size = (r, r)
+        self.grid_size = (self.img_size[0] // r, self.img_size[1] // r)
+        self.num_patches = self.grid_size[0] * self.grid_size[1]
+        self.dynamic_img_size = dynamic_img_size
+        self.proj = nn.Conv2d(self.stem.num_features, embed_dim, kernel_size=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        chans = self.stem.whiten.in_channels
+        if x.ndim != 4 or x.shape[1] != chans:
+            raise ValueError(f"expected images of shape (B, {chans}, H, W), got {tuple(x.shape)}")
+        if not self.dynamic_img_size and tuple(x.shape[-2:]) != self.img_size:
+            raise ValueError(f"input size {x.shape[-2]}x{x.shape[-1]} does not match the model's "
+                             f"{self.img_size[0]}x{self.img_size[1]}; use img_size=... or dynamic_img_size=True")
+        return self.proj(self.stem(x)).permute(0, 2, 3, 1)  # (B, h, w, D)
+
+
+class AirBenchHybrid(VisionTransformer):
+    family = "hybrid ViT (whitening conv-group embedding)"
+    parent_args_fixed = ("patch_size",)
+    timm_names = frozenset()
+    timm_spec = None
+    no_timm = "timm has no hybrid ViT on a patch-whitening stem"
+    hf_model_type = None
+    no_hf = "a hybrid ViT (its whitening conv stem)"
+    no_pretrain = ("its CNN stem mixes neighbouring patches before they become tokens, so a hidden or "
+                   "corrupted patch reaches the encoder through its neighbours")
+
+    def __init__(self, img_size=32, in_chans=3, embed_dim=128, stem_widths=(64, 256), width_mult=1.0,
+                 bn_momentum=0.4, whiten_eps=5e-4, dynamic_img_size=False, **kwargs):
+        if not stem_widths or width_mult <= 0:
+            raise ValueError(f"stem_widths {stem_widths} must be non-empty and width_mult {width_mult} > 0")
+        super().__init__(img_size=img_size, patch_size=2 ** len(stem_widths), in_chans=in_chans,
+                         embed_dim=embed_dim, dynamic_img_size=dynamic_img_size, **kwargs)
+        self.patch_embed = WhitenEmbed(img_size, in_chans, embed_dim, scaled_widths(stem_widths, width_mult),
+                                       bn_momentum, whiten_eps, dynamic_img_size)
+
+    def init_from_data(self, images: torch.Tensor) -> None:
+        """Set the whitening filters from normalised (B, C, H, W) training images (a few thousand suffice)."""
+        self.patch_embed.stem.init_from_data(images)
+
+    def freeze_stem(self) -> None:
+        self.patch_embed.stem.freeze_stem()
