@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from .airbench import WhitenStem, scaled_widths
+from .hybrid import HybridVisionTransformer
 from .layers import to_2tuple
 from .vit import VisionTransformer
 
@@ -18,36 +19,30 @@ class WhitenEmbed(nn.Module):
     def __init__(self, img_size, in_chans, embed_dim, widths, bn_momentum=0.4, eps=5e-4, dynamic_img_size=False):
         super().__init__()
         self.stem = WhitenStem(in_chans, widths, bn_momentum, eps, pad=True)
-        r = 2 ** len(widths)
-        self.img_size = to_2tuple(img_size)
-        if self.img_size[0] % r or self.img_size[1] % r:
-            raise ValueError(f"image size {self.img_size} is not divisible by the stem's stride {r}")
-        self.patch_size = (r, r)
-        self.grid_size = (self.img_size[0] // r, self.img_size[1] // r)
-        self.num_patches = self.grid_size[0] * self.grid_size[1]
-        self.dynamic_img_size = dynamic_img_size
         self.proj = nn.Conv2d(self.stem.num_features, embed_dim, kernel_size=1)
+        r = 2 ** len(widths)  # each conv group halves the grid
+        self.img_size, self.patch_size, self.dynamic_img_size = to_2tuple(img_size), (r, r), dynamic_img_size
+        if any(s % r for s in self.img_size):
+            raise ValueError(f"image size {self.img_size} is not divisible by the stem's stride {r}")
+        self.grid_size = tuple(s // r for s in self.img_size)
+        self.num_patches = self.grid_size[0] * self.grid_size[1]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        chans = self.stem.whiten.in_channels
+        chans, size = self.stem.whiten.in_channels, tuple(x.shape[-2:])
         if x.ndim != 4 or x.shape[1] != chans:
             raise ValueError(f"expected images of shape (B, {chans}, H, W), got {tuple(x.shape)}")
-        if not self.dynamic_img_size and tuple(x.shape[-2:]) != self.img_size:
-            raise ValueError(f"input size {x.shape[-2]}x{x.shape[-1]} does not match the model's "
-                             f"{self.img_size[0]}x{self.img_size[1]}; use img_size=... or dynamic_img_size=True")
+        if size != self.img_size and not self.dynamic_img_size:
+            raise ValueError(f"input size {size[0]}x{size[1]} does not match the model's {self.img_size[0]}x"
+                             f"{self.img_size[1]}; use img_size=... or dynamic_img_size=True")
         return self.proj(self.stem(x)).permute(0, 2, 3, 1)  # (B, h, w, D)
 
 
 class AirBenchHybrid(VisionTransformer):
     family = "hybrid ViT (whitening conv-group embedding)"
     parent_args_fixed = ("patch_size",)
-    timm_names = frozenset()
-    timm_spec = None
-    no_timm = "timm has no hybrid ViT on a patch-whitening stem"
-    hf_model_type = None
-    no_hf = "a hybrid ViT (its whitening conv stem)"
-    no_pretrain = ("its CNN stem mixes neighbouring patches before they become tokens, so a hidden or "
-                   "corrupted patch reaches the encoder through its neighbours")
+    timm_names, timm_spec, hf_model_type = frozenset(), None, None  # not the ViT's
+    no_timm, no_hf = "timm has no hybrid ViT on a patch-whitening stem", "a hybrid ViT (its whitening conv stem)"
+    no_pretrain = HybridVisionTransformer.no_pretrain  # the same reason: a CNN stem mixes neighbouring patches
 
     def __init__(self, img_size=32, in_chans=3, embed_dim=128, stem_widths=(64, 256), width_mult=1.0,
                  bn_momentum=0.4, whiten_eps=5e-4, dynamic_img_size=False, **kwargs):
