@@ -237,7 +237,8 @@ def load(path: str | os.PathLike, **overrides: Any) -> nn.Module:
         state = {k: v for k, v in state.items() if not k.startswith(heads)}
         state.update({k: v for k, v in model.state_dict().items() if k.startswith(heads)})
         preprocess.pop("label_names", None)
-    _adapt_pos_embed(model, state, old_img, _adapt_patch_embed(model, state))
+    # a patch size asked for (patch_size=) resamples the kernel; one the config implies by mistake stays a mismatch
+    _adapt_pos_embed(model, state, old_img, _adapt_patch_embed(model, state) if "patch_size" in overrides else None)
     try:
         load_state_strict(model, state, str(folder))
     except ValueError as e:
