@@ -79,7 +79,8 @@ def lookahead_alpha(progress: float, every: int, decay: float) -> float:
 class Lookahead:
     """Every ``every`` steps, slow = alpha * slow + (1 - alpha) * fast, then fast = slow (airbench's lookahead,
     alpha from ``lookahead_alpha``); ``finish`` sets the fast weights to the slow ones. Every floating-point
-    entry of the state dict takes part (BatchNorm statistics too)."""
+    entry of the state dict takes part (BatchNorm statistics too). The slow weights are not checkpointed: a resumed
+    run starts them from the weights it resumes with."""
 
     def __init__(self, model: nn.Module, every: int, decay: float):
         self.every, self.decay = every, decay
