@@ -193,11 +193,15 @@ def describe_groups(optimizer: torch.optim.Optimizer, layer_decay: float) -> str
             f"lr scale {min(scales):.3g}..{max(scales):.3g}")
 
 
-def check_groups(optimizer: torch.optim.Optimizer, ckpt: dict, path) -> None:
-    """Refuse a checkpoint whose optimizer groups (their sizes and lr scales) are not the ones this run builds."""
-    saved = ckpt.get("optimizer")
-    if not isinstance(saved, dict) or not isinstance(saved.get("param_groups"), list):
+def check_groups(optimizer: torch.optim.Optimizer, ckpt: dict, path, model: nn.Module) -> None:
+    """Refuse a checkpoint of this model whose optimizer groups (their sizes and lr scales) are not the ones this
+    run builds; another model's checkpoint is left to the state's loading, which names both models."""
+    saved, weights = ckpt.get("optimizer"), ckpt.get("model")
+    if not isinstance(saved, dict) or not isinstance(saved.get("param_groups"), list) or not isinstance(weights, dict):
         return  # the state's own loading says what is missing
+    own = model.state_dict()
+    if set(weights) != set(own) or any(getattr(weights[k], "shape", None) != v.shape for k, v in own.items()):
+        return
     ours = [(len(g["params"]), round(g.get("lr_scale", 1.0), 9)) for g in optimizer.param_groups]
     theirs = [(len(g.get("params", ())), round(g.get("lr_scale", 1.0), 9)) for g in saved["param_groups"]
               if isinstance(g, dict)]

@@ -321,7 +321,7 @@ def set_up(r: Recipe, d: Dist, resume: bool, log: Callable[[str], None], now: Ca
     if r.layer_decay < 1:
         log(describe_groups(state.optimizer, r.layer_decay))
     if ckpt is not None:
-        check_groups(state.optimizer, ckpt, out / CHECKPOINT)
+        check_groups(state.optimizer, ckpt, out / CHECKPOINT, model)
         load_state(state, ckpt, model, out)
         log(f"resuming {out} after epoch {state.epoch}")
     elif resume:
