@@ -103,5 +103,7 @@ def test_run_clock_follows_its_time_source():
     assert clock.reserve == 5.0 and clock.progress(step=3) == pytest.approx(10 / 15)
     t[0] += 5.0
     assert clock.progress(step=3) == 1.0
+    assert clock.keep_back(30.0) and clock.reserve == 10.0  # 63 s wanted: half the 20 s budget at most
+    assert not clock.keep_back(1.0) and clock.reserve == 10.0  # never less than already reserved
     steps = RunClock(d, total_steps=10, now=lambda: t[0])
     assert steps.progress(step=3) == 0.3

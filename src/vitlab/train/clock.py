@@ -6,6 +6,8 @@ from collections.abc import Callable
 
 from .distributed import Dist, broadcast_value
 
+RESERVE_CAP = 0.5  # the largest share of a time budget kept back for the end of the run
+
 
 class RunClock:
     """Progress through the schedule, in [0, 1] and beyond when the run is over.
@@ -40,7 +42,12 @@ class RunClock:
             return step / self.total_steps
         return broadcast_value(self.seconds() / max(self.budget - self.reserve, 1e-9), self.d)
 
-    def keep_back(self, seconds: float) -> None:
+    def keep_back(self, seconds: float) -> bool:
         """Reserve enough of the budget for an end of the run (final evaluation, saving) measured or estimated at
-        ``seconds``: twice that plus 3 s, never less than already reserved."""
-        self.reserve = max(self.reserve, 2.0 * seconds + 3.0)
+        ``seconds``: twice that plus 3 s, never less than already reserved, and never more than half the budget (an
+        estimate taken on a busy machine can exceed the whole budget: the run then trains for half of it and its end
+        may run late, rather than never train). Returns whether that cap held the reserve back."""
+        wanted = max(self.reserve, 2.0 * seconds + 3.0)
+        cap = self.budget * RESERVE_CAP if self.budget is not None else wanted
+        self.reserve = min(wanted, max(cap, self.reserve))
+        return wanted > self.reserve

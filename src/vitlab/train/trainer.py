@@ -396,9 +396,10 @@ def keep_back_final_evaluation(run: Run) -> None:
     t_probe = run.now()
     run.evaluate(run.model, limit=run.eval_batch)
     shard = len(run.data.test.images) // run.d.world
-    run.clock.keep_back((2.0 if run.state.ema is not None else 1.0) * (run.now() - t_probe)
-                        * shard / min(run.eval_batch, shard))
-    run.log(f"kept back {run.clock.reserve:.0f} s of the budget for the final evaluation")
+    capped = run.clock.keep_back((2.0 if run.state.ema is not None else 1.0) * (run.now() - t_probe)
+                                 * shard / min(run.eval_batch, shard))
+    run.log(f"kept back {run.clock.reserve:.0f} s of the budget for the final evaluation"
+            + (" (half the budget: the evaluation was timed at more; the run may end late)" if capped else ""))
 
 
 def epoch_batches(run: Run, epoch: int) -> list[torch.Tensor]:
