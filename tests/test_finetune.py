@@ -230,10 +230,10 @@ def test_small_folder_uses_every_image_every_epoch(tmp_path, cache_dir, monkeypa
     data = noise_folder(tmp_path / "small", classes=3, per_class=69, size=8)  # 165 training images, 42 test
     seen, lrs, real_step = [], [], trainer.train_step
 
-    def step(net, augment, loss_fn, optimizer, images, labels, *args):
+    def step(net, augment, loss_fn, optimizer, images, labels, *args, **kwargs):
         seen.append([bytes(image.cpu().numpy()) for image in images])  # noise: every image is distinct
         lrs.append(optimizer.param_groups[0]["lr"])
-        return real_step(net, augment, loss_fn, optimizer, images, labels, *args)
+        return real_step(net, augment, loss_fn, optimizer, images, labels, *args, **kwargs)
 
     monkeypatch.setattr(trainer, "train_step", step)
     lines = []
