@@ -39,10 +39,23 @@ def launched(*commands: list[str]):
         yield procs
     finally:
         for p in procs:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(p.pid, signal.SIGKILL)
+            for pid in [p.pid, *descendants(p.pid)]:  # torchrun may start its workers in sessions of their own
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pid, signal.SIGKILL) if pid == p.pid else os.kill(pid, signal.SIGKILL)
             p.wait()
             p.stdout.close()
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (children first), read from /proc while they still run."""
+    found, todo = [], [pid]
+    while todo:
+        with contextlib.suppress(OSError):
+            children = [int(c) for c in Path(f"/proc/{todo[0]}/task/{todo[0]}/children").read_text().split()]
+            found += children
+            todo += children
+        todo.pop(0)
+    return found
 
 
 def torchrun(*args) -> list[str]:
