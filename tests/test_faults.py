@@ -492,6 +492,8 @@ def test_cache_list_and_clean_remove_only_superseded_stores(tmp_path):
     import shutil
     shutil.rmtree(gone)
     (cache / "notes.txt").write_text("mine")
+    (cache / "features").mkdir()
+    (cache / "features" / "features-ab12.safetensors").write_bytes(b"0" * 64)
     debris = cache / ".x.json.ab12cd34.tmp"
     debris.write_text("{")
     _age(debris, 3600)
@@ -499,13 +501,15 @@ def test_cache_list_and_clean_remove_only_superseded_stores(tmp_path):
     stores = {e.path.name: e.status for e in entries if e.kind == "store"}
     assert sorted(stores.values()) == ["current", "current", "current", "source gone", "superseded (source changed)"]
     assert all(e.bytes > 0 for e in entries if e.kind == "store")
-    assert {e.path.name: e.kind for e in entries}["notes.txt"] == "other"
+    kinds = {e.path.name: e.kind for e in entries}
+    assert kinds["notes.txt"] == "other" and kinds["features"] == "features"
     dry = vcache.clean_cache(cache, dry_run=True)
     assert len(dry) == 3 and all(e.path.exists() for e in dry)
     removed = vcache.clean_cache(cache)
     assert {e.status for e in removed} == {"source gone", "superseded (source changed)", "stale"}
     assert sorted(e.status for e in vcache.cache_entries(cache) if e.kind == "store") == ["current"] * 3
-    assert (cache / "notes.txt").read_text() == "mine"
+    assert (cache / "notes.txt").read_text() == "mine" and (cache / "features").is_dir()  # features: only everything
+    assert "features" in {e.path.name for e in vcache.clean_cache(cache, everything=True, dry_run=True)}
     _, logs = quiet(root, cache_dir=cache)
     assert "from cache" in logs[-1]
     assert snapshot(root) != before and set(snapshot(root)) == set(before)  # only the user's own edit

@@ -201,9 +201,12 @@ def space_message(problem: str, what: str, cache: Path, need: int, free: int | N
 # what the cache holds
 
 
+FEATURES_DIR = "features"  # the cache's folder of frozen models' features (vitlab probe; vitlab.probe.features)
+
+
 @dataclass
 class CacheEntry:
-    """One thing in the cache folder: ``kind`` is store, partial, download, debris or other."""
+    """One thing in the cache folder: ``kind`` is store, partial, download, features, debris or other."""
 
     path: Path
     kind: str
@@ -267,6 +270,9 @@ def cache_entries(cache_dir: str | os.PathLike | None = None,
             stale = is_stale_temp(path)
             out.append(CacheEntry(path, "debris", disk_usage(path), status="stale" if stale else "being written",
                                   removable=stale))
+        elif name == FEATURES_DIR and path.is_dir():
+            out.append(CacheEntry(path, "features", disk_usage(path), status="probe features (computed again when "
+                                  "needed)"))
         elif name.startswith("cifar-") or name.endswith(".tar.gz"):
             out.append(CacheEntry(path, "download", disk_usage(path), status="downloaded data set"))
         elif not (name.startswith(".") and name.endswith(".lock")):
@@ -276,8 +282,9 @@ def cache_entries(cache_dir: str | os.PathLike | None = None,
 
 def clean_cache(cache_dir: str | os.PathLike | None = None, everything: bool = False, dry_run: bool = False,
                 identify: Callable[[str, str], Any] | None = None) -> list[CacheEntry]:
-    """Remove superseded stores and stale temporary files (with ``everything``: every store, unfinished build
-    and download too); returns what was (or, with ``dry_run``, would be) removed. A store being built is kept."""
+    """Remove superseded stores and stale temporary files (with ``everything``: every store, unfinished build,
+    download and the probe's features too); returns what was (or, with ``dry_run``, would be) removed. A store
+    being built is kept."""
     removed = []
     for e in cache_entries(cache_dir, identify):
         if e.kind == "other" or not (e.removable or everything and e.kind != "debris"):

@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 
 from .. import checkpoint
-from ..data.cache import default_cache_dir
+from ..data.cache import FEATURES_DIR, default_cache_dir
 from ..data.sources import load_data
 from ..data.views import Preprocess, stratified_subset
 from ..devices import resolve_device
@@ -84,7 +84,7 @@ def probe(model_spec: str | os.PathLike, data: str, *, seed: int = 0, val_fracti
     for name in ("train", "test"):
         feats[name] = extract_features(model, sets[name][0], batch_size, dev, progress, mean=cfg["mean"],
                                        std=cfg["std"], size=sets["size"], precision=precision,
-                                       cache_dir=features_dir / "features", log=log)
+                                       cache_dir=features_dir / FEATURES_DIR, log=log)
     seconds["features"] = now() - t0
     (x_train, y_train), (x_test, y_test) = (feats["train"], sets["train"][1]), (feats["test"], sets["test"][1])
     classes = len(sets["classes"])
