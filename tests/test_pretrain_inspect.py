@@ -71,8 +71,9 @@ def test_inspect_report_of_a_pretraining_objective(tmp_path, method, figure):
                            distance_images=images(4))
     html = report.read_text()
     assert figure in html and "patch_grid.png" in html and "attention_distance.png" in html
-    for skipped in ("rollout.png", "faithfulness.png", "randomisation.png", "head_importance.png"):
+    for skipped in ("faithfulness.png", "randomisation.png", "head_importance.png"):
         assert skipped not in html and not (tmp_path / method / skipped).exists()
+    assert "rollout.png" in html  # the class-agnostic maps read no head: they are drawn
     assert "classifier head is untrained" in html and "&mdash;" not in html  # no top-5 predictions shown
     summary = json.loads((tmp_path / method / "analysis.json").read_text())
     assert summary["pretraining"]["method"] == method
@@ -99,4 +100,4 @@ def test_inspect_command_on_a_saved_pretraining_objective(tmp_path, method, cach
                  "--out", str(out)]) == 0
     html = (out / "report.html").read_text()
     assert ("mae_reconstructions.png" if method == "mae" else "mpp_predictions.png") in html
-    assert "attention_heads_0.png" in html and "rollout.png" not in html and "classifier head is untrained" in html
+    assert "attention_heads_0.png" in html and "rollout.png" in html and "classifier head is untrained" in html

@@ -11,12 +11,14 @@ import html
 import json
 from typing import TYPE_CHECKING
 
+import torch
+
 from ..models.layers import PatchEmbed
 from . import plots
 from .capture import attention_modules
 from .distance import convit_gates, gpsa_positional_attention, positional_attention_distance
 from .embeddings import filter_components, position_similarity
-from .explain import REGISTRY, method_label
+from .explain import REGISTRY, explain, method_key, method_label
 from .interactive import explorer_data, explorer_html
 from .pretraining import mae_reconstructions, mpp_predictions
 from .sanity import head_importance, parameter_randomisation
@@ -143,7 +145,8 @@ def _and(items: list[str]) -> str:
 
 def explanations(r: Inspection) -> None:
     """Every registered explanation method's map of the shown images, with its deletion and insertion AUC."""
-    if not needs_classifier(r, "Attention rollout and relevance"):
+    if r.no_classifier:
+        class_agnostic_explanations(r)
         return
     per_image = r.faith_per_image
     row_label = {k: method_label(k).replace(" (", "\n(", 1) for k in r.explanations}
@@ -163,6 +166,23 @@ def explanations(r: Inspection) -> None:
         if "dist" in r.prefix else "")
     r.figure(plots.plot_rollout(r.display, masks, captions, title="Attention rollout and relevance", scores=scores),
              "rollout.png", "Attention rollout and relevance", caption)
+
+
+def class_agnostic_explanations(r: Inspection) -> None:
+    """A model without a trained classifier (a backbone, a pre-training run's encoder): the maps that read no class
+    (attention rollout, raw attention), without faithfulness scores, which need class probabilities."""
+    pairs = [(m, t) for m, t in r.pairs if not REGISTRY[m].class_specific]
+    r.note(f"Relevance and faithfulness: skipped, {r.no_classifier}; the class-agnostic maps are drawn.")
+    if not pairs:
+        return
+    anyclass = torch.zeros(len(r.images), dtype=torch.long, device=r.images.device)  # read by no agnostic method
+    masks = {method_label(method_key(m, t)).replace(" (", "\n(", 1): explain(
+        r.model, r.images, m, anyclass, token=t, head_fusion=r.head_fusion, discard_ratio=r.discard_ratio)
+        for m, t in pairs}
+    used = [REGISTRY[m] for m in dict.fromkeys(m for m, _ in pairs)]
+    r.figure(plots.plot_rollout(r.display, masks, r.names, title="Attention rollout"), "rollout.png",
+             "Attention rollout", _and([m.about.format(head_fusion=r.head_fusion, discard_ratio=r.discard_ratio)
+                                        for m in used]) + ". These maps read no class: the model has no classifier.")
 
 
 FAITHFULNESS = (
