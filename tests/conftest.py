@@ -22,6 +22,15 @@ def _seed():
 
 
 @pytest.fixture
+def one_thread():
+    """Torch on one thread for the test, restored after it."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
 def cache_dir(tmp_path, monkeypatch):
     """A private vitlab cache for the test."""
     d = tmp_path / "cache"

@@ -21,14 +21,7 @@ from vitlab.pretrain.mae import decoder_defaults, patch_targets
 from vitlab.pretrain.masking import gather_tokens, num_visible, restore_tokens
 from vitlab.pretrain.mpp import Corruption, draw_corruption
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """These models are tiny: one thread is faster than two fighting over a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one thread beats two fighting over a busy machine
 
 
 def toy_vit(**kw) -> VisionTransformer:

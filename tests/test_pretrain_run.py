@@ -23,13 +23,7 @@ from vitlab.train.objective import held_out_loss
 from vitlab.train.setup import build_model_and_data
 from vitlab.train.state import load_checkpoint
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one thread beats two fighting over a busy machine
 
 
 def encoder(**kw):
