@@ -69,6 +69,39 @@ def test_speedrun_models_init_from_data_save_and_load(name, tmp_path):
     assert model.family and model.no_timm and model.no_hf and model.no_pretrain
 
 
+@pytest.mark.parametrize("pad,widths,grid", [(True, (64, 256), 8), (False, (64, 256), 7), (True, (64, 256, 256), 4),
+                                             (False, (64, 256, 256), 3)])
+def test_hybrid_token_grid_with_and_without_the_stem_pad(pad, widths, grid):
+    """Padded, the grid halves exactly; unpadded it is the CNN's own (32 -> 31 -> 15 -> 7 -> 3), and the model has
+    one position embedding per cell of it."""
+    model = vitlab.create_model("vit_nano_airbench_32", num_classes=10, width_mult=0.25, stem_pad=pad,
+                                stem_widths=widths, depth=1)
+    x = torch.randn(2, 3, 32, 32)
+    assert model.patch_embed(x).shape[1:3] == (grid, grid) == model.patch_embed.grid_size
+    assert model.pos_embed.shape[1] == grid * grid + model.num_prefix_tokens * (not model.no_embed_class)
+    assert model(x).shape == (2, 10)
+
+
+def test_whitening_from_data_can_be_switched_off_for_the_ablation():
+    """whiten_from_data=False: the first convolution keeps PyTorch's init and trains like any other."""
+    images = torch.randn(8, 3, 32, 32)
+    for name in ("airbench_32", "vit_nano_airbench_32"):
+        on = vitlab.create_model(name, num_classes=10, width_mult=0.25)
+        off = vitlab.create_model(name, num_classes=10, width_mult=0.25, whiten_from_data=False)
+        w_on, w_off = [dict(m.named_parameters()) for m in (on, off)]
+        key = next(k for k in w_on if k.endswith("whiten.weight"))
+        before = w_off[key].detach().clone()
+        assert on.init_from_data(images) and not off.init_from_data(images)
+        assert torch.equal(w_off[key], before) and w_off[key].requires_grad
+        assert not w_on[key].requires_grad and not torch.equal(w_on[key], before)
+
+
+def test_model_arg_adds_to_the_recipes_model_args():
+    r = load_recipe(ROOT / "recipes/cifar10_hybrid_speedrun.yaml", model_args={"whiten_from_data": False, "depth": 1})
+    assert r.model_args == {"stem_widths": [64, 256, 256], "stem_pad": False, "depth": 1, "embed_dim": 256,
+                            "num_heads": 4, "whiten_from_data": False}
+
+
 def test_airbench_convs_start_as_identities():
     model = vitlab.create_model("airbench_32", width_mult=0.25)
     conv = model.stem.groups[1].conv1  # 16 -> 64 channels
@@ -228,3 +261,8 @@ def test_speedrun_recipe_trains_on_the_digits(name, args, tmp_path, cache_dir):
     train(load_recipe(ROOT / "recipes/cifar10_airbench.yaml", data="digits", init=str(out), img_size=8, epochs=1,
                       batch_size=64, precision="fp32", threads=1, out=str(tmp_path / "tuned")), log=lines.append)
     assert lines and not any("initialised" in line for line in lines)
+    if name == "airbench_32":  # vitlab eval with the recipe's mirror + translate TTA gives the run's own figure
+        from vitlab.infer.eval import evaluate_folder
+        assert evaluate_folder(out, tta=True, tta_translate=1)["top1"] == pytest.approx(summary["top1"])
+        with pytest.raises(ValueError, match="needs --tta"):
+            evaluate_folder(out, tta_translate=2)

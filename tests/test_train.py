@@ -244,6 +244,35 @@ def test_time_budget_keeps_back_the_final_evaluation_before_any_evaluation(tmp_p
     assert [("test_top1" in r) for r in rows] == [False] * (len(rows) - 1) + [True]
 
 
+def test_budget_counting_training_only_stops_the_clock_for_evaluations(tmp_path, cache_dir, monkeypatch):
+    """budget_counts: training: each evaluation (here 100 s on the fake clock, far past the 12 s budget) leaves the
+    training time as it was; the same evaluations on the clock end a run that counts everything after one epoch."""
+    from vitlab.train import trainer
+    evaluate = trainer.Run.evaluate
+    results = {}
+    for counts in ("training", "all"):
+        clock = Ticks(0.05)
+
+        def slow_evaluate(self, model, limit=None, clock=clock):
+            clock.t += 100
+            return evaluate(self, model, limit=limit)
+
+        monkeypatch.setattr(trainer.Run, "evaluate", slow_evaluate)
+        lines = []
+        summary = train(load_recipe(None, model="vit_micro_patch2_8", batch_size=64, precision="fp32", threads=1,
+                                    time_budget=0.2, budget_counts=counts, out=str(tmp_path / counts)),
+                        log=lines.append, now=clock)
+        results[counts] = summary, metrics(tmp_path / counts), lines
+    summary, rows, lines = results["training"]
+    assert not any(line.startswith("kept back") for line in lines)  # nothing kept back for the final evaluation
+    assert summary["epochs"] >= 3 and all("test_top1" in r for r in rows), rows  # evaluated after every epoch
+    assert 12 <= summary["train_seconds"] <= 12 + 6 * 0.05, summary["train_seconds"]  # the whole budget trained
+    steps = [r["elapsed_seconds"] for r in rows]
+    assert all(0 < b - a < 12 for a, b in zip(steps, steps[1:]))  # no 100 s evaluation inside the training time
+    summary_all, rows_all, _ = results["all"]
+    assert summary_all["epochs"] == 1 and summary_all["train_seconds"] > 100
+
+
 def test_predict_top_k_with_class_names(tmp_path, cache_dir, capsys):
     out = tmp_path / "run"
     train(load_recipe(None, model="vit_micro_patch2_8", epochs=2, precision="fp32", out=str(out), threads=1))

@@ -22,6 +22,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_option(e, "cache_dir")
     add_option(e, "download", help="download CIFAR if missing (checksums verified)")
     add_option(e, "tta", help="average each image's logits with its mirror image's")
+    add_option(e, "tta_translate")
     e.set_defaults(func=run_eval)
 
     pr = sub.add_parser("predict", help="top-k classes for image files")
@@ -37,7 +38,7 @@ def run_eval(args: argparse.Namespace) -> int:
     from ..infer.eval import evaluate_folder
     result = evaluate_folder(args.model, args.data, out=args.out, batch_size=args.batch_size,
                              precision=args.precision, cache_dir=args.cache_dir, download=args.download,
-                             tta=args.tta, device=args.device)
+                             tta=args.tta, device=args.device, tta_translate=args.tta_translate)
     for head, m in result["heads"].items():
         print(f"{head:>6}: top-1 {100 * m['top1']:.2f}%  top-5 {100 * m['top5']:.2f}%  ({m['count']} images)")
     return 0

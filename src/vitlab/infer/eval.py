@@ -27,19 +27,22 @@ def center_crop(images: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
 
 def evaluate_folder(model_path: str | os.PathLike, data: str | None = None, out: str | os.PathLike | None = None,
                     batch_size: int = 256, precision: str = "fp32", cache_dir: str | None = None,
-                    download: bool = False, tta: bool = False, device: str = "auto") -> dict:
+                    download: bool = False, tta: bool = False, device: str = "auto", tta_translate: int = 0) -> dict:
     """Metrics of every head of a saved model on a data set's test split; summary.json and confusion.png in out.
 
-    ``tta`` averages each image's logits with its mirror image's (see ``head_logits``). ``precision``:
+    ``tta`` averages each image's logits with its mirror image's, and with ``tta_translate`` N also with the image
+    shifted by N pixels (see ``head_logits``). ``precision``:
     fp32, bf16, fp16 or auto (bf16 on a GPU that has it, else fp32). A run folder is evaluated on its own
     test split (its data set unless ``data`` names another, its seed and val_fraction). ``out`` is claimed
     before the work (runs.folder.claim_folder): a folder holding others' files, or being written, is refused.
     """
     with claim_folder(out, "eval") if out is not None else contextlib.nullcontext():
-        return _evaluate(model_path, data, out, batch_size, precision, cache_dir, download, tta, device)
+        return _evaluate(model_path, data, out, batch_size, precision, cache_dir, download, tta, device, tta_translate)
 
 
-def _evaluate(model_path, data, out, batch_size, precision, cache_dir, download, tta, device) -> dict:
+def _evaluate(model_path, data, out, batch_size, precision, cache_dir, download, tta, device, tta_translate) -> dict:
+    if tta_translate and not tta:
+        raise ValueError(f"tta_translate={tta_translate} needs --tta; accepted without it: 0")
     split = read_split(model_path)
     data = data or split.get("data")
     split.pop("data", None)
@@ -70,10 +73,11 @@ def _evaluate(model_path, data, out, batch_size, precision, cache_dir, download,
     if precision == "auto":
         precision = "bf16" if dev.type == "cuda" and torch.cuda.is_bf16_supported() else "fp32"
     heads = evaluate_model(model, test_images, labels, names, model.pretrained_cfg["mean"],
-                           model.pretrained_cfg["std"], batch_size=batch_size, precision=precision, tta=tta)
+                           model.pretrained_cfg["std"], batch_size=batch_size, precision=precision, tta=tta,
+                           tta_translate=tta_translate)
     m = heads["logits"]
     result = EvalSummary(model=str(model_path), data=bundle.name, tta=tta, heads=heads, top1=m["top1"],
-                         top5=m["top5"], per_class=m["per_class"])
+                         top5=m["top5"], per_class=m["per_class"], tta_translate=tta_translate)
     if out is not None:
         out = Path(out)
         write_summary(out, result)

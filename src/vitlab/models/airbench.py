@@ -11,6 +11,7 @@
 The 3x3 convolutions start as identities on their first input channels (dirac); the BatchNorm scales are
 fixed at 1 and only their biases learn; the whitening filters never learn, their bias does until
 ``freeze_stem``. ``init_from_data`` sets the filters from images; a trainer calls it once on a fresh run.
+``whiten_from_data=False`` (the ablation) leaves the filters at PyTorch's default init and trains them.
 """
 from __future__ import annotations
 
@@ -43,17 +44,20 @@ def whitening_filters(images: torch.Tensor, size: int = 2, eps: float = 5e-4) ->
 class Whiten(nn.Conv2d):
     """The frozen patch-whitening convolution: D filters and their negations (2 * C * size * size channels)."""
 
-    def __init__(self, in_chans: int = 3, size: int = 2, eps: float = 5e-4):
+    def __init__(self, in_chans: int = 3, size: int = 2, eps: float = 5e-4, from_data: bool = True):
         super().__init__(in_chans, 2 * in_chans * size * size, size, padding=0, bias=True)
-        self.eps = eps
-        self.weight.requires_grad = False
+        self.eps, self.from_data = eps, from_data
+        self.weight.requires_grad = not from_data  # without the data's filters: an ordinary trained convolution
         nn.init.zeros_(self.bias)
 
     @torch.no_grad()
-    def init_from_data(self, images: torch.Tensor) -> None:
-        """Set the filters from normalised (B, C, H, W) training images."""
+    def init_from_data(self, images: torch.Tensor) -> bool:
+        """Set the filters from normalised (B, C, H, W) training images; False (nothing done) unless ``from_data``."""
+        if not self.from_data:
+            return False
         filters = whitening_filters(images.to(self.weight.device), self.kernel_size[0], self.eps)
         self.weight.copy_(torch.cat([filters, -filters]))
+        return True
 
 
 def dirac_conv(in_chs: int, out_chs: int) -> nn.Conv2d:
@@ -96,17 +100,25 @@ class WhitenStem(nn.Module):
     """
 
     def __init__(self, in_chans: int = 3, widths=(64, 256, 256), bn_momentum: float = 0.4, eps: float = 5e-4,
-                 pad: bool = False):
+                 pad: bool = False, from_data: bool = True):
         super().__init__()
         self.pad = pad
-        self.whiten = Whiten(in_chans, 2, eps)
+        self.whiten = Whiten(in_chans, 2, eps, from_data)
         self.act = nn.GELU()
         chs = [self.whiten.out_channels, *widths]
         self.groups = nn.Sequential(*[ConvGroup(a, b, bn_momentum) for a, b in zip(chs[:-1], chs[1:])])
         self.num_features = chs[-1]
 
-    def init_from_data(self, images: torch.Tensor) -> None:
-        self.whiten.init_from_data(images)
+    def init_from_data(self, images: torch.Tensor) -> bool:
+        return self.whiten.init_from_data(images)
+
+    def out_size(self, size: int) -> int:
+        """The side of the output grid for an input side ``size``."""
+        size = size + 1 if self.pad else size
+        size -= self.whiten.kernel_size[0] - 1
+        for _ in self.groups:
+            size //= 2
+        return size
 
     def freeze_stem(self) -> None:
         """Stop training the whitening bias (its filters never train)."""
@@ -132,7 +144,7 @@ class AirBench(Model):
 
     def __init__(self, widths=(64, 256, 256), width_mult: float = 1.0, in_chans: int = 3, num_classes: int = 10,
                  img_size: int = 32, scale: float = 1 / 9, bn_momentum: float = 0.4, whiten_eps: float = 5e-4,
-                 drop_rate: float = 0.0):
+                 whiten_from_data: bool = True, drop_rate: float = 0.0):
         super().__init__()
         if not widths or width_mult <= 0:
             raise ValueError(f"widths {widths} must be non-empty and width_mult {width_mult} > 0")
@@ -140,14 +152,16 @@ class AirBench(Model):
         self.img_size = img_size
         self.global_pool = "max"
         self.scale = scale
-        self.stem = WhitenStem(in_chans, scaled_widths(widths, width_mult), bn_momentum, whiten_eps)
+        self.stem = WhitenStem(in_chans, scaled_widths(widths, width_mult), bn_momentum, whiten_eps,
+                               from_data=whiten_from_data)
         self.num_features = self.stem.num_features
         self.head_drop = nn.Dropout(drop_rate)
         self.head = nn.Linear(self.num_features, num_classes, bias=False) if num_classes > 0 else nn.Identity()
 
-    def init_from_data(self, images: torch.Tensor) -> None:
-        """Set the whitening filters from normalised (B, C, H, W) training images (a few thousand suffice)."""
-        self.stem.init_from_data(images)
+    def init_from_data(self, images: torch.Tensor) -> bool:
+        """Set the whitening filters from normalised (B, C, H, W) training images (a few thousand suffice); False
+        when the model trains its filters instead (``whiten_from_data=False``)."""
+        return self.stem.init_from_data(images)
 
     def freeze_stem(self) -> None:
         self.stem.freeze_stem()

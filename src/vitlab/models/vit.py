@@ -200,20 +200,30 @@ class VisionTransformer(Model):
 
     def init_weights(self) -> None:
         """timm's init; a fixed sin-cos table when pos_embed='sincos'."""
-        if self.pos_embed is not None:
-            if self.pos_embed_type == "sincos":
-                table = sincos_2d_pos_embed(self.patch_embed.grid_size, self.embed_dim)
-                prefix = torch.zeros(1, self.pos_embed.shape[1] - table.shape[0], self.embed_dim)
-                with torch.no_grad():
-                    self.pos_embed.copy_(torch.cat([prefix, table[None]], dim=1))
-            else:
-                nn.init.trunc_normal_(self.pos_embed, std=0.02)
+        self.init_pos_embed()
         if self.cls_token is not None:
             nn.init.normal_(self.cls_token, std=1e-6)
         for token in (self.dist_token, self.reg_token):
             if token is not None:
                 nn.init.trunc_normal_(token, std=0.02)
         self.apply(init_weights_vit)
+
+    def init_pos_embed(self) -> None:
+        """A position embedding for every token of ``patch_embed``'s grid (and the prefix tokens unless
+        no_embed_class): truncated normal, or the fixed 2D sin-cos table."""
+        if self.pos_embed is None:
+            return
+        n = self.patch_embed.num_patches + (0 if self.no_embed_class else self.num_prefix_tokens)
+        if self.pos_embed.shape[1] != n:  # a subclass changed the grid
+            self.pos_embed = nn.Parameter(self.pos_embed.new_zeros(1, n, self.embed_dim),
+                                          requires_grad=self.pos_embed.requires_grad)
+        if self.pos_embed_type == "sincos":
+            table = sincos_2d_pos_embed(self.patch_embed.grid_size, self.embed_dim)
+            prefix = torch.zeros(1, self.pos_embed.shape[1] - table.shape[0], self.embed_dim)
+            with torch.no_grad():
+                self.pos_embed.copy_(torch.cat([prefix, table[None]], dim=1))
+        else:
+            nn.init.trunc_normal_(self.pos_embed, std=0.02)
 
     def _pos_embed(self, x: torch.Tensor) -> torch.Tensor:
         """(B, h, w, D) grid -> (B, prefix + h*w, D) with prefix tokens and position embedding."""

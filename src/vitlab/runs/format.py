@@ -160,6 +160,7 @@ class EvalSummary:
     top1: float
     top5: float
     per_class: dict[str, float]
+    tta_translate: int = 0        # with tta: also shifted by this many pixels (airbench's mirror + translate)
 
     def to_dict(self) -> dict[str, Any]:
         return _to_dict(self)

@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from .distributed import Dist, broadcast_value
 
@@ -35,6 +36,16 @@ class RunClock:
     def seconds(self) -> float:
         """Training seconds so far (this rank's clock; rank 0's is the one that counts)."""
         return self.before + (self.now() - self.t0 if self.t0 is not None else 0.0)
+
+    @contextmanager
+    def paused(self, pause: bool = True) -> Iterator[None]:
+        """With ``pause``, what runs inside is not counted (the evaluations of a budget that counts training only)."""
+        t = self.now()
+        try:
+            yield
+        finally:
+            if pause and self.t0 is not None:
+                self.t0 += self.now() - t
 
     def progress(self, step: int) -> float:
         """The share of the schedule done after ``step`` steps; the same value on every rank."""

@@ -95,7 +95,8 @@ def metrics_from_counts(counts: dict[str, torch.Tensor], classes: Sequence[str])
 
 def evaluate_model(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, classes: Sequence[str],
                    mean: Sequence[float], std: Sequence[float], batch_size: int = 256, precision: str = "fp32",
-                   progress=None, tta: bool = False) -> dict[str, dict]:
+                   progress=None, tta: bool = False, tta_translate: int = 0) -> dict[str, dict]:
     """Metrics per head ('logits', and 'cls'/'dist' for distilled models) on one process."""
-    counts = confusion_counts(model, images, labels, mean, std, len(classes), batch_size, precision, progress, tta)
+    counts = confusion_counts(model, images, labels, mean, std, len(classes), batch_size, precision, progress, tta,
+                              tta_translate=tta_translate)
     return {name: metrics_from_counts(c, classes) for name, c in counts.items()}

@@ -113,8 +113,8 @@ def prepare_model(model: nn.Module, train_images: torch.Tensor, mean, std, log: 
 
     if hasattr(model, "init_from_data"):
         images = normalize(train_images[:n].to(next(model.parameters()).device), mean, std)
-        model.init_from_data(images)
-        log(f"initialised {type(model).__name__} from {len(images)} training images")
+        if model.init_from_data(images):
+            log(f"initialised {type(model).__name__} from {len(images)} training images")
 
 
 def recipe_optimizer(model: nn.Module, r, batch_size: int, device: torch.device,

@@ -67,6 +67,10 @@ class Recipe(Settings):
     # schedule
     epochs: int = Field(30, ge=1, description="epochs to train")
     time_budget: float | None = Field(None, gt=0, description="minutes of training: lay the schedule over them")
+    budget_counts: Literal["all", "training"] = Field("all", description="what the time budget counts: all (the "
+                                                      "run ends within it, evaluations included) or training (the "
+                                                      "evaluations after epochs stop the clock, as speed runs time "
+                                                      "training; the run then ends later by their time)")
     batch_size: int = Field(128, ge=1, description="global batch (split over processes and micro-batches)")
     accum_steps: int = Field(1, ge=1, description="gradient accumulation: micro-batches per optimiser step")
     lr: float = Field(1e-3, gt=0, description="peak learning rate")
@@ -248,7 +252,10 @@ def load_recipe(path: str | Path | None = None, **overrides: Any) -> Recipe:
             raise ValueError(f"recipe {p} must be a mapping of option: value")
         values = _nested(loaded)
     given = _nested({k: v for k, v in overrides.items() if v is not None})
+    file_args, given_args = values.get("model_args"), given.get("model_args")
     values = {**values, **given, "augment": {**values.get("augment", {}), **given.get("augment", {})}}
+    if isinstance(file_args, dict) and isinstance(given_args, dict):
+        values["model_args"] = {**file_args, **given_args}  # --model-arg adds to (or overrides) the recipe's
     unknown = sorted(set(values) - set(FIELDS))
     if unknown:
         raise ValueError(f"unknown recipe option(s) {', '.join(unknown)}; accepted: "

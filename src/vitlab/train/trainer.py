@@ -243,7 +243,7 @@ class Run:
 def _train(r: Recipe, d: Dist, resume: bool, log: Callable[[str], None], now: Callable[[], float]) -> dict[str, Any]:
     t_start = now()
     run = set_up(r, d, resume, log, now)
-    if run.budget is not None and run.clock.reserve == 0:
+    if run.budget is not None and run.clock.reserve == 0 and r.budget_counts == "all":
         keep_back_final_evaluation(run)
     final_metrics, stopped_early = None, False
     end = run.out_of_time()  # a resumed run whose budget is already spent trains no more
@@ -385,7 +385,9 @@ def describe(run: Run) -> str:
             f"{f'pre-training {r.pretrain}' if pretraining(r) else f'{len(run.classes)} classes'}, "
             f"batch {run.batch_size}{f' over {d.world} processes' if d.enabled else ''}"
             f"{f' in {r.accum_steps} micro-batches' if r.accum_steps > 1 else ''}, {run.precision}, "
-            + (f"time budget {r.time_budget:g} min" if run.budget else f"{r.epochs} epochs of {run.per_epoch} steps"))
+            + (f"time budget {r.time_budget:g} min" + (" of training (evaluations not counted)"
+                                                         if r.budget_counts == "training" else "")
+               if run.budget else f"{r.epochs} epochs of {run.per_epoch} steps"))
 
 
 def keep_back_final_evaluation(run: Run) -> None:
@@ -498,15 +500,18 @@ def show_running(run: Run, meter: EpochMeter, epoch: int, epoch_t0: float) -> No
 
 def evaluate_epoch(run: Run, row: EpochRow) -> tuple[dict[str, dict], float]:
     """Evaluate the model (and its EMA copy) into the row; returns the better one's metrics (marked ``ema``
-    when it is the EMA copy's) and its score. Its time is kept back for the run's final evaluation."""
-    t_eval = run.now()
-    metrics = run.evaluate(run.model)
-    logits = metrics["logits"]
-    row.test_loss, row.test_top1, row.test_top5 = logits["loss"], logits["top1"], logits["top5"]
-    if "cls" in metrics:
-        row.test_top1_cls, row.test_top1_dist = metrics["cls"]["top1"], metrics["dist"]["top1"]
-    metrics, row.ema_test_top1 = better_of_ema(run, metrics)
-    run.clock.keep_back(run.now() - t_eval)
+    when it is the EMA copy's) and its score. Its time is kept back for the run's final evaluation, or, when the
+    budget counts training only, not counted at all."""
+    t_eval, off_clock = run.now(), run.r.budget_counts == "training"
+    with run.clock.paused(off_clock):
+        metrics = run.evaluate(run.model)
+        logits = metrics["logits"]
+        row.test_loss, row.test_top1, row.test_top5 = logits["loss"], logits["top1"], logits["top5"]
+        if "cls" in metrics:
+            row.test_top1_cls, row.test_top1_dist = metrics["cls"]["top1"], metrics["dist"]["top1"]
+        metrics, row.ema_test_top1 = better_of_ema(run, metrics)
+    if not off_clock:
+        run.clock.keep_back(run.now() - t_eval)
     return metrics, score(metrics["logits"])
 
 
