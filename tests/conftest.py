@@ -82,6 +82,9 @@ FAMILIES = (
                                                      final_norm=False, global_pool="avg", act_layer="swish"),
            ("mhsa",) * 2, timm=True, hf=False),
     Family("resnet", "resnet10_32", dict(widths=(8, 16, 32, 64)), (), timm=False, hf=False),  # CIFAR stem: not timm's
+    Family("airbench", "airbench_32", dict(widths=(8, 16, 16)), (), timm=False, hf=False),
+    Family("airbench_hybrid", "vit_nano_airbench_32", dict(stem_widths=(8, 16, 16), stem_pad=False, embed_dim=32,
+                                                           depth=2, num_heads=2), ("mhsa",) * 2, timm=False, hf=False),
 )
 FAMILY = {f.id: f for f in FAMILIES}
 ATTENTION_FAMILIES = [f.id for f in FAMILIES if f.attention]
