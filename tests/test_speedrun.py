@@ -1,6 +1,10 @@
 """The speed-run pieces: the whitening stem, alternating flips, decoupled SGD, BatchNorm-bias lr, lookahead,
 mirror + translate TTA, and the CNN and hybrid training on the digits."""
+import json
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -266,3 +270,20 @@ def test_speedrun_recipe_trains_on_the_digits(name, args, tmp_path, cache_dir):
         assert evaluate_folder(out, tta=True, tta_translate=1)["top1"] == pytest.approx(summary["top1"])
         with pytest.raises(ValueError, match="needs --tta"):
             evaluate_folder(out, tta_translate=2)
+
+
+@pytest.mark.slow
+def test_stem_freezes_mid_run_under_torchrun(tmp_path):
+    """Two processes: the whitening bias stops training after epoch 1 and the replicas (wrapped again, so that they
+    no longer wait for its gradient) train on in sync to the end."""
+    out = tmp_path / "run"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                           "29541", "-m", "vitlab", "train", "--config", str(ROOT / "recipes/cifar10_airbench.yaml"),
+                           "--data", "digits", "--img-size", "8", "--model-arg", "in_chans=1", "--model-arg",
+                           "widths=[16,32]", "--epochs", "3", "--batch-size", "64", "--freeze-stem-after", "1",
+                           "--no-tta", "--tta-translate", "0", "--precision", "fp32", "--out", str(out)],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["processes"] == 2 and summary["replicas_in_sync"] and summary["epochs"] == 3

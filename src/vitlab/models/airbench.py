@@ -120,9 +120,11 @@ class WhitenStem(nn.Module):
             size //= 2
         return size
 
-    def freeze_stem(self) -> None:
-        """Stop training the whitening bias (its filters never train)."""
+    def freeze_stem(self) -> bool:
+        """Stop training the whitening bias (its filters never train); True when it was still training."""
+        was = self.whiten.bias.requires_grad
         self.whiten.bias.requires_grad = False
+        return was
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.pad:
@@ -163,8 +165,8 @@ class AirBench(Model):
         when the model trains its filters instead (``whiten_from_data=False``)."""
         return self.stem.init_from_data(images)
 
-    def freeze_stem(self) -> None:
-        self.stem.freeze_stem()
+    def freeze_stem(self) -> bool:
+        return self.stem.freeze_stem()
 
     def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
         """A new untrained head for num_classes (0: none); the pooling is always the maximum."""

@@ -67,5 +67,5 @@ class AirBenchHybrid(VisionTransformer):
         when the model trains its filters instead (``whiten_from_data=False``)."""
         return self.patch_embed.stem.init_from_data(images)
 
-    def freeze_stem(self) -> None:
-        self.patch_embed.stem.freeze_stem()
+    def freeze_stem(self) -> bool:
+        return self.patch_embed.stem.freeze_stem()

@@ -328,9 +328,7 @@ def set_up(r: Recipe, d: Dist, resume: bool, log: Callable[[str], None], now: Ca
         log(f"no checkpoint in {out} yet: starting the run from the beginning")
 
     size_flags = any_size(model) if r.progressive_scale < 1 else {}  # every vitlab model takes other sizes this way
-    net = torch.compile(model, dynamic=False) if r.compile else model  # progressive resizing: one graph per size
-    if d.enabled:
-        net = nn.parallel.DistributedDataParallel(net, device_ids=[d.device.index] if d.device.type == "cuda" else None)
+    net = run_net(model, r, d)
     budget = r.time_budget * 60 if r.time_budget else None
     clock = RunClock(d, per_epoch * r.epochs, budget, seconds=state.seconds, reserve=state.reserve, now=now)
     if said := describe_warmup(r.warmup, None if budget else clock.total_steps, r.lr, r.min_lr):
@@ -390,6 +388,15 @@ def describe(run: Run) -> str:
                if run.budget else f"{r.epochs} epochs of {run.per_epoch} steps"))
 
 
+def run_net(model: nn.Module, r: Recipe, d: Dist) -> nn.Module:
+    """The model as the steps run it: compiled (one graph per input size) and/or replicated. DistributedDataParallel
+    reduces the gradients of the parameters that train when it is made: made again after a freeze."""
+    net = torch.compile(model, dynamic=False) if r.compile else model
+    if d.enabled:
+        net = nn.parallel.DistributedDataParallel(net, device_ids=[d.device.index] if d.device.type == "cuda" else None)
+    return net
+
+
 def keep_back_final_evaluation(run: Run) -> None:
     """Keep back the end's evaluation before the first one has been timed: one batch, timed, scaled to the test
     split, after one untimed batch that pays for warm-up (a CPU's kernels are chosen on the first call), so that a
@@ -432,7 +439,8 @@ def train_epoch(run: Run) -> tuple[EpochRow | None, bool]:
     run.loss_fn.train()
     meter = EpochMeter(d.device)
     if r.freeze_stem_after and epoch >= r.freeze_stem_after and hasattr(run.model, "freeze_stem"):
-        run.model.freeze_stem()
+        if run.model.freeze_stem() and d.enabled:  # newly frozen: the replicas stop reducing its gradients
+            run.net = run_net(run.model, r, d)
     flip = r.augment.hflip and r.augment.alternating_flip
     epoch_t0 = run.now()
     run.clock.start()
