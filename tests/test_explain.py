@@ -130,6 +130,7 @@ class LinearOnPixels(nn.Module):
         self.weight = nn.Parameter(weight)
         self.patch_embed = nn.Module()
         self.patch_embed.patch_size = (patch, patch)
+        self.patch_embed.grid_size = (weight.shape[2] // patch, weight.shape[3] // patch)
 
     def forward(self, x):
         return x.flatten(1) @ self.weight.flatten(1).T

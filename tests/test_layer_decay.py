@@ -1,4 +1,6 @@
 """Layer-wise lr decay, head initialisation and block freezing over every model family."""
+import re
+
 import pytest
 import torch
 import torch.nn as nn
@@ -34,6 +36,11 @@ FAMILIES = {
     "resnet": ("resnet10_32", {}, 4, {
         "conv1.weight": 0, "bn1.weight": 0, "layer1.0.conv1.weight": 1, "layer4.0.downsample.0.weight": 4,
         "fc.weight": 5, "fc.bias": 5}),
+    "airbench": ("airbench_32", {"widths": (8, 16, 16)}, 3, {  # the whitening is the embedding, a conv group a layer
+        "stem.whiten.bias": 0, "stem.groups.0.conv1.weight": 1, "stem.groups.2.norm2.bias": 3, "head.weight": 4}),
+    "airbench_hybrid": ("vit_nano_airbench_32", {"stem_widths": (8, 16), "depth": 2}, 2, {
+        "patch_embed.stem.groups.1.conv1.weight": 0, "patch_embed.proj.weight": 0, "blocks.1.attn.qkv.weight": 2,
+        "head.weight": 3}),
 }
 
 
@@ -64,7 +71,7 @@ def test_learning_rates_follow_decay_per_layer(family):
     optimizer = torch.optim.AdamW(param_groups_layer_decay(model, WD, DECAY), lr=LR)
     set_lr(optimizer, LR)
     lrs = lr_of(optimizer)
-    params = dict(model.named_parameters())
+    params = {n: p for n, p in model.named_parameters() if p.requires_grad}  # airbench fixes its BatchNorm scales
     for name, layer in expected.items():
         assert lrs[id(params[name])] == pytest.approx(LR * DECAY ** (depth + 1 - layer)), name
     # the heads learn at the full rate, the last block at lr * decay, the embeddings at lr * decay^(depth + 1)
@@ -89,7 +96,8 @@ def test_every_parameter_in_exactly_one_group_and_weight_decay_rule_kept(family)
     named = {id(p): n for n, p in model.named_parameters()}
     wd_of = {named[id(p)]: g["weight_decay"] for g in groups for p in g["params"]}
     assert wd_of[next(n for n in wd_of if n.endswith(".bias"))] == 0.0
-    assert wd_of[next(n for n in wd_of if n.endswith("norm.weight") or n.endswith("bn1.weight"))] == 0.0
+    norms = [n for n in wd_of if re.search(r"(norm\d*|bn1)\.weight$", n)]
+    assert all(wd_of[n] == 0.0 for n in norms) and (norms or family == "airbench")  # its scales are fixed at 1
     for token in ("pos_embed", "cls_token", "dist_token", "reg_token"):
         if token in wd_of:
             assert wd_of[token] == 0.0
@@ -188,6 +196,7 @@ def test_head_init_errors():
 def test_freeze_blocks_freezes_embeddings_and_first_blocks(family, n):
     model = make(family)
     ids, depth = layer_ids(model)
+    fixed = {name for name, p in model.named_parameters() if not p.requires_grad}  # airbench's, from the start
     n = depth if n == "depth" else n
     frozen = freeze_blocks(model, n)
     assert set(frozen) == {name for name, layer in ids.items() if layer <= n}
@@ -196,7 +205,7 @@ def test_freeze_blocks_freezes_embeddings_and_first_blocks(family, n):
     out = sum(o.sum() for o in out) if isinstance(out, tuple) else out.sum()
     out.backward()
     for name, p in model.named_parameters():
-        assert p.requires_grad == (ids[name] > n), name
+        assert p.requires_grad == (ids[name] > n and name not in fixed), name
         if ids[name] <= n:
             assert p.grad is None, name
     assert model.get_classifier().weight.grad is not None  # the head always trains

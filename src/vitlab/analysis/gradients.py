@@ -48,11 +48,11 @@ def gradient_saliency(model: nn.Module, images: torch.Tensor, target_class: int 
     """Saliency (Simonyan et al. 2014) per patch for target_class: (B, grid_h, grid_w), max 1.
 
     Per pixel the largest absolute gradient of the target logit over the channels, then the mean
-    over each patch of the model's grid (``patch_embed.patch_size`` pixels; a hybrid's stride).
+    over each cell of the model's token grid (``patch_embed.grid_size``: a patch, a hybrid's stride, or the
+    overlapping windows of an unpadded CNN stem).
     Reads no attention: a baseline the attention methods should beat. The model runs in eval
     mode and is put back as it was; no parameter .grad is touched.
     """
-    ph, pw = model.patch_embed.patch_size
     x = images.detach().clone().requires_grad_(True)
     modes = {m: m.training for m in model.modules()}
     try:
@@ -65,5 +65,5 @@ def gradient_saliency(model: nn.Module, images: torch.Tensor, target_class: int 
         for m, training in modes.items():
             m.training = training
     pixels = grad.float().abs().amax(dim=1, keepdim=True)  # (B, 1, H, W)
-    cells = F.avg_pool2d(pixels, (ph, pw))[:, 0]  # (B, grid_h, grid_w)
+    cells = F.adaptive_avg_pool2d(pixels, model.patch_embed.grid_size)[:, 0]  # (B, grid_h, grid_w)
     return cells / cells.amax(dim=(1, 2), keepdim=True).clamp_min(1e-12)

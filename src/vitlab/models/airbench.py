@@ -140,6 +140,7 @@ class AirBench(Model):
     family = "speed-run CNN (airbench)"
     no_weight_decay_names = ()
     global_pools = ("max",)
+    layer_stack = "stem.groups"  # layer-wise lr decay: the whitening is the embedding, each conv group a layer
     no_timm = "timm has no airbench network"
     no_hf = "an airbench CNN"
     no_pretrain = "a convolutional network has no patch tokens to hide"

@@ -133,6 +133,18 @@ def all_reduce_value(value: float, d: Dist) -> float:
     return float(t[0])
 
 
+def average_running_stats(model: torch.nn.Module, d: Dist) -> None:
+    """Average BatchNorm's running statistics over the ranks. Each rank's forward passes update them from its own
+    share of the batch, so they drift apart where the parameters do not."""
+    if not d.enabled:
+        return
+    stats = [getattr(m, name) for m in model.modules() for name in ("running_mean", "running_var")
+             if isinstance(getattr(m, name, None), torch.Tensor)]
+    for b in stats:
+        dist.all_reduce(b, op=dist.ReduceOp.SUM)
+        b.div_(d.world)
+
+
 def replicas_agree(model: torch.nn.Module, d: Dist) -> bool:
     """True when every rank holds bit-identical parameters and buffers (a digest of their bytes, compared)."""
     if not d.enabled:

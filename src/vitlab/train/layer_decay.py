@@ -3,7 +3,8 @@
 Every parameter gets a layer id: the embeddings (patch embedding, a hybrid's CNN backbone, position
 embedding, class / distillation / register tokens; a ResNet's stem) are layer 0, block i is layer
 i + 1 (CaiT's class-attention blocks count after its self-attention blocks, a ResNet's stage k is
-layer k), and everything after the last block (final norm, fc_norm, the heads) is layer depth + 1.
+layer k, the members of the stack a model names in ``layer_stack`` are its layers; airbench's conv
+groups), and everything after the last block (final norm, fc_norm, the heads) is layer depth + 1.
 A parameter in layer i learns at ``lr * decay ** (depth + 1 - i)``: the heads at the full rate, the
 last block at ``lr * decay``, the embeddings at ``lr * decay ** (depth + 1)``. As in BEiT and MAE,
 the final norm counts with the heads (timm's ViT puts it with the last block instead).
@@ -17,7 +18,7 @@ import torch.nn as nn
 
 # parameters (first name part) that are the input side of a model: layer 0
 EMBED_NAMES = ("patch_embed", "pos_embed", "cls_token", "dist_token", "reg_token", "mask_token", "norm_pre",
-               "conv1", "bn1")
+               "conv1", "bn1", "stem")
 # module lists whose members are the layers, in the order the input passes through them
 BLOCK_STACKS = ("blocks", "blocks_token_only")
 
@@ -25,8 +26,8 @@ BLOCK_STACKS = ("blocks", "blocks_token_only")
 def layer_units(model: nn.Module) -> list[str]:
     """The name prefixes of the model's layers in depth order ('blocks.0', ..., or 'layer1', ...)."""
     units = []
-    for stack in BLOCK_STACKS:
-        blocks = getattr(model, stack, None)
+    for stack in (*BLOCK_STACKS, getattr(model, "layer_stack", None)):
+        blocks = model.get_submodule(stack) if stack and hasattr(model, stack.split(".")[0]) else None
         if isinstance(blocks, (nn.Sequential, nn.ModuleList)):
             units += [f"{stack}.{i}" for i in range(len(blocks))]
     k = 1
@@ -35,7 +36,7 @@ def layer_units(model: nn.Module) -> list[str]:
         k += 1
     if not units:
         raise ValueError(f"{type(model).__name__} has neither transformer blocks nor ResNet stages; layer-wise "
-                         "settings accept ViT, DeiT, CaiT, ConViT, hybrid ViT and ResNet models")
+                         "settings accept ViT, DeiT, CaiT, ConViT, hybrid ViT, ResNet and airbench models")
     return units
 
 
@@ -47,10 +48,9 @@ def layer_ids(model: nn.Module) -> tuple[dict[str, int], int]:
     ids = {}
     for name, _ in model.named_parameters():
         parts = name.split(".")
-        if parts[0] in EMBED_NAMES:
-            ids[name] = 0
-        else:
-            ids[name] = unit_id.get(".".join(parts[:2]), unit_id.get(parts[0], depth + 1))
+        unit = next((unit_id[p] for p in (".".join(parts[:k]) for k in range(len(parts) - 1, 0, -1)) if p in unit_id),
+                    None)  # the longest prefix that is a layer
+        ids[name] = unit if unit is not None else 0 if parts[0] in EMBED_NAMES else depth + 1
     return ids, depth
 
 

@@ -48,6 +48,7 @@ from .distributed import (
     Dist,
     all_reduce_sum,
     all_reduce_value,
+    average_running_stats,
     barrier,
     broadcast_flag,
     broadcast_state,
@@ -254,6 +255,9 @@ def _train(r: Recipe, d: Dist, resume: bool, log: Callable[[str], None], now: Ca
         end = cut or (run.budget is None and row.epoch == r.epochs) or run.out_of_time()
         if end and run.lookahead is not None:
             run.lookahead.finish(run.model)
+        for m in (run.model, run.state.ema):  # BatchNorm's, which each rank updates from its own share
+            if m is not None:
+                average_running_stats(m, run.d)
         if end or row.epoch % r.eval_every == 0:
             final_metrics, score = evaluate_epoch(run, row)
             end = end or run.out_of_time()  # the reserve for the end may have grown past what is left
