@@ -44,7 +44,7 @@ ABLATIONS = {
     "no-lookahead": ("- lookahead", ["--lookahead-every", "0"]),
     "no-smoothing": ("- label smoothing 0.2", ["--label-smoothing", "0"]),
     "no-bnbias": ("- BatchNorm biases at a higher lr", ["--bn-bias-lr-scale", "1"]),
-    "progressive": ("+ progressive resizing (from 24x24 to 32x32 by half the budget)", ["--progressive-scale", "0.75"]),
+    "no-progressive": ("- progressive resizing (32x32 throughout)", ["--progressive-scale", "1"]),
 }
 ONE_VIEW = ["--no-tta", "--tta-translate", "0", "--eval-every", "100000"]
 

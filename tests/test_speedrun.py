@@ -106,6 +106,20 @@ def test_model_arg_adds_to_the_recipes_model_args():
                             "num_heads": 4, "whiten_from_data": False}
 
 
+def test_hybrid_recipe_starts_small_on_a_coarser_token_grid():
+    from vitlab.train.schedule import progressive_size
+    from vitlab.train.setup import any_size, size_step
+    r = load_recipe(ROOT / "recipes/cifar10_hybrid_speedrun.yaml")
+    model = vitlab.create_model(r.model, **r.model_args).eval()
+    any_size(model)
+    sizes = [progressive_size(p, (32, 32), r.progressive_scale, r.progressive_until, size_step(model))
+             for p in (0.0, r.progressive_until)]
+    assert sizes == [(24, 24), (32, 32)]  # the first half at 24x24, then the test size
+    with torch.no_grad():
+        tokens = [model.forward_features(torch.randn(2, 3, *s)).shape[1] for s in sizes]
+    assert tokens == [4, 9]  # the stem's 2x2 grid, then its 3x3
+
+
 def test_airbench_convs_start_as_identities():
     model = vitlab.create_model("airbench_32", width_mult=0.25)
     conv = model.stem.groups[1].conv1  # 16 -> 64 channels
