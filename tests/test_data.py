@@ -411,8 +411,8 @@ def test_second_load_comes_from_the_cache(tmp_path, monkeypatch):
     first, logs1 = quiet_load(str(root), cache_dir=tmp_path / "c")
     assert "decoded" in logs1[-1]
     stores = list((tmp_path / "c").glob("pets-*"))
-    assert len(stores) == 1 and sorted(p.name for p in stores[0].iterdir()) == ["header.json", "images.u8",
-                                                                               "labels.npy"]
+    assert len(stores) == 1 and sorted(p.name for p in stores[0].iterdir()) == [".vitlab-cache.json", "header.json",
+                                                                               "images.u8", "labels.npy"]
 
     def no_decoding(*args, **kwargs):
         raise AssertionError("decoded again instead of using the cache")

@@ -492,9 +492,10 @@ def test_cache_list_and_clean_remove_only_superseded_stores(tmp_path):
     import shutil
     shutil.rmtree(gone)
     (cache / "notes.txt").write_text("mine")
-    (cache / "features").mkdir()
-    (cache / "features" / "features-ab12.safetensors").write_bytes(b"0" * 64)
-    debris = cache / ".x.json.ab12cd34.tmp"
+    from vitlab.data.owned import make_owned_folder
+    make_owned_folder(cache / "features", "features")  # as vitlab probe makes it
+    (cache / "features" / "features-ab12ab12.safetensors").write_bytes(b"0" * 64)
+    debris = cache / ".x.json.ab12cd34.tmp"  # named like a killed write's debris, but not provably vitlab's
     debris.write_text("{")
     _age(debris, 3600)
     entries = vcache.cache_entries(cache)
@@ -502,11 +503,11 @@ def test_cache_list_and_clean_remove_only_superseded_stores(tmp_path):
     assert sorted(stores.values()) == ["current", "current", "current", "source gone", "superseded (source changed)"]
     assert all(e.bytes > 0 for e in entries if e.kind == "store")
     kinds = {e.path.name: e.kind for e in entries}
-    assert kinds["notes.txt"] == "other" and kinds["features"] == "features"
+    assert kinds["notes.txt"] == kinds[debris.name] == "other" and kinds["features"] == "features"
     dry = vcache.clean_cache(cache, dry_run=True)
-    assert len(dry) == 3 and all(e.path.exists() for e in dry)
+    assert len(dry) == 2 and all(e.path.exists() for e in dry)
     removed = vcache.clean_cache(cache)
-    assert {e.status for e in removed} == {"source gone", "superseded (source changed)", "stale"}
+    assert {e.status for e in removed} == {"source gone", "superseded (source changed)"} and debris.exists()
     assert sorted(e.status for e in vcache.cache_entries(cache) if e.kind == "store") == ["current"] * 3
     assert (cache / "notes.txt").read_text() == "mine" and (cache / "features").is_dir()  # features: only everything
     assert "features" in {e.path.name for e in vcache.clean_cache(cache, everything=True, dry_run=True)}
@@ -532,6 +533,67 @@ def test_every_kind_of_source_has_a_current_store_until_it_changes(tmp_path):
     changed = "superseded (source changed)"
     assert status == {"the embedded UCI digits (digits.npz)": "current", str(tmp_path / "wrapped"): "current",
                       str(root): changed, str(tmp_path / "list.csv"): changed, str(archive): "current"}
+
+
+def _users_files_in(cache, store):
+    """The user's own things in a cache folder: a copy of a store (header and all), a folder with a file named like
+    a store header, an archive, notes, a file named like a killed write's debris, a file put into vitlab's store."""
+    import shutil
+    shutil.copytree(store, cache / "my-copy-of-a-store", ignore=shutil.ignore_patterns(".vitlab-cache.json"))
+    (cache / "notes").mkdir()
+    (cache / "notes" / "header.json").write_text('{"magic": "vitlab-image-store", "cache_version": 0}')
+    (cache / "cifar-10-python.tar.gz").write_bytes(b"my archive")
+    (cache / "cifar-10-batches-py").mkdir()
+    (cache / "cifar-10-batches-py" / "data_batch_1").write_bytes(b"my batch")
+    (cache / "features").mkdir()
+    (cache / "features" / "features-0123456789abcdef01234567.safetensors").write_bytes(b"mine")
+    (cache / ".plan.json.ab12cd34.tmp").write_text("{")
+    _age(cache / ".plan.json.ab12cd34.tmp", 3600)
+    (store / "my-notes.txt").write_text("kept with the store")
+
+
+@pytest.mark.parametrize("everything", [False, True])
+def test_clean_removes_only_what_vitlab_wrote_and_lists_what_it_leaves(tmp_path, capsys, everything):
+    """A cache folder that also holds the user's files: `vitlab cache clean` (and --all) removes only files in
+    folders that hold vitlab's marker, whose names vitlab writes there, and names everything it leaves."""
+    from vitlab.cli import main
+    root = make_folder(tmp_path / "pets")
+    cache = tmp_path / "c"
+    b, _ = quiet(root, cache_dir=cache)
+    store = b.store
+    del b
+    keep_size_and_mtime(root / "a" / "0.bmp", rewrite_in_place)  # the store is superseded
+    _users_files_in(cache, store)
+    mine = {p: d for p, d in snapshot(cache).items() if "my-notes" in p or not p.startswith(store.name)}
+    argv = ["cache", "clean", "--cache-dir", str(cache)] + (["--all"] if everything else [])
+    assert main(argv) == 0
+    out = capsys.readouterr().out.splitlines()
+    after = snapshot(cache)
+    assert {p: after.get(p) for p in mine} == mine  # every file of the user's is there, unchanged
+    assert not (store / "images.u8").exists() and (store / "my-notes.txt").is_file()
+    assert f"  left {store / 'my-notes.txt'} (not written by vitlab)" in out
+    for name in ("my-copy-of-a-store", "notes", "cifar-10-python.tar.gz", "cifar-10-batches-py", "features"):
+        assert any(line.startswith(f"left {cache / name} (other, not vitlab's") for line in out), (name, out)
+    assert out[-1].startswith("removed 1 entries") and "that vitlab did not write" in out[-1]
+
+
+def test_clean_of_a_cache_that_takes_no_writes_is_one_line(tmp_path, capsys, monkeypatch):
+    import errno
+
+    from vitlab.cli import main
+    root = make_folder(tmp_path / "pets")
+    cache = tmp_path / "c"
+    quiet(root, cache_dir=cache)
+    keep_size_and_mtime(root / "a" / "0.bmp", rewrite_in_place)
+    before = snapshot(cache)
+
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+    monkeypatch.setattr(vcache.Path, "touch", read_only)
+    assert main(["cache", "clean", "--all", "--cache-dir", str(cache)]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("vitlab cache: error: cannot clean the data cache") and "read-only" in line
+    assert "Errno" not in line and snapshot(cache) == before
 
 
 def test_clean_keeps_a_store_being_built(tmp_path):

@@ -7,6 +7,7 @@ made from their one declaration in the training recipe (``options.add_option``).
 from __future__ import annotations
 
 import argparse
+import errno
 import sys
 import tempfile
 import typing
@@ -55,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"vitlab {args.command}: error: {e}", file=sys.stderr)
         return 2
     except OSError as e:  # the file system failed the work (a full disk, say): the line says which file and why
-        print(f"vitlab {args.command}: error: {e}", file=sys.stderr)
+        print(f"vitlab {args.command}: error: {os_error_line(e)}", file=sys.stderr)
         return 1
     except FloatingPointError as e:
         print(f"vitlab {args.command}: stopped: {e}", file=sys.stderr)
@@ -63,6 +64,19 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"vitlab {args.command}: interrupted", file=sys.stderr)
         return 130
+
+
+ADVICE = {errno.ENOSPC: "free some space and run again", errno.EDQUOT: "free some space and run again",
+          errno.EROFS: "choose a place on a writable file system", errno.EACCES: "check the permissions"}
+
+
+def os_error_line(e: OSError) -> str:
+    """An OSError as one line that names the file, what went wrong and what to do, never a bare '[Errno N]'."""
+    if e.strerror is None:
+        return str(e)
+    where = f"{e.filename}: " if e.filename is not None else ""
+    advice = ADVICE.get(e.errno)
+    return f"{where}{e.strerror.lower()}" + (f"; {advice}" if advice else "")
 
 
 def check_writable(path: str, option: str) -> None:

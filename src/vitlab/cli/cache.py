@@ -11,7 +11,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     c = sub.add_parser("cache", help="list the data cache (stores, sizes, which are superseded) or clean it",
                        description="The data cache ($VITLAB_CACHE, else ~/.cache/vitlab) keeps one store per "
                        "source and settings. 'list' shows them with their sizes and whether the source has changed "
-                       "since; 'clean' removes superseded stores and debris of killed writes.")
+                       "since; 'clean' removes superseded stores: only the files vitlab wrote, in the folders it made "
+                       "(they hold its marker), and lists what it leaves.")
     c.add_argument("action", choices=("list", "clean"), help="list, or clean")
     add_option(c, "cache_dir")
     c.add_argument("--all", action="store_true", help="clean: remove every store, unfinished build and download too")
@@ -21,7 +22,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..data.cache import cache_entries, clean_cache, default_cache_dir, format_size
+    from ..data.cache import cache_entries, clean, default_cache_dir, format_size
     folder = args.cache_dir or default_cache_dir()
     if args.action == "list":
         entries = cache_entries(folder)
@@ -34,9 +35,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"{format_size(sum(e.bytes for e in entries))} in {folder}; {format_size(removable)} superseded "
               "('vitlab cache clean' removes it)")
         return 0
-    removed = clean_cache(folder, everything=args.all, dry_run=args.dry_run)
+    removed, kept = clean(folder, everything=args.all, dry_run=args.dry_run)
     verb = "would remove" if args.dry_run else "removed"
     for e in removed:
         print(f"{verb} {e.path} ({e.kind}, {e.status}, {format_size(e.bytes)})")
-    print(f"{verb} {len(removed)} entries, {format_size(sum(e.bytes for e in removed))}")
+        for path in e.left:
+            print(f"  left {path} (not written by vitlab)")
+    for e in kept:
+        print(f"left {e.path} ({e.kind}, {e.status})")
+    print(f"{verb} {len(removed)} entries, {format_size(sum(e.bytes for e in removed))}; left {len(kept)} "
+          f"entries and {sum(len(e.left) for e in removed)} files that vitlab did not write")
     return 0

@@ -8,9 +8,9 @@ is identified by its own bytes and by the files it lists. A build waits until th
 those timestamps is a clock tick in the past before it reads the files, so that a change made
 later always shows in the key (the "racy timestamp" case).
 
-``cache_entries`` lists what the cache folder holds (stores, unfinished builds, downloads,
-debris) with sizes and whether each store is still the current one for its source;
-``clean_cache`` removes the superseded ones.
+``cache_entries`` lists what the cache folder holds (stores, unfinished builds, downloads, and what is
+not vitlab's) with sizes and whether each store is still the current one for its source; ``clean``
+removes the superseded ones, only the files vitlab can prove it wrote (``owned``), and says what it left.
 """
 from __future__ import annotations
 
@@ -20,17 +20,17 @@ import fcntl
 import hashlib
 import json
 import os
-import shutil
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..atomic import TEMP_PATTERN, is_stale_temp
+from .owned import FEATURES_FILE, owned_name, owner_marker, remove_owned
 from .scan import walk
+from .store import HEADER, STORE_FILES
 
-__all__ = ["CacheEntry", "cache_entries", "clean_cache", "default_cache_dir", "format_sizes", "free_bytes"]
+__all__ = ["CacheEntry", "cache_entries", "clean", "clean_cache", "default_cache_dir", "format_sizes", "free_bytes"]
 
 CACHE_VERSION = 3  # part of every store's key: a new version builds new stores
 FINE_TICK_S = 0.05  # timestamps with sub-second parts: a change moves them by at least the kernel's tick
@@ -202,11 +202,13 @@ def space_message(problem: str, what: str, cache: Path, need: int, free: int | N
 
 
 FEATURES_DIR = "features"  # the cache's folder of frozen models' features (vitlab probe; vitlab.probe.features)
+NOT_OURS = "not vitlab's (no marker of vitlab's in it): never removed"
 
 
 @dataclass
 class CacheEntry:
-    """One thing in the cache folder: ``kind`` is store, partial, download, features, debris or other."""
+    """One thing in the cache folder: ``kind`` is store, partial, download, features or other (what vitlab cannot
+    prove it wrote, never removed)."""
 
     path: Path
     kind: str
@@ -214,6 +216,7 @@ class CacheEntry:
     source: str = ""
     status: str = ""  # stores: current, superseded (source changed), source gone, unreadable
     removable: bool = False  # what clean_cache removes without everything=True
+    left: list[Path] = field(default_factory=list)  # clean: the files in it that vitlab did not write, left there
 
 
 def _lock_free(store: Path) -> bool:
@@ -246,6 +249,33 @@ def store_status(header: dict[str, Any], identify: Callable[[str, str], Any]) ->
     return "current" if identity_digest(ident) == header.get("fingerprint") else "superseded (source changed)"
 
 
+def _store_entry(path: Path, identify: Callable[[str, str], Any]) -> CacheEntry:
+    try:
+        header = json.loads((path / HEADER).read_text())
+        status = store_status(header, identify) if isinstance(header, dict) else "unreadable"
+        source = str(header.get("source", "")) if isinstance(header, dict) else ""
+    except (OSError, ValueError):
+        status, source = "unreadable", ""
+    return CacheEntry(path, "store", disk_usage(path), source, status, status != "current")
+
+
+def _entry(path: Path, identify: Callable[[str, str], Any]) -> CacheEntry | None:
+    """What one thing at the top of the cache folder is; None for the build locks."""
+    marker = owner_marker(path) if path.is_dir() and not path.is_symlink() else None
+    kind = marker and marker["kind"]
+    if kind == "store" and (path / HEADER).is_file():
+        return _store_entry(path, identify)
+    if kind == "store" and path.name.endswith(".partial"):
+        return CacheEntry(path, "partial", disk_usage(path), status="unfinished build (resumes when run)")
+    if kind == "features":
+        return CacheEntry(path, "features", disk_usage(path), status="probe features (computed again when needed)")
+    if kind == "download":
+        return CacheEntry(path, "download", disk_usage(path), status="downloaded data set")
+    if path.name.startswith(".") and path.name.endswith(".lock") and path.is_file():
+        return None
+    return CacheEntry(path, "other", disk_usage(path), status=NOT_OURS)
+
+
 def cache_entries(cache_dir: str | os.PathLike | None = None,
                   identify: Callable[[str, str], Any] | None = None) -> list[CacheEntry]:
     """What the cache folder holds, with sizes on disk and, for stores, whether they are current."""
@@ -253,48 +283,57 @@ def cache_entries(cache_dir: str | os.PathLike | None = None,
 
     identify = identify or source_identity
     cache = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
-    out = []
-    for path in sorted(cache.iterdir()) if cache.is_dir() else []:
-        name = path.name
-        if path.is_dir() and (path / "header.json").is_file():
-            try:
-                header = json.loads((path / "header.json").read_text())
-                status = store_status(header, identify) if isinstance(header, dict) else "unreadable"
-                source = str(header.get("source", "")) if isinstance(header, dict) else ""
-            except (OSError, ValueError):
-                status, source = "unreadable", ""
-            out.append(CacheEntry(path, "store", disk_usage(path), source, status, status != "current"))
-        elif path.is_dir() and name.endswith(".partial"):
-            out.append(CacheEntry(path, "partial", disk_usage(path), status="unfinished build (resumes when run)"))
-        elif TEMP_PATTERN.fullmatch(name):
-            stale = is_stale_temp(path)
-            out.append(CacheEntry(path, "debris", disk_usage(path), status="stale" if stale else "being written",
-                                  removable=stale))
-        elif name == FEATURES_DIR and path.is_dir():
-            out.append(CacheEntry(path, "features", disk_usage(path), status="probe features (computed again when "
-                                  "needed)"))
-        elif name.startswith("cifar-") or name.endswith(".tar.gz"):
-            out.append(CacheEntry(path, "download", disk_usage(path), status="downloaded data set"))
-        elif not (name.startswith(".") and name.endswith(".lock")):
-            out.append(CacheEntry(path, "other", disk_usage(path), status="not vitlab's: never removed"))
-    return out
+    entries = (_entry(path, identify) for path in (sorted(cache.iterdir()) if cache.is_dir() else []))
+    return [e for e in entries if e is not None]
+
+
+def _owns(entry: CacheEntry) -> Callable[[str], bool]:
+    """Which files (paths relative to the entry's folder) of an entry vitlab wrote."""
+    if entry.kind in ("store", "partial"):
+        return owned_name(STORE_FILES.__contains__)
+    if entry.kind == "features":
+        return owned_name(lambda name: bool(FEATURES_FILE.fullmatch(name)))
+    listed = set((owner_marker(entry.path) or {}).get("files", []))
+    return listed.__contains__
+
+
+def clean(cache_dir: str | os.PathLike | None = None, everything: bool = False, dry_run: bool = False,
+          identify: Callable[[str, str], Any] | None = None) -> tuple[list[CacheEntry], list[CacheEntry]]:
+    """Remove superseded stores (with ``everything``: every store, unfinished build, download and the probe's
+    features too), only the files vitlab wrote in them; returns (what was, or with ``dry_run`` would be, removed,
+    each with the files of others it left, and what was left alone). A store being built is kept."""
+    removed, kept = [], []
+    entries = cache_entries(cache_dir, identify)
+    for e in entries:
+        if e.kind == "other" or not (e.removable or everything):
+            kept.append(e)
+        elif e.kind in ("store", "partial") and not _lock_free(e.path):
+            kept.append(CacheEntry(e.path, e.kind, e.bytes, e.source, "being built: kept"))
+        else:
+            removed.append(e)
+    if removed and not dry_run:
+        _check_removable(Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir())
+    for e in removed:
+        try:
+            e.left = remove_owned(e.path, _owns(e), dry_run)
+        except OSError as err:
+            raise ValueError(f"cannot clean the data cache: {e.path} cannot be removed ({err.strerror}); "
+                             "nothing of it that vitlab did not write was touched") from None
+    return removed, kept
+
+
+def _check_removable(cache: Path) -> None:
+    """One line when the cache folder takes no changes (a read-only file system, no permission)."""
+    try:
+        probe = cache / f".write-test.{os.getpid()}"
+        probe.touch()
+        probe.unlink()
+    except OSError as e:
+        why = "a read-only file system" if e.errno == errno.EROFS else e.strerror or type(e).__name__
+        raise ValueError(f"cannot clean the data cache {cache} ({why}); nothing was removed") from None
 
 
 def clean_cache(cache_dir: str | os.PathLike | None = None, everything: bool = False, dry_run: bool = False,
                 identify: Callable[[str, str], Any] | None = None) -> list[CacheEntry]:
-    """Remove superseded stores and stale temporary files (with ``everything``: every store, unfinished build,
-    download and the probe's features too); returns what was (or, with ``dry_run``, would be) removed. A store
-    being built is kept."""
-    removed = []
-    for e in cache_entries(cache_dir, identify):
-        if e.kind == "other" or not (e.removable or everything and e.kind != "debris"):
-            continue
-        if e.kind in ("store", "partial") and not _lock_free(e.path):
-            continue
-        if not dry_run:
-            if e.path.is_dir():
-                shutil.rmtree(e.path, ignore_errors=True)
-            else:
-                e.path.unlink(missing_ok=True)
-        removed.append(e)
-    return removed
+    """``clean``'s removed entries alone."""
+    return clean(cache_dir, everything, dry_run, identify)[0]

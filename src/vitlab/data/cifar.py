@@ -16,6 +16,7 @@ import torch
 
 from ..atomic import DiskFullError
 from .download import Log, download_url, safe_extract
+from .owned import mark_owned
 
 
 @dataclass(frozen=True)
@@ -151,7 +152,9 @@ def _fetch_and_extract(variant: str, archive: Path, cache: Path, log: Log) -> Pa
         downloaded = True
     log(f"extracting {archive} into {cache}")
     try:
-        return safe_extract(archive, cache, remote.folder)
+        folder = safe_extract(archive, cache, remote.folder)
+        mark_owned(folder, "download", [p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()])
+        return folder
     finally:
         if downloaded:
             archive.unlink(missing_ok=True)

@@ -31,11 +31,13 @@ import torch
 
 from ..atomic import atomic_path, atomic_write_json
 from .download import Log
+from .owned import mark_owned, owner_marker
 
 STORE_FORMAT = 1
 MAGIC = "vitlab-image-store"
 HEADER, IMAGES, LABELS = "header.json", "images.u8", "labels.npy"
 _ROWS, _PROGRESS = "rows.u8", "progress.json"
+STORE_FILES = frozenset({HEADER, IMAGES, LABELS, _ROWS, _PROGRESS})  # all a store's folder holds (and its marker)
 _COPY_BYTES = 64 << 20  # bytes per read when rows are reordered or counted
 
 
@@ -186,11 +188,14 @@ def build_store(path: Path, header: dict[str, Any], shape: tuple[int, int, int, 
         state = _read_progress(progress_file)
         if state.get("key") == header["key"] and state.get("shape") == list(shape) and (
                 state.get("arranged") or rows_file.is_file() and rows_file.stat().st_size == shape[0] * row_bytes):
+            if owner_marker(part) is None:  # a build of an older vitlab: its progress file with this key is ours
+                mark_owned(part, "store")
             if state["done"] < shape[0]:
                 log(f"resuming the unfinished build of {path} at image {state['done']} of {shape[0]}")
         else:
             shutil.rmtree(part, ignore_errors=True)
             part.mkdir(parents=True)
+            mark_owned(part, "store")
             state = {"key": header["key"], "shape": list(shape), "done": 0, "bad": [], "arranged": False}
             atomic_write_json(progress_file, state)
         if not state["arranged"]:

@@ -20,6 +20,7 @@ from safetensors.torch import load_file, save_file
 
 from ..atomic import atomic_path
 from ..data.augment import normalize
+from ..data.owned import make_owned_folder
 from ..data.views import eval_view
 from ..devices import to_device
 from ..progress import progress_bar
@@ -147,7 +148,12 @@ def extract_features(model: nn.Module, images: torch.Tensor | np.ndarray, batch_
     finally:
         model.to(home).train(was_training)
     if path is not None:
-        with atomic_path(path) as tmp:
-            save_file({"features": feats.contiguous()}, str(tmp), metadata={"key": json.dumps(key, sort_keys=True)})
+        try:
+            make_owned_folder(path.parent, "features")
+            with atomic_path(path) as tmp:
+                save_file({"features": feats.contiguous()}, str(tmp), metadata={"key": json.dumps(key, sort_keys=True)})
+        except (OSError, ValueError) as e:  # a cache that takes no writes (read-only, full): computed, not kept
+            log(f"features not cached: {path.parent} cannot be written ({getattr(e, 'strerror', None) or e})")
+            return feats
         log(f"features of {len(images)} images cached in {path}")
     return feats
