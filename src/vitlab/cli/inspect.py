@@ -18,11 +18,13 @@ def _load_test_split(source: str, input_size: Sequence[int], args: argparse.Name
     """(uint8 images, labels, class names) of a data set's test split, at the model's input size, by its rule."""
     from ..data import load_data
     from ..runs.format import read_split
+    from ..runs.identity import check_data
 
     C, H, W = input_size
     split = {k: v for k, v in read_split(args.model).items() if k != "data"}  # a run folder: its own test split
     bundle = load_data(source, img_size=(H, W), in_chans=C, cache_dir=args.cache_dir, download=args.download,
                        fit=fit, **split)
+    check_data(args.model, bundle.identity, "inspect", own=args.data is None)
     if len(bundle.test.images) == 0:
         raise ValueError(f"the test split of {source!r} is empty")
     return bundle.test.images, bundle.test.labels, list(bundle.classes)

@@ -4,13 +4,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ..runs.identity import ON_RESUME
 from ..train.recipe import AUGMENT_FIELDS, FIELDS
 from .options import add_recipe_option, flag
 
 SKIP = ("model_args", "pretrain_args", "augment", "out")  # recipe fields with options of their own (or none)
-# what `--resume` takes besides the run folder: how long it goes on, how it reports, where it computes; the
-# recipe's other options made the run what it is and cannot change halfway
-ON_RESUME = ("epochs", "time_budget", "eval_every", "log", "threads", "device", "cache_dir", "download", "workers")
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -15,6 +15,7 @@ from them (``BatchAugment`` with crop='rrc') and evaluation uses ``eval_view``.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import re
 import time
@@ -87,6 +88,7 @@ class DataBundle:
     source: str = ""
     img_size: tuple[int, int] | None = None  # the training size; None: the stored size
     store: Path | None = None  # the store folder the images are mapped from
+    identity: dict[str, Any] | None = None  # what the data is and how it is split (``data_identity``)
 
     def __post_init__(self) -> None:
         if self.img_size is None:
@@ -326,7 +328,7 @@ def _bundle(store: Store, img_size: tuple[int, int] | None, how: str, log: Log) 
     h = store.header
     bundle = DataBundle(h["name"], ImageSet(*store.split("train")), ImageSet(*store.split("test")), list(h["classes"]),
                         tuple(h["mean"]), _usable_std(h["std"], log), len(h.get("unreadable_rows", [])), h["source"],
-                        img_size, store.path)
+                        img_size, store.path, data_identity(store))
     c, sh, sw = store.images.shape[1:]
     train_at = f", training at {bundle.img_size[0]}x{bundle.img_size[1]}" if bundle.img_size != (sh, sw) else ""
     skipped = f", {bundle.skipped} unreadable files skipped" if bundle.skipped else ""
@@ -339,6 +341,19 @@ def _bundle(store: Store, img_size: tuple[int, int] | None, how: str, log: Log) 
     log(f"{bundle.name}: {len(bundle.train.labels)} train / {len(bundle.test.labels)} test images, {c}x{sh}x{sw}"
         f"{train_at}, {'unlabelled' if bundle.unlabelled else f'{len(bundle.classes)} classes'}{skipped} ({how})")
     return bundle
+
+
+def data_identity(store: Store) -> dict[str, Any]:
+    """What a store's images are and how they are split, as a run records it: the source and the fingerprint of its
+    files, the classes, the split's sizes and a digest of the labels in split order (train rows first). Two stores
+    with the same source fingerprint hold the same split; two with other fingerprints but the same classes, sizes
+    and labels digest hold the same listing split the same way (the files moved, or were touched)."""
+    h = store.header
+    digest = hashlib.sha256(np.ascontiguousarray(store.labels, dtype=np.int64).tobytes())
+    digest.update(str(store.n_train).encode())
+    return {"source": h.get("source", ""), "fingerprint": h.get("fingerprint"), "classes": list(h["classes"]),
+            "num_train": store.n_train, "num_test": len(store.labels) - store.n_train,
+            "labels_sha256": digest.hexdigest()}
 
 
 def _tree_listing(tree, log: Log) -> Listing:

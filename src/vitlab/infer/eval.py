@@ -14,6 +14,7 @@ from ..devices import resolve_device
 from ..runs.figures import plot_confusion
 from ..runs.folder import claim_folder
 from ..runs.format import CONFUSION_PNG, EvalSummary, read_split, write_summary
+from ..runs.identity import check_data
 from ..train.evaluate import evaluate_model
 from .predict import class_names
 
@@ -44,6 +45,7 @@ def _evaluate(model_path, data, out, batch_size, precision, cache_dir, download,
     if tta_translate and not tta:
         raise ValueError(f"tta_translate={tta_translate} needs --tta; accepted without it: 0")
     split = read_split(model_path)
+    own = data is None
     data = data or split.get("data")
     split.pop("data", None)
     if data is None:
@@ -55,6 +57,7 @@ def _evaluate(model_path, data, out, batch_size, precision, cache_dir, download,
     prep = Preprocess.from_cfg(model.pretrained_cfg)  # files are decoded by the model's own rule
     bundle = load_data(data, img_size=prep.size, in_chans=c, cache_dir=cache_dir, download=download,
                        fit=prep.fit, **split)
+    check_data(model_path, bundle.identity, "evaluate", own)
     test_images = bundle.test.images
     if tuple(test_images.shape[-2:]) != prep.size:  # a store folder of another size
         test_images = torch.cat([prep.apply(x) for x in test_images.split(1024)] or [test_images])

@@ -18,6 +18,7 @@ from ..data.views import Preprocess, stratified_subset
 from ..devices import resolve_device
 from ..models.registry import create_model, get_spec
 from ..progress import log_line
+from ..runs.identity import check_data
 from .classifiers import accuracy, knn_classify, linear_probe
 from .features import extract_features
 
@@ -59,7 +60,8 @@ def split_images(model: nn.Module, data: str, *, seed: int, val_fraction: float,
     for name, (images, labels) in splits.items():
         if tuple(images.shape[-2:]) != prep.size:  # a store folder of another size
             splits[name] = (torch.cat([prep.apply(x) for x in images.split(1024)]), labels)
-    return {"name": bundle.name, "classes": list(bundle.classes), "size": prep.size, **splits}
+    return {"name": bundle.name, "classes": list(bundle.classes), "size": prep.size, "identity": bundle.identity,
+            **splits}
 
 
 def probe(model_spec: str | os.PathLike, data: str, *, seed: int = 0, val_fraction: float = 0.2,
@@ -77,6 +79,7 @@ def probe(model_spec: str | os.PathLike, data: str, *, seed: int = 0, val_fracti
     model, weights = open_model(model_spec)
     sets = split_images(model, data, seed=seed, val_fraction=val_fraction, train_fraction=train_fraction,
                         cache_dir=cache_dir, download=download, log=log)
+    check_data(model_spec, sets["identity"], "probe", own=False)  # a run's data set: the split it trained on
     cfg = model.pretrained_cfg
     features_dir = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
     seconds, feats = {}, {}

@@ -11,6 +11,7 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from ..atomic import atomic_path
 from .format import EpochRow
 
 
@@ -22,11 +23,12 @@ def new_figure(width: float, height: float) -> Figure:
 
 
 def save(fig: Figure, path: Path, dpi: int = 110, metadata: dict[str, str] | None = None) -> Path:
-    """Lay the figure out and write it as a PNG (the folder is made if needed)."""
+    """Lay the figure out and write it in the format its suffix names (PNG without one) through an atomic rename: a
+    crash or a full disk leaves the previous file or none, never a truncated one (the folder is made if needed)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
-    fig.savefig(path, dpi=dpi, metadata=metadata)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=dpi, metadata=metadata, format=path.suffix.lstrip(".").lower() or "png")
     return path
 
 

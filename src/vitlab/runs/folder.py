@@ -20,9 +20,34 @@ from pathlib import Path
 from ..atomic import TEMP_PATTERN
 from ..checkpoint import CONFIG as MODEL_CONFIG
 from ..checkpoint import WEIGHTS as MODEL_WEIGHTS
-from .format import CONFUSION_PNG, FILES, SUMMARY, check_out_dir
+from .format import CONFIG_YAML, CONFUSION_PNG, FILES, RUN_JSON, SUMMARY, check_out_dir
 
 LOCK = ".vitlab.lock"  # holds "KIND PID [LAUNCH]" of the command that writes (or last wrote) the folder
+LOCK_BYTES = 256  # the lock's text, padded with spaces: every write of it is one write of this many bytes
+STARTED = (CONFIG_YAML, RUN_JSON, "tb")  # all a run holds before its first checkpoint: a new run may start it over
+UNLOCK_WHEN_DONE = ("train", "export")  # the kinds whose folders are handed on: the lock goes when they succeed
+_CLAIMED: dict[Path, int] = {}  # folder (absolute) -> the fd of its lock, while this process writes it
+
+
+class FolderGone(OSError):
+    """The folder a command was writing was deleted (or replaced) under it: the command stops."""
+
+
+def check_claimed(out: str | os.PathLike, what: str = "the run") -> None:
+    """Raise FolderGone (one line) when the folder this process claimed is no longer there: its lock file was
+    unlinked, or another file now stands in its place. Writes that follow would make a new folder that no command
+    claimed (atomic writes make missing folders)."""
+    fd = _CLAIMED.get(Path(out).absolute())
+    if fd is None:
+        return
+    held = os.fstat(fd)
+    try:
+        there = os.stat(Path(out) / LOCK)
+    except OSError:
+        there = None
+    if held.st_nlink == 0 or there is None or (there.st_dev, there.st_ino) != (held.st_dev, held.st_ino):
+        raise FolderGone(f"{out} was deleted (or replaced) while {what} was writing it: stopped, and nothing more is "
+                         "written; what it had written is gone with the folder")
 
 WRITES: dict[str, tuple[str, ...]] = {  # what each kind of command writes in its folder (names or patterns)
     "train": (*FILES, "tb"),
@@ -105,7 +130,7 @@ def _check(out: Path, kind: str, marked: bool, resume: bool, flag: str) -> None:
         shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
         raise ValueError(f"{out} holds files that vitlab {kind} did not write ({shown}); "
                          f"choose a new or empty {flag}")
-    if kind == "train" and entries and not resume:
+    if kind == "train" and not resume and not set(entries) <= set(STARTED):
         raise ValueError(f"{out} holds an unfinished run: continue it with `vitlab train --resume {out}` "
                          "or choose another --out")
 
@@ -142,13 +167,33 @@ def claim_folder(out: str | os.PathLike, kind: str, resume: bool = False, lock: 
         text = (out / LOCK).read_text(errors="replace") if (out / LOCK).is_file() else ""
         _check(out, kind, _owner(text)[0] == kind, resume, flag)
         if fd is not None:
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{kind} {os.getpid()} {launch_id()}".rstrip().encode() + b"\n", 0)
+            line = f"{kind} {os.getpid()} {launch_id()}".rstrip().encode()[:LOCK_BYTES - 1] + b"\n"
+            os.pwrite(fd, line.ljust(LOCK_BYTES), 0)  # one write: the old text or the new, never an empty file
+            os.ftruncate(fd, LOCK_BYTES)
+            _CLAIMED[out.absolute()] = fd
         yield out
+        if fd is not None and kind in UNLOCK_WHEN_DONE:
+            _unlock_finished(out, fd)
     finally:
         if fd is not None:
-            if locked and made and not _entries(out):  # a command that failed before writing leaves no folder behind
+            _CLAIMED.pop(out.absolute(), None)
+            if locked and made and _left_empty(out):  # a command that failed before writing leaves no folder behind
                 (out / LOCK).unlink(missing_ok=True)
                 with contextlib.suppress(OSError):
                     out.rmdir()
             os.close(fd)  # releases the lock
+
+
+def _unlock_finished(out: Path, fd: int) -> None:
+    """Remove the lock file of a folder whose command succeeded, if it is still this process's lock."""
+    with contextlib.suppress(OSError):
+        held, there = os.fstat(fd), os.stat(out / LOCK)
+        if (held.st_dev, held.st_ino) == (there.st_dev, there.st_ino):
+            (out / LOCK).unlink()
+
+
+def _left_empty(out: Path) -> bool:
+    try:
+        return not _entries(out)
+    except OSError:  # the folder itself is gone
+        return False

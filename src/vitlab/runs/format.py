@@ -4,6 +4,7 @@ each with its writer and its reader side by side.
 A run folder holds::
 
     config.yaml        the recipe as run (a `--resume` reads it back)
+    run.json           the run's id, the identity and split of its data, its thread count (runs/identity.py)
     checkpoint.pt      everything needed to continue (train/state.py)
     metrics.jsonl      one EpochRow per line, rewritten after every epoch
     config.json, model.safetensors   the trained model (vitlab.checkpoint); of a pre-training run, its encoder
@@ -34,11 +35,11 @@ from ..checkpoint import WEIGHTS as MODEL_WEIGHTS
 from ..train.recipe import Recipe
 from ..train.state import CHECKPOINT
 
-SUMMARY, METRICS, CONFIG_YAML = "summary.json", "metrics.jsonl", "config.yaml"
+SUMMARY, METRICS, CONFIG_YAML, RUN_JSON = "summary.json", "metrics.jsonl", "config.yaml", "run.json"
 CURVES_PNG, CONFUSION_PNG = "curves.png", "confusion.png"
 PRETRAIN_WEIGHTS = "pretrain.safetensors"
-FILES = (CONFIG_YAML, CHECKPOINT, METRICS, MODEL_CONFIG, MODEL_WEIGHTS, PRETRAIN_WEIGHTS, CURVES_PNG, CONFUSION_PNG,
-         SUMMARY)
+FILES = (CONFIG_YAML, RUN_JSON, CHECKPOINT, METRICS, MODEL_CONFIG, MODEL_WEIGHTS, PRETRAIN_WEIGHTS, CURVES_PNG,
+         CONFUSION_PNG, SUMMARY)
 
 T = TypeVar("T")
 OMIT = {"omit_if_none": True}  # a field left out of the file when it has no value (not written as null)
@@ -170,6 +171,9 @@ class EvalSummary:
 
 def check_out_dir(out: Path, resume: bool) -> None:
     """Refuse to overwrite a finished run or to silently restart an unfinished one."""
+    if is_finished(out) and resume:
+        raise ValueError(f"{out} holds a finished run ({SUMMARY} exists): there is nothing to resume; a longer run is "
+                         "a new run (vitlab train --out NEW_FOLDER)")
     if is_finished(out):
         raise ValueError(f"{out} holds a finished run ({SUMMARY} exists); choose another --out")
     if not resume and (out / CHECKPOINT).exists():
@@ -177,10 +181,20 @@ def check_out_dir(out: Path, resume: bool) -> None:
                          "or choose another --out")
 
 
+def config_values(r: Recipe, model_name: str | None) -> dict[str, Any]:
+    """config.yaml's values: the recipe as run, with the model's name."""
+    return {**r.to_dict(), "model": model_name or r.model}
+
+
 def write_config(out: Path, r: Recipe, model_name: str | None) -> None:
     """config.yaml: the recipe as run, with the model's name (a `--resume` reads it back)."""
-    out.mkdir(parents=True, exist_ok=True)
-    (out / CONFIG_YAML).write_text(yaml.safe_dump({**r.to_dict(), "model": model_name or r.model}, sort_keys=False))
+    write_config_values(out, config_values(r, model_name))
+
+
+def write_config_values(out: Path, values: dict[str, Any]) -> None:
+    """config.yaml from ``config_values``, through an atomic rename (a full disk leaves the previous file, never an
+    empty one)."""
+    atomic_write_bytes(out / CONFIG_YAML, yaml.safe_dump(values, sort_keys=False).encode())
 
 
 def write_metrics(out: Path, history: Sequence[EpochRow]) -> None:
@@ -212,9 +226,20 @@ def has_config(folder: Path) -> bool:
 
 
 def read_config(folder: Path) -> dict[str, Any]:
-    """config.yaml as a dict ({} when there is none)."""
+    """config.yaml as a dict ({} when there is none); one that is empty, not YAML or not a mapping is refused in
+    one line (read as no recipe, it would run the defaults)."""
     path = Path(folder) / CONFIG_YAML
-    return (yaml.safe_load(path.read_text()) or {}) if path.is_file() else {}
+    if not path.is_file():
+        return {}
+    try:
+        values = yaml.safe_load(path.read_bytes())
+    except yaml.YAMLError as e:
+        raise ValueError(f"{path} is not valid YAML ({str(e).splitlines()[0]}): it was edited or damaged; "
+                         "accepted: the recipe as vitlab train wrote it") from None
+    if not isinstance(values, dict) or not values:
+        raise ValueError(f"{path} holds no recipe ({'it is empty' if values is None else type(values).__name__}): "
+                         "it was edited or damaged; accepted: the recipe as vitlab train wrote it")
+    return values
 
 
 def read_split(folder: str | os.PathLike) -> dict[str, Any]:

@@ -30,18 +30,19 @@ from ..data.views import eval_view
 from ..pretrain import save_objective
 from ..progress import Progress, log_line
 from ..runs.figures import plot_confusion, plot_curves
-from ..runs.folder import claim_folder, written_by_this_launch
+from ..runs.folder import check_claimed, claim_folder, written_by_this_launch
 from ..runs.format import (
     CONFUSION_PNG,
     CURVES_PNG,
     EpochRow,
     Summary,
+    config_values,
     has_config,
     read_config,
-    write_config,
     write_metrics,
     write_summary,
 )
+from ..runs.identity import checkpoint_marks, own_checkpoint, run_identity, write_run_files
 from .clock import RunClock
 from .distill import TrainLoss
 from .distributed import (
@@ -85,7 +86,7 @@ from .setup import (
     set_fast_math,
     size_step,
 )
-from .state import CHECKPOINT, TrainState, load_checkpoint, save_checkpoint
+from .state import CHECKPOINT, TrainState, save_checkpoint
 from .step import EpochMeter, channels_last_helps, train_step
 from .tensorboard import TensorBoardLog
 
@@ -125,7 +126,10 @@ def claim_out(stack: contextlib.ExitStack, r: Recipe, d: Dist, resume: bool, log
     decides whether it resumes; returns that decision, on every rank."""
     def claim() -> bool:
         again = resume or resumes_a_restart(r, log)
+        started = not again and has_config(r.out)
         stack.enter_context(claim_folder(r.out, "train", resume=again))
+        if started:
+            log(f"{r.out} holds a run that stopped before its first epoch ended: starting it over")
         return again
     return broadcast_flag(bool(on_rank0(claim, d, f"claim --out {r.out}")), d)
 
@@ -203,6 +207,7 @@ class Run:
     bar: Progress | None = None
     last_size: tuple[int, int] | None = None  # progressive resizing: the input size of the latest step
     lookahead: Lookahead | None = None
+    marks: dict | None = None   # what every checkpoint carries besides the state: the run's id, the recipe as run
 
     @property
     def budget(self) -> float | None:
@@ -272,8 +277,8 @@ def _train(r: Recipe, d: Dist, resume: bool, log: Callable[[str], None], now: Ca
 def set_up(r: Recipe, d: Dist, resume: bool, log: Callable[[str], None], now: Callable[[], float]) -> Run:
     """Check the output folder, build the model, data, augmentation and loss, restore a checkpoint, start the bar."""
     out = Path(r.out)
-    ckpt = broadcast_state(on_rank0(lambda: load_checkpoint(out), d, f"read {out / CHECKPOINT}"), d) if resume \
-        else None  # read by rank 0 (another machine may not see --out); a file it cannot use is said before any work
+    ckpt = broadcast_state(on_rank0(lambda: own_checkpoint(out, config_values(r, None)), d, f"read {out / CHECKPOINT}"),
+                           d) if resume else None  # by rank 0 (another machine may not see --out), before any work
     if r.threads:
         torch.set_num_threads(r.threads)
     if r.batch_size % (d.world * r.accum_steps):
@@ -289,10 +294,10 @@ def set_up(r: Recipe, d: Dist, resume: bool, log: Callable[[str], None], now: Ca
                          f"{len(data.classes)} classes, val_fraction {r.val_fraction:g}): accepted: classes of at "
                          "least 2 images each, or a larger --val-fraction")
     classes = list(data.classes)
+    config = config_values(r, getattr(model, "arch", None))
+    identity = broadcast_state(on_rank0(lambda: run_identity(out, ckpt, data.identity, log), d, "check its data"), d)
     freeze(model, r, log)
     model.pretrained_cfg.update(mean=list(mean), std=list(std), label_names=None if pretraining(r) else classes)
-    if d.is_main:
-        write_config(out, r, getattr(model, "arch", None))
     channels_last = r.channels_last if r.channels_last is not None else channels_last_helps(model, d.device)
     model.to(d.device, memory_format=torch.channels_last if channels_last else torch.contiguous_format)
     if ckpt is None and not r.init:
@@ -340,6 +345,9 @@ def set_up(r: Recipe, d: Dist, resume: bool, log: Callable[[str], None], now: Ca
     run = Run(r, d, out, log, now, model, net, data, classes, mean, std, feeder, augment, loss_fn, state, clock, tb,
               view, img_size, batch_size, per_epoch, channels_last, size_flags, n_params)
     run.lookahead = Lookahead(model, r.lookahead_every, r.lookahead_decay) if r.lookahead_every else None
+    run.marks = checkpoint_marks(identity, config)
+    if d.is_main:  # only a run whose set-up succeeded leaves a recipe to resume (and its data's identity)
+        write_run_files(out, config, identity)
     log(describe(run))
     run.bar = Progress(total=int(budget) if budget else clock.total_steps,
                        initial=min(int(state.seconds), int(budget)) if budget else state.step,
@@ -569,7 +577,8 @@ def record_epoch(run: Run, row: EpochRow) -> None:
     state.epoch += 1
     if run.d.is_main:
         run.log(row.line())
-        save_checkpoint(run.out, state, arch=model_name(run.model))
+        check_claimed(run.out)
+        save_checkpoint(run.out, state, arch=model_name(run.model), **run.marks)
         write_metrics(run.out, [EpochRow.from_dict(h) for h in state.history])
         if run.tb is not None:
             run.tb.scalars(row.epoch, row.to_dict())
@@ -608,6 +617,7 @@ def finish(run: Run, final_metrics: dict | None, stopped_early: bool, t_start: f
     if r.freeze_backbone or r.freeze_blocks:
         for p in final_model.parameters():
             p.requires_grad = True
+    check_claimed(run.out)
     if pretraining(r):  # the encoder as the run's model, the rest of the objective beside it
         save_objective(final_model, run.out, r.pretrain, objective_arguments(r, run.mean, run.std))
     else:
@@ -618,6 +628,7 @@ def finish(run: Run, final_metrics: dict | None, stopped_early: bool, t_start: f
             run.tb.image(Path(png).stem, run.out / png, len(history))
         run.tb.close()
     summary.wall_seconds = run.now() - t_start
+    check_claimed(run.out)
     write_summary(run.out, summary)
     return summary.to_dict()
 
@@ -644,7 +655,8 @@ def check_finite(nonfinite: float, precision: str, bound: int, step: int) -> Non
         return
     if precision != "fp16":
         raise FloatingPointError(f"the training loss is not finite (by step {step}, {precision}): the run diverged; "
-                                 "resume from the last checkpoint with a lower --lr, --clip-grad, or --precision fp32")
+                                 "train it again with a lower --lr, --clip-grad, or --precision fp32 (in a new --out "
+                                 "once it has a checkpoint: --resume keeps the recipe)")
     if nonfinite > bound:
         raise FloatingPointError(f"{int(nonfinite)} fp16 steps had a non-finite loss and were skipped (bound "
                                  f"--max-nonfinite {bound}); try --precision bf16 or fp32, or a lower --lr")
