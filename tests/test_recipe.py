@@ -98,7 +98,8 @@ def test_checkpoint_holds_every_field_of_the_train_state(tmp_path, cache_dir):
     train(load_recipe(None, model="vit_micro_patch2_8", epochs=2, precision="fp32", out=str(out), threads=1,
                       ema_decay=0.9))
     ckpt = load_checkpoint(out)
-    assert set(ckpt) == {f.name for f in dataclasses.fields(TrainState)} | {"arch"}  # + the model, for --resume
+    # + the model, for --resume, and the run's id and recipe, which the resume holds the folder to
+    assert set(ckpt) == {f.name for f in dataclasses.fields(TrainState)} | {"arch", "run_id", "recipe"}
     assert ckpt["arch"] == "vit_micro_patch2_8"
     assert ckpt["epoch"] == 2 and ckpt["step"] > 0 and ckpt["seconds"] > 0 and ckpt["reserve"] > 0
     assert len(ckpt["history"]) == 2 and ckpt["ema"] is not None and ckpt["precision"] == "fp32"

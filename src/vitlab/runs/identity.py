@@ -90,6 +90,8 @@ def check_checkpoint(out: Path, ckpt: dict[str, Any], identity: dict[str, Any] |
                          f"run {identity.get('run_id')} of {run_json}: it was copied in; accepted: the run's own "
                          "checkpoint")
     recorded, now = ckpt.get("recipe") or {}, recipe_record(config)
+    if now.get("model") is None:  # a recipe given without a model name (--init names it): the one the run wrote
+        now["model"] = recorded.get("model")
     if recorded != now:
         raise ValueError(f"{Path(out) / CONFIG_YAML} is not the recipe {ckpt_path} was trained with "
                          f"({_changed(recorded, now)}): it was edited since; accepted: the recipe as the run wrote "
