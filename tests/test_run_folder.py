@@ -307,7 +307,10 @@ def test_a_setup_failure_leaves_nothing_that_asks_for_a_resume(tmp_path, cache_d
     out = tmp_path / "run"
     err = ends_in_one_line(*run_cli(["train", *TINY, "--epochs", "1", "--teacher", teacher, "--out", out], capsys), 2)
     assert "Python object" in err and "--resume" not in err
-    assert not out.exists() or not any(out.iterdir())
+    assert not out.exists()
+    err = ends_in_one_line(*run_cli(["train", *TINY, "--epochs", "1", "--store-size", "4", "--out", out], capsys), 2)
+    assert "store_size 4 is smaller than the training size 8x8" in err and "--resume" not in err
+    assert not out.exists()
     (out / "tb").mkdir(parents=True)
     (out / "config.yaml").write_text(yaml.safe_dump({"model": "vit_micro_patch2_8", "epochs": 1}))  # an older attempt
     (out / LOCK).write_text("train 1\n")

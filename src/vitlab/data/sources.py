@@ -204,9 +204,12 @@ def _check_args(img_size: Any, in_chans: Any, val_fraction: Any, seed: Any) -> t
 
 
 
-def _check_more(store_size: Any, workers: Any) -> None:
+def _check_more(store_size: Any, workers: Any, size: tuple[int, int] | None) -> None:
     if store_size is not None and (isinstance(store_size, bool) or not isinstance(store_size, int) or store_size < 1):
         raise ValueError(f"store_size must be a positive int (the stored images' side) or None, got {store_size!r}")
+    if store_size is not None and size is not None and store_size < max(size):
+        raise ValueError(f"store_size {store_size} is smaller than the training size {size[0]}x{size[1]}: training "
+                         f"crops that size from the stored images; accepted: a store_size of {max(size)} or more")
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
         raise ValueError(f"workers must be a positive int (decoding processes) or None (one per CPU), got {workers!r}")
 
@@ -274,7 +277,7 @@ def load_data(source: str | os.PathLike = "digits", *, img_size: int | tuple[int
     ``views.Preprocess.fit``) brings images to ``img_size`` by a model's own rule instead of squashing them.
     """
     size = _check_args(img_size, in_chans, val_fraction, seed)
-    _check_more(store_size, workers)
+    _check_more(store_size, workers, size)
     cache = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     src = _resolve(os.fspath(source), cache, download, log)
     t0 = time.perf_counter()
