@@ -54,6 +54,12 @@ TIMM = {
     "timm_siglip": ("vit_base_patch16_siglip_224", dict(TINY, img_size=16, patch_size=4, num_classes=5), (24, 20)),
     "timm_siglip_no_head": ("vit_base_patch16_siglip_224", dict(TINY, img_size=16, patch_size=4, num_classes=0),
                             None),
+    "timm_beit": ("beit_base_patch16_224", dict(TINY, img_size=16, patch_size=4, num_classes=5), None),
+    "timm_beitv2_token": ("beitv2_base_patch16_224", dict(TINY, img_size=16, patch_size=4, num_classes=5,
+                                                          global_pool="token"), None),
+    "timm_beit_shared_abs": ("beit_base_patch16_224", dict(TINY, img_size=(16, 20), patch_size=4, num_classes=5,
+                                                           use_abs_pos_emb=True, use_rel_pos_bias=False,
+                                                           use_shared_rel_pos_bias=True), None),
 }
 # the size only in pretrained_cfg.input_size, as older timm exports write it
 SIZE_IN_PRETRAINED_CFG = {"timm_dinov2"}
@@ -72,6 +78,15 @@ HF = {
     "hf_clip_vision_projection": ("CLIPVisionModelWithProjection", "CLIPVisionConfig",
                                   dict(HF_TINY, intermediate_size=32, projection_dim=24), None),
     "hf_siglip_vision": ("SiglipVisionModel", "SiglipVisionConfig", dict(HF_TINY, intermediate_size=32), None),
+    "hf_beit_classifier": ("BeitForImageClassification", "BeitConfig",
+                           dict(HF_TINY, intermediate_size=32, use_relative_position_bias=True, num_labels=5),
+                           (24, 20)),
+    "hf_beit_shared": ("BeitModel", "BeitConfig", dict(HF_TINY, intermediate_size=32,
+                                                       use_shared_relative_position_bias=True,
+                                                       use_absolute_position_embeddings=True), (24, 24)),
+    "hf_data2vec_vision": ("Data2VecVisionForImageClassification", "Data2VecVisionConfig",
+                           dict(HF_TINY, intermediate_size=32, use_relative_position_bias=True, use_mean_pooling=False,
+                                num_labels=5), (20, 28)),
 }
 
 
@@ -114,10 +129,10 @@ def hf_folder(name: str, cls: str, config_cls: str, config: dict[str, Any], seco
     ref.save_pretrained(folder)
     back = model_cls.from_pretrained(folder).eval()
 
-    def outputs(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if cls.endswith("ForImageClassification"):  # the classifier on the class token and the mean patch token
-            return ref(pixel_values=x).logits, ref.base_model(pixel_values=x).last_hidden_state
-        out = ref(pixel_values=x)
+    def outputs(x: torch.Tensor, **kw: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        if cls.endswith("ForImageClassification"):  # the classifier on the pooled tokens
+            return ref(pixel_values=x, **kw).logits, ref.base_model(pixel_values=x, **kw).last_hidden_state
+        out = ref(pixel_values=x, **kw)
         logits = out.image_embeds if cls.endswith("WithProjection") else out.pooler_output
         return logits, out.last_hidden_state
 
@@ -126,9 +141,10 @@ def hf_folder(name: str, cls: str, config_cls: str, config: dict[str, Any], seco
         index = 0 if cls.endswith(("Projection", "Classification")) else 1
         assert torch.equal(outputs(x)[0], back(pixel_values=x)[index]), name
         write_io(folder / "io.safetensors", x, *outputs(x))
-        if second:
+        if second:  # BEiT resamples its absolute position embedding only when asked to
+            kw = {"interpolate_pos_encoding": True} if cls.startswith(("Beit", "Data2Vec")) else {}
             x = torch.randn(BATCH, 3, *second)
-            write_io(folder / "io_dynamic.safetensors", x, *outputs(x))
+            write_io(folder / "io_dynamic.safetensors", x, *outputs(x, **kw))
 
 
 def main() -> int:

@@ -192,6 +192,7 @@ def timm_cases() -> list[TimmCase]:
         TimmCase("convit avg", CONVIT, dict(g, global_pool="avg")),
         TimmCase("convit load img_size=48", CONVIT, g, load=dict(img_size=48)),
         *backbone_cases(),
+        *beit_cases(),
     ]
 
 
@@ -220,6 +221,24 @@ def backbone_cases() -> list[TimmCase]:
     return cases
 
 
+def beit_cases() -> list[TimmCase]:
+    """BEiT, BEiT v2 (relative position bias per block or shared, LayerScale, mean pooling with fc_norm)."""
+    b = dict(SMALL, num_classes=5)
+    return [
+        TimmCase("beit_base_patch16_224", "beit_base_patch16_224", b),
+        TimmCase("beitv2_base_patch16_224", "beitv2_base_patch16_224", b, noise=STRONG_NOISE),
+        TimmCase("beit token pooling", "beit_base_patch16_224", dict(b, global_pool="token")),
+        TimmCase("beit avg without fc_norm", "beit_base_patch16_224", dict(b, use_fc_norm=False)),
+        TimmCase("beit shared bias + abs pos", "beit_base_patch16_224",
+                 dict(b, use_abs_pos_emb=True, use_rel_pos_bias=False, use_shared_rel_pos_bias=True)),
+        TimmCase("beit shared + own bias", "beit_base_patch16_224", dict(b, use_shared_rel_pos_bias=True)),
+        TimmCase("beit qkv_bias=False no LayerScale", "beit_base_patch16_224", dict(b, qkv_bias=False,
+                                                                                     init_values=0.0)),
+        TimmCase("beit img(32,48) patch8", "beit_base_patch16_224", dict(b, img_size=(32, 48))),
+        TimmCase("beit num_classes=0", "beit_base_patch16_224", dict(b, num_classes=0)),
+    ]
+
+
 # ---------------------------------------------------------------------------------------------
 # transformers
 
@@ -244,9 +263,11 @@ class HfCase:
         with torch.no_grad():
             out = ref(pixel_values=x)
             f_ours = ours.forward_features(x)
-            if self.cls.startswith("Dinov2") and self.cls.endswith("ForImageClassification"):
+            if self.cls.startswith(("Dinov2", "Beit", "Data2Vec")) and self.cls.endswith("ForImageClassification"):
                 return {"logits": (out.logits, ours(x)),
                         "features": (ref.base_model(pixel_values=x).last_hidden_state, f_ours)}
+            if self.cls == "Data2VecVisionModel":  # no pooler by default: the tokens only
+                return {"features": (out.last_hidden_state, f_ours)}
             if not self.cls.startswith(("ViT", "DeiT")):  # DINOv2, CLIP, SigLIP: the pooled output (or projection)
                 logits = out.image_embeds if self.cls.endswith("WithProjection") else out.pooler_output
                 return {"logits": (logits, ours(x)), "features": (out.last_hidden_state, f_ours)}
@@ -266,7 +287,9 @@ CONFIGS = {"ViTForImageClassification": "ViTConfig", "ViTModel": "ViTConfig", "D
            "Dinov2ForImageClassification": "Dinov2Config",
            "Dinov2WithRegistersForImageClassification": "Dinov2WithRegistersConfig",
            "CLIPVisionModel": "CLIPVisionConfig", "CLIPVisionModelWithProjection": "CLIPVisionConfig",
-           "SiglipVisionModel": "SiglipVisionConfig"}
+           "SiglipVisionModel": "SiglipVisionConfig", "BeitModel": "BeitConfig",
+           "BeitForImageClassification": "BeitConfig", "Data2VecVisionModel": "Data2VecVisionConfig",
+           "Data2VecVisionForImageClassification": "Data2VecVisionConfig"}
 HF_BACKBONE = dict(hidden_size=48, num_hidden_layers=2, num_attention_heads=3, image_size=32, patch_size=8)
 HF_SMALL = dict(hidden_size=48, num_hidden_layers=2, num_attention_heads=3, intermediate_size=96,
                 image_size=32, patch_size=8, num_labels=5)
@@ -317,6 +340,24 @@ def hf_cases() -> list[HfCase]:
         HfCase("hf CLIPVisionModelWithProjection", "CLIPVisionModelWithProjection",
                dict(HF_BACKBONE, intermediate_size=96, projection_dim=24)),
         HfCase("hf SiglipVisionModel", "SiglipVisionModel", dict(HF_BACKBONE, intermediate_size=96)),
+        *hf_beit_cases(),
+    ]
+
+
+def hf_beit_cases() -> list[HfCase]:
+    """transformers' BEiT and data2vec-vision: own or shared relative bias, absolute positions, both poolings."""
+    b = dict(HF_SMALL, use_relative_position_bias=True)
+    return [
+        HfCase("hf BeitForImageClassification", "BeitForImageClassification", b),
+        HfCase("hf BeitForImageClassification cls pooling", "BeitForImageClassification",
+               dict(b, use_mean_pooling=False)),
+        HfCase("hf BeitForImageClassification shared + abs", "BeitForImageClassification",
+               dict(HF_SMALL, use_shared_relative_position_bias=True, use_absolute_position_embeddings=True)),
+        HfCase("hf BeitForImageClassification no LayerScale", "BeitForImageClassification",
+               dict(b, layer_scale_init_value=0.0)),
+        HfCase("hf BeitModel", "BeitModel", b),
+        HfCase("hf Data2VecVisionForImageClassification", "Data2VecVisionForImageClassification", b),
+        HfCase("hf Data2VecVisionModel", "Data2VecVisionModel", b),
     ]
 
 

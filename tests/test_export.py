@@ -63,11 +63,14 @@ def test_timm_folder_round_trip(tmp_path, family):
     assert {"input_size", "mean", "std", "interpolation", "crop_pct", "num_classes", "first_conv",
             "classifier"} <= cfg["pretrained_cfg"].keys()
     assert "distilled" not in cfg["model_args"] and "norm_eps" not in cfg["model_args"]
-    assert cfg["architecture"].startswith({"deit": "deit_", "convit": "convit_", "cait": "cait_",
-                                           "deit3": "deit3_"}.get(family, "vit_"))
+    assert cfg["architecture"].startswith({"deit": "deit_", "convit": "convit_", "cait": "cait_", "deit3": "deit3_",
+                                           "beit": "beit_", "beit_shared": "beit_"}.get(family, "vit_"))
     keys = load_file(folder / "model.safetensors").keys()
     if family == "cait":  # timm's LayerScale names in CaiT
         assert "blocks.0.gamma_1" in keys and "blocks_token_only.0.gamma_2" in keys
+    if family.startswith("beit"):  # and in BEiT, with its query and value biases
+        assert {"blocks.0.gamma_1", "blocks.1.gamma_2", "blocks.0.attn.q_bias", "blocks.0.attn.v_bias"} <= keys
+    if family in ("cait", "beit", "beit_shared"):
         assert not any(".ls1." in k for k in keys)
     back = vitlab.load(folder)
     assert logits_close(model, back, batch(model))
@@ -113,8 +116,8 @@ def test_hf_folder_round_trip(tmp_path, family):
     model.pretrained_cfg["label_names"] = [f"class {i}" for i in range(10)]
     folder = export(model, "hf", tmp_path / "hf")
     cfg = json.loads((folder / "config.json").read_text())
-    assert cfg["architectures"] == ["DeiTForImageClassificationWithTeacher" if family == "deit"
-                                    else "ViTForImageClassification"]
+    assert cfg["architectures"] == [{"deit": "DeiTForImageClassificationWithTeacher"}.get(
+        family, "BeitForImageClassification" if family.startswith("beit") else "ViTForImageClassification")]
     assert cfg["id2label"]["3"] == "class 3" and cfg["label2id"]["class 3"] == 3
     assert (folder / "preprocessor_config.json").is_file()
     back = vitlab.load(folder)

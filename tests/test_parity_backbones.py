@@ -20,7 +20,9 @@ BACKBONES = Path(__file__).parent / "fixtures" / "parity"
 EXPECTED = {"timm_deit3", "timm_dinov2", "timm_dinov2_reg4", "timm_vit_reg4_gap", "timm_vit_gap", "timm_vit_qk_norm",
             "timm_vit_no_final_norm", "timm_vit_fc_norm_token", "timm_clip", "timm_clip_quickgelu", "timm_siglip",
             "timm_siglip_no_head", "hf_dinov2", "hf_dinov2_registers", "hf_clip_vision", "hf_clip_vision_projection",
-            "hf_siglip_vision", "hf_dinov2_classifier", "hf_dinov2_registers_classifier"}
+            "hf_siglip_vision", "hf_dinov2_classifier", "hf_dinov2_registers_classifier",
+            "timm_beit", "timm_beitv2_token", "timm_beit_shared_abs", "hf_beit_classifier", "hf_beit_shared",
+            "hf_data2vec_vision"}
 DYNAMIC = sorted(p.parent.name for p in BACKBONES.glob("*/io_dynamic.safetensors"))
 TOL = 1e-4
 

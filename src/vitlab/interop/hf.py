@@ -1,4 +1,7 @@
-"""Hugging Face transformers ViT and DeiT folders: config.json with ``model_type``, the Hub's key names."""
+"""Hugging Face transformers ViT-family folders: config.json with ``model_type``, the Hub's key names.
+
+BEiT and data2vec-vision have their key maps in ``hf_beit``; this module dispatches to it by model_type.
+"""
 from __future__ import annotations
 
 import json
@@ -10,7 +13,10 @@ from typing import Any
 import torch
 
 from ..data.views import Preprocess, scale_size
+from ..models.beit import Beit
 from ..models.vit import VisionTransformer
+from . import hf_beit
+from .keys import check_placed, join_qkv
 
 # transformers' hidden_act -> vitlab act_layer
 HF_ACTIVATIONS = {"gelu": "gelu", "gelu_python": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
@@ -27,6 +33,8 @@ HF_MODEL_TYPES = {
     "clip_vision_model": ({"CLIPVisionModel": "base", "CLIPVisionModelWithProjection": "projection"},
                           "vision_model", "CLIPVisionModel"),
     "siglip_vision_model": ({"SiglipVisionModel": "base"}, "vision_model", "SiglipVisionModel"),
+    **{t: ({a: "classifier" if head else "base" for a, head in archs.items()}, prefix, next(iter(archs)))
+       for t, (archs, prefix) in hf_beit.MODEL_TYPES.items()},
 }
 HF_ARCHITECTURES = {a: role for archs, _, _ in HF_MODEL_TYPES.values() for a, role in archs.items()}
 
@@ -83,7 +91,7 @@ def _num_classes(cfg: dict[str, Any], role: str) -> int:
     return int(cfg.get("num_labels") or len(cfg.get("id2label") or {}) or 2)
 
 
-def model_args(cfg: dict[str, Any]) -> tuple[type[VisionTransformer], dict[str, Any], dict[str, Any]]:
+def model_args(cfg: dict[str, Any]) -> tuple[type[VisionTransformer | Beit], dict[str, Any], dict[str, Any]]:
     """(vitlab class, arguments, preprocessing) from a transformers config.json (HF_MODEL_TYPES)."""
     model_type, arch = architecture(cfg)
     role = HF_ARCHITECTURES[arch]
@@ -94,7 +102,8 @@ def model_args(cfg: dict[str, Any]) -> tuple[type[VisionTransformer], dict[str, 
     id2label = cfg.get("id2label") or {}
     num_classes = _num_classes(cfg, role)
     img, patch = _get(cfg, "image_size", 224), _get(cfg, "patch_size", 16)
-    default_eps = 1e-12 if model_type in ("vit", "deit") else 1e-5 if model_type == "clip_vision_model" else 1e-6
+    default_eps = (1e-12 if model_type in ("vit", "deit", *hf_beit.MODEL_TYPES) else
+                   1e-5 if model_type == "clip_vision_model" else 1e-6)
     args = dict(
         img_size=tuple(img) if isinstance(img, (list, tuple)) else int(img),
         patch_size=tuple(patch) if isinstance(patch, (list, tuple)) else int(patch),
@@ -110,12 +119,14 @@ def model_args(cfg: dict[str, Any]) -> tuple[type[VisionTransformer], dict[str, 
         proj_drop_rate=float(_get(cfg, "hidden_dropout_prob", 0.0)),
         attn_drop_rate=float(_get(cfg, "attention_probs_dropout_prob", _get(cfg, "attention_dropout", 0.0))),
     )
-    args.update(_family_args(cfg, model_type, role, dim))
     preprocess: dict[str, Any] = {}
     if id2label and num_classes and role != "projection":
         names = [str(id2label.get(str(i), id2label.get(i, i))) for i in range(num_classes)]
         if names != default_labels(num_classes):  # transformers' placeholders are no names
             preprocess["label_names"] = names
+    if model_type in hf_beit.MODEL_TYPES:
+        return Beit, hf_beit.model_args(cfg, arch, args), preprocess
+    args.update(_family_args(cfg, model_type, role, dim))
     return VisionTransformer, args, preprocess
 
 
@@ -287,6 +298,8 @@ def _fix_embeddings(out: dict[str, torch.Tensor], model_type: str) -> None:
 def convert_state_dict(state: dict[str, torch.Tensor], cfg: dict[str, Any]) -> dict[str, torch.Tensor]:
     """The Hub's key names -> vitlab's; query/key/value are concatenated into qkv."""
     model_type, arch = architecture(cfg)
+    if model_type in hf_beit.MODEL_TYPES:
+        return hf_beit.convert_state_dict(state, model_type, bool(cfg.get("use_mean_pooling", True)))
     distilled = HF_ARCHITECTURES[arch] == "distilled"
     prefix = HF_MODEL_TYPES[model_type][1] + "."
     layer_keys = (_LAYER_KEYS if model_type in ("vit", "deit") else
@@ -316,13 +329,8 @@ def convert_state_dict(state: dict[str, torch.Tensor], cfg: dict[str, Any]) -> d
             out[name] = v
         else:
             unknown.append(key)
-    for (i, param), parts in qkv.items():
-        if len(parts) < 3:
-            raise ValueError(f"layer {i} attention {param} lacks one of query, key, value")
-        out[f"blocks.{i}.attn.qkv.{param}"] = torch.cat([parts[0], parts[1], parts[2]], dim=0)
-    if unknown:
-        raise ValueError(f"tensors with no place in a {model_type} model: {', '.join(unknown[:8])}"
-                         + (f" and {len(unknown) - 8} more" if len(unknown) > 8 else ""))
+    join_qkv(out, qkv)
+    check_placed(unknown, model_type)
     _fix_embeddings(out, model_type)
     return out
 
@@ -340,17 +348,8 @@ def _size(v: Any) -> int | list[int]:
     return int(v[0]) if v[0] == v[1] else [int(x) for x in v]
 
 
-def export_config(model: torch.nn.Module, args: dict[str, Any]) -> dict[str, Any]:
-    """transformers' config.json (ViTForImageClassification or DeiTForImageClassificationWithTeacher).
-
-    Raises ValueError naming what transformers' ViT/DeiT cannot express.
-    """
-    if model.hf_model_type is None:
-        other = "--to onnx" if model.timm_spec is None else "--to timm or --to onnx"
-        raise ValueError(f"transformers' ViT and DeiT classes cannot express {model.no_hf}; export it with {other}")
-    a = {"class_token": True, "reg_tokens": 0, "no_embed_class": False, "pos_embed": "learn", "init_values": None,
-         "global_pool": "token", "fc_norm": None, "act_layer": "gelu", "mlp_ratio": 4.0, "qkv_bias": True,
-         "norm_eps": 1e-6, "in_chans": 3, "distilled": False, **args}
+def _vit_missing(a: dict[str, Any]) -> list[str]:
+    """What of a ViT/DeiT's arguments transformers' ViT and DeiT classes cannot express."""
     missing = []
     if not a["class_token"] or a["global_pool"] != "token":
         missing.append("pooling other than the class token")
@@ -364,9 +363,25 @@ def export_config(model: torch.nn.Module, args: dict[str, Any]) -> dict[str, Any
         missing.append("LayerScale (init_values)")
     if a["fc_norm"]:
         missing.append("fc_norm")
-    missing += [name for name, on in (("qk_norm", a.get("qk_norm")), ("pre_norm", a.get("pre_norm")),
-                                      ("proj_bias=False", a.get("proj_bias") is False),
-                                      ("final_norm=False", a.get("final_norm") is False)) if on]
+    return missing + [name for name, on in (("qk_norm", a.get("qk_norm")), ("pre_norm", a.get("pre_norm")),
+                                             ("proj_bias=False", a.get("proj_bias") is False),
+                                             ("final_norm=False", a.get("final_norm") is False)) if on]
+
+
+def export_config(model: torch.nn.Module, args: dict[str, Any]) -> dict[str, Any]:
+    """transformers' config.json (ViTForImageClassification, DeiTForImageClassificationWithTeacher or
+    BeitForImageClassification).
+
+    Raises ValueError naming what transformers' class cannot express.
+    """
+    if model.hf_model_type is None:
+        other = "--to onnx" if model.timm_spec is None else "--to timm or --to onnx"
+        raise ValueError(f"transformers' ViT-family classes cannot express {model.no_hf}; export it with {other}")
+    a = {"class_token": True, "reg_tokens": 0, "no_embed_class": False, "pos_embed": "learn", "init_values": None,
+         "global_pool": "token", "fc_norm": None, "act_layer": "gelu", "mlp_ratio": 4.0, "qkv_bias": True,
+         "norm_eps": 1e-6, "in_chans": 3, "distilled": False, **args}
+    beit = model.hf_model_type in hf_beit.MODEL_TYPES
+    missing = [] if beit else _vit_missing(a)
     if a["act_layer"] not in _HF_ACT_NAMES:
         missing.append(f"act_layer {a['act_layer']!r}")
     if model.num_classes <= 0:
@@ -376,11 +391,12 @@ def export_config(model: torch.nn.Module, args: dict[str, Any]) -> dict[str, Any
     if hidden != int(hidden):
         missing.append(f"an MLP width of {hidden:g} (mlp_ratio x embed_dim must be whole)")
     if missing:
-        raise ValueError(f"transformers' ViT/DeiT cannot express {', '.join(missing)}; export with --to timm or onnx")
+        raise ValueError(f"transformers' {'BEiT' if beit else 'ViT/DeiT'} cannot express {', '.join(missing)}; "
+                         "export with --to timm or onnx")
     distilled = model.hf_model_type == "deit"
     names = list((getattr(model, "pretrained_cfg", {}) or {}).get("label_names") or default_labels(model.num_classes))
     drop = float(a.get("proj_drop_rate", 0.0))
-    return {
+    cfg = {
         "architectures": ["DeiTForImageClassificationWithTeacher" if distilled else "ViTForImageClassification"],
         "model_type": model.hf_model_type,
         "hidden_size": dim,
@@ -401,10 +417,13 @@ def export_config(model: torch.nn.Module, args: dict[str, Any]) -> dict[str, Any
         "label2id": {str(n): i for i, n in enumerate(names)},
         "dtype": "float32",
     }
+    return hf_beit.export_config(model, a, cfg) if beit else cfg
 
 
 def export_state_dict(state: dict[str, torch.Tensor], cfg: dict[str, Any]) -> dict[str, torch.Tensor]:
     """vitlab keys -> the Hub's (``vit.``/``deit.`` prefixed); qkv is split into query, key and value."""
+    if cfg["model_type"] in hf_beit.MODEL_TYPES:
+        return hf_beit.export_state_dict(state)
     distilled = cfg["model_type"] == "deit"
     base = "deit" if distilled else "vit"
     heads = {"head": "cls_classifier" if distilled else "classifier", "head_dist": "distillation_classifier"}

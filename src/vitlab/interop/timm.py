@@ -33,7 +33,7 @@ def model_args(cfg: dict[str, Any]) -> tuple[str, dict[str, Any], dict[str, Any]
         families = sorted({n.split("_")[0] for n in list_models()})
         raise ValueError(f"timm architecture {name!r}{what} is not one vitlab implements; it reads timm's "
                          f"{', '.join(families)} names (`vitlab models` lists them)")
-    args = dict(cfg.get("model_args") or {})
+    args = {k: v for k, v in (cfg.get("model_args") or {}).items() if v is not None}  # timm: None is the default
     for key in ("num_classes", "global_pool"):
         if key in cfg and key not in args:
             args[key] = cfg[key]
@@ -61,10 +61,12 @@ _CAIT_GAMMA = re.compile(r"^(blocks(?:_token_only)?\.\d+)\.gamma_([12])$")
 
 
 def convert_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """timm keys -> vitlab keys: identical but for CaiT's LayerScale (``gamma_1`` -> ``ls1.gamma``)."""
+    """timm keys -> vitlab keys: identical but for CaiT's and BEiT's LayerScale (``gamma_1`` -> ``ls1.gamma``)."""
     out = {}
     for k, v in state.items():
         k = k.removeprefix("module.")
+        if k.endswith((".relative_position_index", ".k_bias")):  # buffers older timm checkpoints hold (BEiT)
+            continue
         k = _CAIT_GAMMA.sub(r"\1.ls\2.gamma", k)
         out[k] = v
     return out
@@ -74,7 +76,7 @@ _VITLAB_GAMMA = re.compile(r"^(blocks(?:_token_only)?\.\d+)\.ls([12])\.gamma$")
 
 
 def export_state_dict(model: nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """vitlab keys -> timm keys: CaiT's ``ls1.gamma`` -> ``gamma_1`` (timm's ViT keeps ``ls1.gamma``)."""
+    """vitlab keys -> timm keys: CaiT's and BEiT's ``ls1.gamma`` -> ``gamma_1`` (timm's ViT keeps ``ls1.gamma``)."""
     if not model.timm_spec.layer_scale_as_gamma:
         return dict(state)
     return {_VITLAB_GAMMA.sub(r"\1.gamma_\2", k): v for k, v in state.items()}

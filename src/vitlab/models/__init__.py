@@ -1,6 +1,7 @@
-"""The ViT family: ViT/DeiT, ConViT, CaiT, hybrid ViTs, CCT, and ResNet and airbench CNNs (teachers)."""
+"""The ViT family: ViT/DeiT, BEiT, ConViT, CaiT, hybrid ViTs, CCT, and ResNet and airbench CNNs (teachers)."""
 from .airbench import AirBench
 from .airbench_hybrid import AirBenchHybrid
+from .beit import Beit
 from .cait import Cait
 from .cct import CompactTransformer
 from .convit import ConVit
@@ -9,6 +10,6 @@ from .registry import create_model, list_models
 from .resnet import ResNet
 from .vit import VisionTransformer
 
-__all__ = ["AirBench", "AirBenchHybrid", "Cait", "CompactTransformer",
+__all__ = ["AirBench", "AirBenchHybrid", "Beit", "Cait", "CompactTransformer",
            "ConVit", "HybridVisionTransformer", "ResNet", "VisionTransformer",
            "create_model", "list_models"]

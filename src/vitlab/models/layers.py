@@ -113,14 +113,26 @@ class Attention(nn.Module):
         qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)  # (B, H, N, hd) each
         q, k = self.q_norm(q), self.k_norm(k)
+        return self.proj_drop(self.proj(self.attend(q, k, v)))
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               bias: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, H, N, hd) queries, keys, values -> (B, N, H * hd): softmax(q k^T * scale + bias) v.
+
+        ``bias`` (broadcast to (B, H, N, N)) is added to the logits (BEiT's relative position bias); the slow
+        path computes the same probabilities as the fused one and passes them through ``attn_map``.
+        """
+        B, H, N, hd = q.shape
         if self.fused_attn:
-            x = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop.p if self.training else 0.0)
+            x = F.scaled_dot_product_attention(q, k, v, attn_mask=bias,
+                                               dropout_p=self.attn_drop.p if self.training else 0.0)
         else:
             attn = (q * self.scale) @ k.transpose(-2, -1)  # (B, H, N, N)
+            if bias is not None:
+                attn = attn + bias
             attn = self.attn_map(attn.softmax(dim=-1))
             x = self.attn_drop(attn) @ v
-        x = x.transpose(1, 2).reshape(B, N, C)
-        return self.proj_drop(self.proj(x))
+        return x.transpose(1, 2).reshape(B, N, H * hd)
 
 
 class Mlp(nn.Module):

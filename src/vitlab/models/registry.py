@@ -11,6 +11,7 @@ from torch import nn
 from .airbench import AirBench
 from .airbench_hybrid import AirBenchHybrid
 from .base import DEFAULT_MEAN, DEFAULT_STD, Model, make_pretrained_cfg
+from .beit import Beit
 from .cait import Cait
 from .cct import CompactTransformer
 from .convit import ConVit
@@ -63,6 +64,17 @@ for _name, (_dim, _depth, _heads, _ls) in _CAIT.items():
     for _img in (224, 384):
         register(f"cait_{_name}_{_img}", Cait, img_size=_img, patch_size=16, embed_dim=_dim, depth=_depth,
                  num_heads=_heads, init_values=_ls)
+# BEiT and BEiT v2 (timm's names): relative position bias in every block, LayerScale, mean pooling with fc_norm
+_BEIT = dict(patch_size=16, use_abs_pos_emb=False, use_rel_pos_bias=True)
+for _img in (224, 384):
+    register(f"beit_base_patch16_{_img}", Beit, INCEPTION_MEAN, INCEPTION_STD, **_BEIT, img_size=_img,
+             embed_dim=768, depth=12, num_heads=12, init_values=0.1)
+for _img in (224, 384, 512):
+    register(f"beit_large_patch16_{_img}", Beit, INCEPTION_MEAN, INCEPTION_STD, **_BEIT, img_size=_img,
+             embed_dim=1024, depth=24, num_heads=16, init_values=1e-5)
+for _size, (_dim, _depth, _heads) in (("base", (768, 12, 12)), ("large", (1024, 24, 16))):
+    register(f"beitv2_{_size}_patch16_224", Beit, **_BEIT, embed_dim=_dim, depth=_depth, num_heads=_heads,
+             init_values=1e-5)
 # ConViT (embed_dim is per head)
 for _name, _heads in (("tiny", 4), ("small", 9), ("base", 16)):
     register(f"convit_{_name}", ConVit, local_up_to_layer=10, locality_strength=1.0, embed_dim=48, num_heads=_heads)
