@@ -20,6 +20,32 @@ def count_flops(model: nn.Module, input_size: tuple[int, ...]) -> int:
     return counter.get_total_flops()
 
 
+def matmul_flops(model: nn.Module, image: torch.Tensor) -> int:
+    """Forward FLOPs (2 per multiply-add) of the linear and convolution layers on ``image`` (one, batched), run on
+    the real weights in eval mode with no gradients (BatchNorm statistics and the random state are left as they
+    are): the bulk of a model's work, counted in a fraction of one training step (FlopCounterMode's first use
+    costs seconds of imports)."""
+    total = 0
+
+    def count(module: nn.Module, inputs: tuple, output: torch.Tensor) -> None:
+        nonlocal total
+        if isinstance(module, nn.Linear):
+            total += 2 * inputs[0].numel() * module.out_features
+        else:
+            total += 2 * output.numel() * module.weight[0].numel()
+
+    hooks = [m.register_forward_hook(count) for m in model.modules() if isinstance(m, (nn.Linear, nn.Conv2d))]
+    training = model.training
+    try:
+        with torch.no_grad():
+            model.eval()(image)
+    finally:
+        model.train(training)
+        for h in hooks:
+            h.remove()
+    return total
+
+
 def _gflops(flops: int) -> str:
     g = flops / 1e9
     return f"{g:.2f}" if g >= 0.1 else f"{g:.4f}"

@@ -27,6 +27,8 @@ from .. import checkpoint
 from ..data.augment import BatchAugment, alternating_flip, repeated_aug_indices
 from ..data.sources import DataBundle
 from ..data.views import eval_view
+from ..devices import set_cpu_threads
+from ..models.summary import matmul_flops
 from ..pretrain import save_objective
 from ..progress import Progress, log_line
 from ..runs.figures import plot_confusion, plot_curves
@@ -303,6 +305,9 @@ def set_up(r: Recipe, d: Dist, resume: bool, log: Callable[[str], None], now: Ca
     if ckpt is None and not r.init:
         prepare_model(model, data.train.images, mean, std, log)
     n_params = sum(p.numel() for p in model.parameters())
+    if d.device.type == "cpu" and not r.threads:  # from the work of a step and the cores other work leaves free
+        image = torch.zeros(1, data.train.images.shape[1], *data.img_size, device=d.device)
+        log(set_cpu_threads(3 * matmul_flops(model, image) * r.batch_size // (d.world * r.accum_steps)))
     if pretraining(r):
         model = wrap_model(model, r, mean, std, log)  # the objective is what trains, checkpoints and resumes
     n_train = len(data.train.images)
