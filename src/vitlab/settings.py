@@ -7,7 +7,7 @@ import typing
 from typing import Any, Literal
 
 import annotated_types as at
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator
 from pydantic.fields import FieldInfo
 
 
@@ -17,6 +17,21 @@ class Settings(BaseModel):
     line."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=(), allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_number(cls, value: Any, info: ValidationInfo) -> Any:
+        """true/false is not a number, nor 0/1 a yes/no: a YAML file's ``epochs: true`` is refused as the command
+        line refuses ``--epochs true`` (pydantic alone would read it as 1)."""
+        field = cls.model_fields.get(info.field_name or "")
+        if field is None:
+            return value
+        kinds = {field.annotation, *typing.get_args(field.annotation)}
+        numeric = bool({int, float} & kinds) and bool not in kinds
+        if isinstance(value, bool) and numeric or bool in kinds and isinstance(value, (int, float)) and not \
+                isinstance(value, bool):
+            raise ValueError(f"{info.field_name}={value!r} is not valid; accepted: {accepted(field)}")
+        return value
 
     def __init__(self, **values: Any) -> None:
         try:
