@@ -49,6 +49,13 @@ class Model(nn.Module):
     hf_model_type: str | None = None  # transformers' model_type
     no_hf: str = ""  # what transformers cannot express, where hf_model_type is None
     no_pretrain: str = ""  # why masked pre-training (MAE, MPP) does not apply, where it does not
+    # the arguments that must be > 0 (the other numbers >= 0, rates ``*_rate`` in [0, 1)); the type of each argument
+    # is its default's (registry.check_args)
+    positive_args: tuple[str, ...] = ("img_size", "patch_size", "in_chans", "embed_dim", "num_heads", "mlp_ratio",
+                                      "norm_eps", "widths", "width_mult", "whiten_eps", "stem_widths",
+                                      "tokenizer_kernel", "tokenizer_width", "backbone_widths", "layers",
+                                      "backbone_layers", "mlp_ratio_token_only", "scale")
+    pair_args: tuple[str, ...] = ("img_size", "patch_size")  # an int, or (height, width)
 
     def no_weight_decay(self) -> set[str]:
         return set(self.no_weight_decay_names)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import difflib
 import fnmatch
 import inspect
+import math
 from typing import Any
 
 from torch import nn
@@ -179,22 +180,85 @@ def accepted_args(cls: type[nn.Module]) -> list[str]:
     return names
 
 
-def build(cls: type[nn.Module], args: dict[str, Any]) -> nn.Module:
-    """cls(**args), with an error naming any argument the class does not take."""
-    accepted = accepted_args(cls)
+def arg_defaults(cls: type[nn.Module]) -> dict[str, Any]:
+    """The default of every argument a model class takes (through the parents it passes ``**kwargs`` to)."""
+    defaults: dict[str, Any] = {}
+    for klass in cls.__mro__:
+        if "__init__" in vars(klass) and klass is not Model and issubclass(klass, Model):
+            for name, p in inspect.signature(klass.__init__).parameters.items():
+                defaults.setdefault(name, p.default)
+    return {name: defaults.get(name) for name in accepted_args(cls)}
+
+
+def _number_problem(name: str, value: Any, kind: type, positive: bool) -> str | None:
+    """Why ``value`` is not a valid number ``name`` of type ``kind`` (int, or float that takes an int too)."""
+    if isinstance(value, bool) or not isinstance(value, int if kind is int else (int, float)):
+        return "an integer" if kind is int else "a number"
+    if kind is float and not math.isfinite(value):
+        return "a finite number"
+    if name.endswith("_rate") and not 0 <= value < 1:
+        return "a number in [0, 1)"
+    if positive and value <= 0 or value < 0:
+        return f"{'an integer' if kind is int else 'a number'} {'> 0' if positive else '>= 0'}"
+    return None
+
+
+def _arg_problem(cls: type[nn.Module], name: str, value: Any, default: Any) -> str | None:
+    """What argument ``name`` accepts, when ``value`` is not that; the type is the default's (None: any)."""
+    positive = name in getattr(cls, "positive_args", ())
+    if isinstance(default, bool):
+        return None if isinstance(value, bool) else "true or false"
+    if isinstance(default, (int, float)):
+        if name in getattr(cls, "pair_args", ()) and isinstance(value, (list, tuple)):
+            if len(value) != 2:
+                return "an integer or a pair of them"
+            return next((p + " or a pair of them" for v in value if (p := _number_problem(name, v, int, positive))),
+                        None)
+        return _number_problem(name, value, type(default), positive)
+    if isinstance(default, str):
+        return None if isinstance(value, str) else "text"
+    if isinstance(default, tuple):
+        if not isinstance(value, (list, tuple)) or not value:
+            return "a list of numbers"
+        kind = type(default[0]) if default else int
+        if any(_number_problem(name, v, kind, positive) for v in value):
+            return f"a list of {'integers' if kind is int else 'numbers'} {'> 0' if positive else '>= 0'}"
+    return None
+
+
+def check_args(cls: type[nn.Module], args: dict[str, Any]) -> None:
+    """One line naming the first argument a model class does not take, or a value of the wrong kind or range."""
+    accepted = arg_defaults(cls)
     unknown = [k for k in args if k not in accepted]
     if unknown:
         raise ValueError(f"{cls.__name__} does not take {', '.join(map(repr, unknown))}; "
                          f"accepted: {', '.join(accepted)}")
+    for name, value in args.items():
+        problem = _arg_problem(cls, name, value, accepted[name])
+        if problem:
+            raise ValueError(f"model argument {name}={value!r} is not valid for {cls.__name__}; accepted: {problem}")
+
+
+def build(cls: type[nn.Module], args: dict[str, Any], given: dict[str, Any] | None = None) -> nn.Module:
+    """cls(**args), with an error naming any argument the class does not take, or of the wrong kind or range, and
+    one line naming the ``given`` ones (all by default) where arguments each valid do not build a model together."""
+    check_args(cls, args)
     args = {k: tuple(v) if isinstance(v, list) else v for k, v in args.items()}
-    return cls(**args)
+    try:
+        return cls(**args)
+    except ValueError:
+        raise
+    except (TypeError, ZeroDivisionError, RuntimeError, AssertionError, OverflowError, IndexError) as e:
+        named = ", ".join(f"{k}={v!r}" for k, v in (args if given is None else given).items()) or "its defaults"
+        why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"{cls.__name__} cannot be built with {named} ({why})") from None
 
 
 def create_model(name: str, **overrides: Any) -> nn.Module:
     """A new model by registered name, its defaults updated by overrides (timm's argument names)."""
     spec = get_spec(name)
     args = {**spec.args, **overrides}
-    model = build(spec.cls, args)
+    model = build(spec.cls, args, overrides)
     model.arch = name
     model.model_args = dict(overrides)
     model.pretrained_cfg = make_pretrained_cfg(model, args.get("in_chans", 3), spec.mean, spec.std)

@@ -13,7 +13,7 @@ from ..data.augment import BatchAugment
 from ..data.sources import DataBundle, ImageSet, load_data
 from ..data.views import Preprocess, stratified_subset
 from ..devices import auto_precision
-from ..models.registry import accepted_args, create_model, get_spec
+from ..models.registry import accepted_args, check_args, create_model, get_spec
 from ..pretrain import check_encoder
 from ..runs.format import PRETRAIN_WEIGHTS
 from .distributed import Dist, barrier, broadcast_flag
@@ -49,6 +49,7 @@ def build_model_and_data(r: Recipe, d: Dist, log: Callable[[str], None]) -> tupl
         return _from_init(r, get_data, log)
     name = r.model or default_model(r.data)
     spec = get_spec(name)
+    check_args(spec.cls, r.model_args)  # before any data is read
     if r.pretrain != "none":
         check_encoder(spec.cls, r.pretrain)  # before any data is read
     args = {**spec.args, **r.model_args}
@@ -93,7 +94,9 @@ def _from_init(r: Recipe, get_data: Callable, log: Callable[[str], None]) -> tup
                          f"{max(patch[0], size[0] // patch[0] * patch[0])}")
     prep = Preprocess.from_cfg(base.pretrained_cfg).at(size)
     why = "--img-size" if r.img_size else f"the input size of {r.init}"
-    log(f"training at {size[0]}x{size[1]} ({why}); images are decoded as {r.init} says: {prep.describe()}")
+    source = base.pretrained_cfg.get("preprocess_from") or f"{r.init}'s config"
+    log(f"training at {size[0]}x{size[1]} ({why}); images are decoded as {source} says: {prep.describe()}, mean "
+        f"{', '.join(f'{v:g}' for v in prep.mean)}, std {', '.join(f'{v:g}' for v in prep.std)}")
     data = get_data(size, in_chans, prep.fit)
     overrides = dict(r.model_args)
     if "drop_path_rate" in accepted_args(type(base)):
