@@ -210,7 +210,7 @@ def load(path: str | os.PathLike, **overrides: Any) -> nn.Module:
         cls, convert = None, timm.convert_state_dict
     elif hf.is_hf_config(cfg):
         cls, args, preprocess = hf.model_args(cfg)
-        preprocess.update(hf.preprocessing(folder))
+        preprocess.update(hf.preprocessing(folder, cfg))
         arch = None
         convert = lambda s: hf.convert_state_dict(s, cfg)
     else:

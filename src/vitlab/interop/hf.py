@@ -155,19 +155,63 @@ def _crop_pct(crop: int, scale: int) -> float:
     return pct
 
 
-def preprocessing(folder: Path) -> dict[str, Any]:
-    """A folder's preprocessor_config.json as ``views.Preprocess`` pretrained_cfg keys (empty when it has none).
+IMAGENET_MEAN, IMAGENET_STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+CLIP_MEAN, CLIP_STD = [0.48145466, 0.4578275, 0.40821073], [0.26862954, 0.26130258, 0.27577711]
+HALF = [0.5, 0.5, 0.5]
+
+
+def published_processor(model_type: str, size: int) -> tuple[dict[str, Any], str]:
+    """The preprocessor_config.json the authors of a model_type publish with their checkpoints, for an input of
+    ``size``, and where it comes from: what a folder saved without one (``save_pretrained`` of a model alone) was
+    trained with. Resample codes are PIL's (2 bilinear, 3 bicubic); every one rescales by 1/255."""
+    short = round(size / 0.875)  # 256 for 224: DeiT's and DINOv2's resize before their centre crop
+    published = {
+        "vit": ({"size": {"height": size, "width": size}, "resample": 2, "image_mean": HALF, "image_std": HALF},
+                "google/vit-*: ViTImageProcessor"),
+        "deit": ({"size": {"height": short, "width": short}, "do_center_crop": True,
+                  "crop_size": {"height": size, "width": size}, "resample": 3, "image_mean": IMAGENET_MEAN,
+                  "image_std": IMAGENET_STD}, "facebook/deit-*: DeiTImageProcessor"),
+        "dinov2": ({"size": {"shortest_edge": short}, "do_center_crop": True,
+                    "crop_size": {"height": size, "width": size}, "resample": 3, "image_mean": IMAGENET_MEAN,
+                    "image_std": IMAGENET_STD}, "facebook/dinov2-*: BitImageProcessor"),
+        "clip_vision_model": ({"size": {"shortest_edge": size}, "do_center_crop": True,
+                               "crop_size": {"height": size, "width": size}, "resample": 3, "image_mean": CLIP_MEAN,
+                               "image_std": CLIP_STD}, "openai/clip-vit-*: CLIPImageProcessor"),
+        "siglip_vision_model": ({"size": {"height": size, "width": size}, "resample": 3, "image_mean": HALF,
+                                 "image_std": HALF}, "google/siglip-*: SiglipImageProcessor"),
+    }
+    published["dinov2_with_registers"] = published["dinov2"]
+    cfg, where = published[model_type]
+    return {"do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True, **cfg}, where
+
+
+def preprocessing(folder: Path, model_cfg: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A folder's preprocessor_config.json as ``views.Preprocess`` pretrained_cfg keys, with ``preprocess_from``
+    saying where they came from: the file, or where it is missing, the preprocessing published for the
+    ``model_type`` of ``model_cfg`` (its config.json); empty without either.
 
     ``size`` {height, width} is an exact resize (crop_mode squash), ``size`` {shortest_edge} the shorter side
     (crop_mode center); a centre crop of ``crop_size`` after it sets crop_pct.
     """
     path = Path(folder) / PREPROCESSOR
     if not path.is_file():
-        return {}
+        if not model_cfg or model_cfg.get("model_type") not in HF_MODEL_TYPES:
+            return {}
+        image = _get(model_cfg, "image_size", 224)
+        cfg, where = published_processor(model_cfg["model_type"], int(image[0] if isinstance(image, list) else image))
+        return dict(_processor_keys(cfg), preprocess_from=f"{folder} has no {PREPROCESSOR}: the preprocessing "
+                    f"published for model_type {model_cfg['model_type']} ({where})")
     try:
         cfg = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"{path} is not valid JSON ({e})") from None
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{path} must hold a JSON object, not {type(cfg).__name__}")
+    return dict(_processor_keys(cfg), preprocess_from=str(path))
+
+
+def _processor_keys(cfg: dict[str, Any]) -> dict[str, Any]:
+    """An image processor's config as ``views.Preprocess`` pretrained_cfg keys."""
     out: dict[str, Any] = {}
     if cfg.get("do_normalize", True) and cfg.get("image_mean") is not None and cfg.get("image_std") is not None:
         out["mean"], out["std"] = tuple(cfg["image_mean"]), tuple(cfg["image_std"])
