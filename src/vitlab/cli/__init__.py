@@ -7,6 +7,7 @@ made from their one declaration in the training recipe (``options.add_option``).
 from __future__ import annotations
 
 import argparse
+import difflib
 import errno
 import sys
 import tempfile
@@ -38,7 +39,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        command = getattr(args, "command", None)
+        sub = subparser(parser, command) if command else parser
+        sub.error(unrecognized(sub, command, extra))
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
@@ -55,6 +60,10 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as e:
         print(f"vitlab {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except ModuleNotFoundError as e:  # an optional package the work needs (onnx for an ONNX export, ...)
+        print(f"vitlab {args.command}: error: this needs the Python package {e.name!r}, which is not installed; "
+              f"install it: pip install {PACKAGES.get(e.name or '', e.name)}", file=sys.stderr)
+        return 2
     except OSError as e:  # the file system failed the work (a full disk, say): the line says which file and why
         print(f"vitlab {args.command}: error: {os_error_line(e)}", file=sys.stderr)
         return 1
@@ -66,6 +75,23 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+def subparser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
+    return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[command]
+
+
+def unrecognized(sub: argparse.ArgumentParser, command: str | None, extra: list[str]) -> str:
+    """argparse's 'unrecognized arguments' line, with the closest options of the command for mistyped ones."""
+    options = [o for o in sub._option_string_actions if o.startswith("--")]
+    close = {m for word in extra if word.startswith("-")
+             for m in difflib.get_close_matches(word.split("=")[0], options, n=2, cutoff=0.75)}
+    hint = f"; did you mean {' or '.join(sorted(close))}?" if close else ""
+    return f"unrecognized arguments: {' '.join(extra)}{hint} (`vitlab {command or ''} --help` lists them)".replace(
+        "  ", " ")
+
+
+# import names whose package is installed under another name or through vitlab's extras
+PACKAGES = {"onnx": "'vitlab[onnx]'", "onnxruntime": "'vitlab[onnx]'", "onnxscript": "onnxscript",
+            "tensorboard": "tensorboard", "yaml": "pyyaml", "PIL": "pillow"}
 ADVICE = {errno.ENOSPC: "free some space and run again", errno.EDQUOT: "free some space and run again",
           errno.EROFS: "choose a place on a writable file system", errno.EACCES: "check the permissions"}
 

@@ -56,17 +56,19 @@ def resume_options(args: argparse.Namespace, config: dict) -> dict:
     kept = {n: getattr(args, n) for n in given}
     for name in ("epochs", "time_budget"):
         old, new = config.get(name), kept.get(name)
-        if new is not None and (old is None or _number(new) < old):
-            raise ValueError(f"{flag(name)} {new} on --resume: accepted: a number >= the run's {old!r}"
-                             if old is not None else f"{flag(name)} cannot be given on --resume of a run without one")
+        if new is not None and old is None:
+            raise ValueError(f"{flag(name)} cannot be given on --resume of a run without one")
+        if new is not None and not _number(new) >= old:
+            raise ValueError(f"{flag(name)} {new!r} is not valid on --resume; accepted: a number >= the run's {old!r}")
     return kept
 
 
 def _number(value) -> float:
+    """The number a text is, NaN when it is none (which no bound accepts)."""
     try:
         return float(value)
     except (TypeError, ValueError):
-        raise ValueError(f"{value!r} is not a number") from None
+        return float("nan")
 
 
 def run(args: argparse.Namespace) -> int:

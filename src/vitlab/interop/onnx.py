@@ -51,6 +51,10 @@ def export_onnx(model: nn.Module, folder: Path, check: bool = True, atol: float 
 
     ``check`` compares onnxruntime's output with PyTorch's at two batch sizes when onnxruntime is installed.
     """
+    try:
+        import onnx  # noqa: F401  torch's exporter writes the file with it
+    except ImportError:
+        raise ValueError(f"exporting to ONNX needs the onnx package, which is not installed: {INSTALL_HINT}") from None
     model = model.eval()
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)

@@ -143,6 +143,9 @@ def claim_folder(out: str | os.PathLike, kind: str, resume: bool = False, lock: 
     ValueError, one line) when another process holds it or it holds files this kind of command did not write.
     ``resume``: a training run's unfinished folder may be continued."""
     out = Path(out)
+    if out.is_symlink() and not out.exists():
+        raise ValueError(f"{flag} {out} is a symbolic link to {os.readlink(out)}, which does not exist; accepted: a "
+                         "new or empty folder, or a link to one")
     if out.exists() and not out.is_dir():
         raise ValueError(f"{flag} {out} is a file; accepted: a new or empty folder")
     if out.is_dir() and not (out / LOCK).exists():

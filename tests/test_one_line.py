@@ -1,0 +1,216 @@
+"""Rough edges a newcomer meets, each one class of input: a one-line message naming the option and what it
+accepts (exit 2, or 1 where the file system failed the work), no traceback, and the user's files unchanged."""
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+import yaml
+
+import vitlab
+from vitlab.cli import main
+from vitlab.train.recipe import make_recipe
+
+TINY = ["--model", "vit_micro_patch2_8", "--batch-size", "64", "--precision", "fp32", "--threads", "1"]
+
+
+def sums(folder):
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def run_cli(capsys, argv):
+    """(exit code, stderr lines, stdout) of one command line run in this process."""
+    try:
+        code = main(argv)
+    except SystemExit as e:
+        code = e.code
+    out = capsys.readouterr()
+    err = out.err.strip().splitlines()
+    assert not any("Traceback" in line for line in err), err
+    return code, err, out.out
+
+
+def one_error_line(capsys, argv, code=2):
+    got, err, _ = run_cli(capsys, argv)
+    assert got == code and len(err) == 1 and err[0].startswith("vitlab ") and "error" in err[0], (got, err)
+    return err[0]
+
+
+# ----------------------------------------------------------------------------------------------
+# recipe files get the command line's strict types
+
+
+@pytest.mark.parametrize("values, option", [
+    ({"epochs": True}, "epochs"), ({"lr": False}, "lr"), ({"img_size": True}, "img_size"),
+    ({"tta": 1}, "tta"), ({"hflip": 0}, "hflip"), ({"augment": {"mixup": True}}, "mixup"),
+])
+def test_a_recipe_file_refuses_true_for_a_number_and_a_number_for_true(tmp_path, capsys, values, option):
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump(values))
+    before = sums(tmp_path)
+    line = one_error_line(capsys, ["train", "--config", str(recipe), "--out", str(tmp_path / "run")])
+    assert f"{option}=" in line and "accepted:" in line
+    assert sums(tmp_path) == before and not (tmp_path / "run").exists()
+
+
+def test_the_command_line_and_a_recipe_file_agree_on_what_a_number_is():
+    assert make_recipe({"epochs": "3"}).epochs == make_recipe({"epochs": 3}).epochs == 3
+    for bad in (True, "true", 1.5):
+        with pytest.raises(ValueError, match="epochs="):
+            make_recipe({"epochs": bad})
+
+
+# ----------------------------------------------------------------------------------------------
+# model arguments that cannot build a model
+
+
+BAD_MODEL_ARGS = [("depth", "six", "an integer"), ("num_heads", 0, "an integer > 0"),
+                  ("embed_dim", -8, "an integer > 0"), ("mlp_ratio", float("nan"), "a finite number"),
+                  ("qkv_bias", 1, "true or false"), ("img_size", [8, 8, 8], "a pair"),
+                  ("drop_path_rate", 2.0, "[0, 1)")]
+
+
+@pytest.mark.parametrize("name, value, accepted", BAD_MODEL_ARGS)
+def test_a_model_argument_of_the_wrong_kind_or_range_is_one_line_naming_it(tmp_path, capsys, name, value, accepted):
+    text = yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
+    argv = ["train", *TINY, "--model-arg", f"{name}={text}", "--out", str(tmp_path / "a")]
+    line = one_error_line(capsys, argv)
+    assert f"model argument {name}=" in line and accepted in line
+    recipe = tmp_path / "r.yaml"  # the same in a recipe file
+    recipe.write_text(yaml.safe_dump({"model": "vit_micro_patch2_8", "model_args": {name: value}}))
+    line = one_error_line(capsys, ["train", "--config", str(recipe), "--out", str(tmp_path / "b")])
+    assert f"model argument {name}=" in line and accepted in line
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+@pytest.mark.parametrize("name, value, accepted", BAD_MODEL_ARGS)
+def test_a_saved_models_bad_argument_is_one_line(tmp_path, name, value, accepted):
+    folder = vitlab.save(vitlab.create_model("vit_micro_patch2_8", embed_dim=16, depth=1, num_heads=2),
+                         tmp_path / "model")
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["model_args"][name] = value
+    (folder / "config.json").write_text(json.dumps(cfg))
+    before = sums(folder)
+    with pytest.raises(ValueError) as e:
+        vitlab.load(folder)
+    assert name in str(e.value) and "\n" not in str(e.value)
+    assert sums(folder) == before
+
+
+def test_arguments_valid_alone_that_do_not_build_together_are_one_line():
+    with pytest.raises(ValueError, match="embed_dim 10 is not divisible by num_heads 3"):
+        vitlab.create_model("vit_micro_patch2_8", embed_dim=10, num_heads=3)
+    with pytest.raises(ValueError, match=r"^VisionTransformer cannot be built with init_values='x' \(") as e:
+        vitlab.create_model("vit_micro_patch2_8", init_values="x")  # any kind of value: a default of None
+    assert "\n" not in str(e.value)
+
+
+# ----------------------------------------------------------------------------------------------
+# --resume with an option value that is no number
+
+
+def test_resume_with_a_bad_epochs_value_names_the_option(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text(yaml.safe_dump(make_recipe({"epochs": 2, "out": str(run)}).to_dict()))
+    before = sums(run)
+    for value in ("abc", "1", "nan"):
+        line = one_error_line(capsys, ["train", "--resume", str(run), "--epochs", value])
+        assert line.startswith("vitlab train: error: --epochs ") and value in line, line
+        assert line.endswith("is not valid on --resume; accepted: a number >= the run's 2"), line
+    assert sums(run) == before
+
+
+# ----------------------------------------------------------------------------------------------
+# a Hugging Face folder without preprocessor_config.json
+
+
+def test_a_hf_folder_without_its_preprocessor_is_decoded_as_its_model_type_publishes(tmp_path, capsys, cache_dir):
+    from vitlab.export import export_hf
+    model = vitlab.create_model("vit_tiny_patch4_32", embed_dim=16, depth=1, num_heads=2, num_classes=10)
+    folder = export_hf(model, tmp_path / "hf")
+    (folder / "preprocessor_config.json").unlink()  # what save_pretrained of a model alone writes
+    before = sums(folder)
+    cfg = vitlab.load(folder).pretrained_cfg
+    assert (cfg["mean"], cfg["std"], cfg["crop_mode"], cfg["interpolation"]) == ((0.5,) * 3, (0.5,) * 3, "squash",
+                                                                                 "bilinear")
+    assert "has no preprocessor_config.json" in cfg["preprocess_from"] and "model_type vit" in cfg["preprocess_from"]
+    code, err, out = run_cli(capsys, ["train", "--init", str(folder), "--data", "digits", "--epochs", "1",
+                                      "--batch-size", "256", "--threads", "1", "--precision", "fp32",
+                                      "--train-fraction", "0.1", "--out", str(tmp_path / "run")])
+    log = "\n".join([out, *err])
+    assert code == 0, log
+    (line,) = [x for x in log.splitlines() if "images are decoded as" in x]
+    assert "model_type vit" in line and "resized to 32x32 (bilinear)" in line and "mean 0.5, 0.5, 0.5" in line
+    assert sums(folder) == before
+
+
+@pytest.mark.parametrize("model_type, mean, crop_mode, crop_pct", [
+    ("dinov2", (0.485, 0.456, 0.406), "center", 224 / 256), ("dinov2_with_registers", (0.485, 0.456, 0.406),
+                                                             "center", 224 / 256),
+    ("clip_vision_model", (0.48145466, 0.4578275, 0.40821073), "center", 1.0), ("siglip_vision_model", (0.5,) * 3,
+                                                                                "squash", 1.0),
+    ("deit", (0.485, 0.456, 0.406), "squash", 224 / 256), ("vit", (0.5,) * 3, "squash", 1.0)])
+def test_each_model_types_published_preprocessing(tmp_path, model_type, mean, crop_mode, crop_pct):
+    from vitlab.data.views import Preprocess
+    from vitlab.interop.hf import preprocessing
+    keys = preprocessing(tmp_path, {"model_type": model_type, "image_size": 224})
+    prep = Preprocess.from_cfg({"input_size": (3, 224, 224), **keys})
+    assert (prep.mean, prep.crop_mode, prep.interpolation) == (mean, crop_mode,
+                                                               "bilinear" if model_type == "vit" else "bicubic")
+    assert prep.crop_pct == pytest.approx(crop_pct, abs=1e-6) and model_type in keys["preprocess_from"]
+
+
+# ----------------------------------------------------------------------------------------------
+# a mistyped option gets the closest ones, as a mistyped model name does
+
+
+@pytest.mark.parametrize("argv, meant", [
+    (["train", "--layer-decy", "0.7"], "--layer-decay"), (["eval", "run", "--batchsize", "8"], "--batch-size"),
+    (["predict", "run", "x.png", "--topk", "3"], "--top-k"), (["cache", "clean", "--dryrun"], "--dry-run")])
+def test_a_mistyped_option_gets_a_suggestion(capsys, argv, meant):
+    line = one_error_line(capsys, argv)
+    assert f"unrecognized arguments: {' '.join(argv[-2:]) if argv[-1][0] != '-' else argv[-1]}" in line
+    assert f"did you mean {meant}?" in line
+
+
+def test_an_unknown_option_far_from_any_names_none(capsys):
+    line = one_error_line(capsys, ["train", "--zzzzzz"])
+    assert "did you mean" not in line and "`vitlab train --help` lists them" in line
+
+
+# ----------------------------------------------------------------------------------------------
+# a missing optional package, a dangling --out link
+
+
+def test_an_onnx_export_without_the_onnx_package_names_what_to_install(tmp_path, capsys, monkeypatch):
+    folder = vitlab.save(vitlab.create_model("vit_micro_patch2_8", embed_dim=16, depth=1, num_heads=2),
+                         tmp_path / "model")
+    before = sums(folder)
+    monkeypatch.setitem(__import__("sys").modules, "onnx", None)  # import onnx fails as where it is not installed
+    line = one_error_line(capsys, ["export", str(folder), "--to", "onnx", "--out", str(tmp_path / "onnx")])
+    assert "needs the onnx package" in line and "pip install 'vitlab[onnx]'" in line
+    assert sums(folder) == before and not (tmp_path / "onnx").exists()
+
+
+def test_any_missing_package_is_one_line_naming_it(capsys, monkeypatch):
+    from vitlab.cli import build_parser
+
+    def needs_a_package(args):
+        raise ModuleNotFoundError("No module named 'tensorboard'", name="tensorboard")
+    parser = build_parser()
+    monkeypatch.setattr("vitlab.cli.build_parser", lambda: parser)
+    parser._subparsers._group_actions[0].choices["models"].set_defaults(func=needs_a_package)
+    line = one_error_line(capsys, ["models"])
+    assert "'tensorboard'" in line and "pip install tensorboard" in line
+
+
+@pytest.mark.parametrize("command", [["train", *TINY, "--epochs", "1"], ["inspect", "vit_micro_patch2_8"]])
+def test_a_dangling_out_link_is_one_line(tmp_path, capsys, command):
+    link = tmp_path / "out"
+    link.symlink_to(tmp_path / "gone" / "nowhere")
+    line = one_error_line(capsys, [*command, "--out", str(link)])
+    assert f"--out {link} is a symbolic link to {tmp_path / 'gone' / 'nowhere'}, which does not exist" in line
+    assert link.is_symlink() and not (tmp_path / "gone").exists()
