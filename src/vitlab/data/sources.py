@@ -326,12 +326,37 @@ def _usable_std(std: list[float], log: Log) -> tuple[float, ...]:
     return tuple(1.0 if k in flat else float(v) for k, v in enumerate(std))
 
 
+def printable(name: str) -> str:
+    """A file name as text that every writer takes: the bytes of a name that is not UTF-8 (Python keeps them as lone
+    surrogates, which figures, YAML and UTF-8 files refuse) written as \\xNN escapes."""
+    try:
+        return os.fsencode(name).decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:  # a surrogate no file name decodes to
+        return name.encode("utf-8", "backslashreplace").decode()
+
+
+def _check_no_empty_class(store: Store) -> None:
+    """Refuse a labelled source with a class none of whose images could be read: it would train as a class that
+    no image teaches and no test image checks."""
+    classes, listed = store.header["classes"], store.header.get("listed_per_class") or []
+    counts = np.bincount(np.asarray(store.labels), minlength=len(classes))
+    empty = [classes[k] for k, n in enumerate(listed[:len(classes)]) if n > 0 and counts[k] == 0]
+    if empty:
+        seen = store.header.get("unreadable", [])
+        eg = f" (unreadable: {', '.join(map(str, seen[:3]))}{', ...' if len(seen) > 3 else ''})" if seen else ""
+        raise ValueError(f"{store.header['source']}: class{'es' if len(empty) > 1 else ''} "
+                         f"{', '.join(map(repr, empty))} {'have' if len(empty) > 1 else 'has'} no readable image"
+                         f"{eg}; fix the files or remove the class")
+
+
 def _bundle(store: Store, img_size: tuple[int, int] | None, how: str, log: Log) -> DataBundle:
     """A bundle over an opened store, and the line that says what was loaded."""
     h = store.header
-    bundle = DataBundle(h["name"], ImageSet(*store.split("train")), ImageSet(*store.split("test")), list(h["classes"]),
+    bundle = DataBundle(h["name"], ImageSet(*store.split("train")), ImageSet(*store.split("test")),
+                        [printable(c) for c in h["classes"]],
                         tuple(h["mean"]), _usable_std(h["std"], log), len(h.get("unreadable_rows", [])), h["source"],
                         img_size, store.path, data_identity(store))
+    _check_no_empty_class(store)
     c, sh, sw = store.images.shape[1:]
     train_at = f", training at {bundle.img_size[0]}x{bundle.img_size[1]}" if bundle.img_size != (sh, sw) else ""
     skipped = f", {bundle.skipped} unreadable files skipped" if bundle.skipped else ""
@@ -455,7 +480,8 @@ def _build(src: _Source, header: dict[str, Any], keys: list[str], cache: Path, s
     need, free = store_needs(path, shape, reorder), free_bytes(cache)
     if free is not None and need > free:
         raise ValueError(space_message("not enough disk space", what, cache, need, free))
-    header = dict(header, key=key, name=name, classes=list(listing.classes))
+    header = dict(header, key=key, name=name, classes=list(listing.classes),
+                  listed_per_class=np.bincount(labels, minlength=len(listing.classes)).tolist() if len(labels) else [])
     with _faults_in_one_line(src.origin, cache, path, shape, reorder):
         store, bad = build_store(path, header, shape, labels, fill, arrange, log, listing.names, fill_order)
     if bad:

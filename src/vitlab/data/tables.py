@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -227,6 +228,28 @@ def _path_column(rows: list[tuple[int, list[str]]], folder: Path) -> int:
     return 1 if hits[1] > hits[0] else 0
 
 
+def _once_each(rows: list[tuple[int, list[str]]], col: int, path: Path, log: Log) -> list[tuple[int, list[str]]]:
+    """The rows with each image file once: a line that repeats an earlier one's file (the same path, or a link to
+    it) is removed, and said, so that no image lands in both splits; one that gives it another label is refused."""
+    first: dict[str, tuple[int, str]] = {}
+    kept, repeats = [], []
+    for line, r in rows:
+        file, label = os.path.realpath((path.parent / r[col].strip()).expanduser()), r[1 - col].strip()
+        if file not in first:
+            first[file] = (line, label)
+            kept.append((line, r))
+            continue
+        seen, seen_label = first[file]
+        if seen_label != label:
+            raise ValueError(f"{path} line {line} lists {r[col].strip()} as {label!r}, line {seen} as {seen_label!r}; "
+                             "accepted: each image once, with one label")
+        repeats.append(f"line {line} repeats line {seen}")
+    if repeats:
+        log(f"{path}: {len(repeats)} line{'s' if len(repeats) > 1 else ''} listing an image already listed removed "
+            f"(an image is used once), e.g. {', '.join(repeats[:3])}")
+    return kept
+
+
 def list_table(path: Path, log: Log) -> Listing:
     """The rows of a CSV/TSV file of ``path,label`` lines (or ``label,path``), in file order."""
     delimiter = "\t" if path.suffix.lower() == ".tsv" else ","
@@ -245,6 +268,7 @@ def list_table(path: Path, log: Log) -> Listing:
         raise ValueError(f"{path} line {line}: expected 'path{delimiter}label', got {delimiter.join(r)!r}")
     if not rows:
         raise ValueError(f"{path} lists no images; expected one 'path{delimiter}label' line per image")
+    rows = _once_each(rows, col, path, log)
     classes, index = class_index([r[1 - col].strip() for _, r in rows], str(path))
     labels = np.array([index[r[1 - col].strip()] for _, r in rows], dtype=np.int64)
     files = [str((path.parent / r[col].strip()).expanduser()) for _, r in rows]
