@@ -214,3 +214,61 @@ def test_a_dangling_out_link_is_one_line(tmp_path, capsys, command):
     line = one_error_line(capsys, [*command, "--out", str(link)])
     assert f"--out {link} is a symbolic link to {tmp_path / 'gone' / 'nowhere'}, which does not exist" in line
     assert link.is_symlink() and not (tmp_path / "gone").exists()
+
+
+# ----------------------------------------------------------------------------------------------
+# data: an image listed twice, a class with no readable image
+
+
+def _images(root, classes=("a", "b"), per_class=4):
+    from test_faults import make_folder
+    return make_folder(root, classes=classes, per_class=per_class, size=(8, 8))
+
+
+def test_a_csv_listing_an_image_twice_uses_it_once_and_says_so(tmp_path, capsys):
+    from vitlab.data import load_data
+    _images(tmp_path / "pets")
+    lines = [f"pets/{c}/{i}.bmp,{c}" for c in "ab" for i in range(4)]
+    (tmp_path / "list.csv").write_text("\n".join([*lines, lines[0], lines[5], f"./pets/a/../a/{0}.bmp,a"]) + "\n")
+    before = sums(tmp_path)
+    logs = []
+    bundle = load_data(str(tmp_path / "list.csv"), cache_dir=tmp_path / "c", val_fraction=0.5, log=logs.append)
+    assert len(bundle.train.labels) + len(bundle.test.labels) == 8  # each image once: never in both splits
+    (said,) = [x for x in logs if "already listed removed" in x]
+    assert "3 lines" in said and "line 9 repeats line 1" in said
+    (tmp_path / "list.csv").write_text("\n".join([*lines, "pets/a/0.bmp,b"]) + "\n")  # another label: refused
+    line = one_error_line(capsys, ["train", *TINY, "--data", str(tmp_path / "list.csv"), "--cache-dir",
+                                   str(tmp_path / "c"), "--out", str(tmp_path / "run")])
+    assert "line 9 lists pets/a/0.bmp as 'b', line 1 as 'a'" in line and not (tmp_path / "run").exists()
+    assert {k: v for k, v in sums(tmp_path).items() if k.startswith("pets")} == \
+        {k: v for k, v in before.items() if k.startswith("pets")}
+
+
+def test_a_class_with_no_readable_image_is_refused(tmp_path, capsys):
+    root = _images(tmp_path / "pets", classes=("a", "b", "c"))
+    for f in (root / "c").iterdir():
+        f.write_bytes(b"not an image")
+    before = sums(root)
+    argv = ["train", *TINY, "--data", str(root), "--cache-dir", str(tmp_path / "c"), "--out", str(tmp_path / "r")]
+    for _ in range(2):  # built, then from the cache
+        code, err, _ = run_cli(capsys, argv)
+        line = err[-1]
+        assert code == 2 and line.startswith("vitlab train: error: ")
+        assert "class 'c' has no readable image" in line and "fix the files or remove the class" in line
+    assert sums(root) == before and not (tmp_path / "r").exists()
+
+
+def test_a_class_folder_whose_name_is_not_utf8_trains_draws_and_resumes(tmp_path, capsys):
+    import os
+    root = _images(tmp_path / "pets", classes=("a", "b"))
+    os.rename(bytes(root / "b"), bytes(root) + b"/caf\xe9")  # a name written on a Latin-1 system
+    run = tmp_path / "run"
+    argv = ["train", *TINY, "--data", str(root), "--epochs", "1", "--val-fraction", "0.5", "--cache-dir",
+            str(tmp_path / "c"), "--out", str(run)]
+    code, err, out = run_cli(capsys, argv)
+    assert code == 0, err
+    summary = json.loads((run / "summary.json").read_text())
+    assert "caf\\xe9" in summary["per_class"] and (run / "confusion.png").stat().st_size > 0
+    (run / "summary.json").unlink()  # as if killed before the end: the resume draws the figures again
+    code, err, _ = run_cli(capsys, ["train", "--resume", str(run)])
+    assert code == 0, err
