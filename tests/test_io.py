@@ -127,16 +127,19 @@ IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 HALF = ((0.5,) * 3, (0.5,) * 3)
 
 
-@pytest.mark.parametrize("fixture, norm, crop_pct", [
-    ("timm_vit_token", HALF, 0.9), ("timm_vit_avg_noclass", HALF, 0.9), ("timm_deit_distilled", IMAGENET, 0.9),
-    ("timm_cait", IMAGENET, 1.0), ("timm_convit", IMAGENET, 0.875),
-    ("hf_vit", HALF, None), ("hf_deit_distilled", HALF, None),  # no preprocessor_config.json: transformers' ViT's
+@pytest.mark.parametrize("fixture, norm, crop_pct, resample", [
+    ("timm_vit_token", HALF, 0.9, "bicubic"), ("timm_vit_avg_noclass", HALF, 0.9, "bicubic"),
+    ("timm_deit_distilled", IMAGENET, 0.9, "bicubic"), ("timm_cait", IMAGENET, 1.0, "bicubic"),
+    ("timm_convit", IMAGENET, 0.875, "bicubic"),
+    # no preprocessor_config.json: what the model_type's authors publish (ViT: 0.5, bilinear; DeiT: 37 -> 32 here)
+    ("hf_vit", HALF, 1.0, "bilinear"), ("hf_deit_distilled", IMAGENET, pytest.approx(32 / 37), "bicubic"),
 ])
-def test_each_kind_of_folder_loads_with_its_preprocessing(tmp_path, fixture, norm, crop_pct):
-    """timm's pretrained_cfg, else the registered name's, else mean = std = 0.5; a vitlab copy keeps them."""
+def test_each_kind_of_folder_loads_with_its_preprocessing(tmp_path, fixture, norm, crop_pct, resample):
+    """timm's pretrained_cfg, else the registered name's, else the model_type's published preprocessing; a vitlab
+    copy keeps them."""
     model = vitlab.load(PARITY / fixture)
     cfg = model.pretrained_cfg
-    assert (tuple(cfg["input_size"]), cfg["interpolation"], cfg.get("crop_pct")) == ((3, 32, 32), "bicubic", crop_pct)
+    assert (tuple(cfg["input_size"]), cfg["interpolation"], cfg.get("crop_pct")) == ((3, 32, 32), resample, crop_pct)
     assert tuple(cfg["mean"]) == pytest.approx(norm[0]) and tuple(cfg["std"]) == pytest.approx(norm[1])
     copy = vitlab.load(vitlab.save(model, tmp_path / "copy")).pretrained_cfg
     assert {k: (tuple(v) if isinstance(v, list) else v) for k, v in copy.items()} == \

@@ -272,3 +272,36 @@ def test_a_class_folder_whose_name_is_not_utf8_trains_draws_and_resumes(tmp_path
     (run / "summary.json").unlink()  # as if killed before the end: the resume draws the figures again
     code, err, _ = run_cli(capsys, ["train", "--resume", str(run)])
     assert code == 0, err
+
+
+# ----------------------------------------------------------------------------------------------
+# --threads for every command that runs a model; probe at another input size
+
+
+@pytest.mark.parametrize("command", [["eval", "M"], ["predict", "M", "x.png"], ["inspect", "M"],
+                                     ["export", "M", "--to", "hf", "--out", "o"], ["probe", "M"]])
+def test_every_command_that_runs_a_model_takes_threads(command):
+    from vitlab.cli import build_parser
+    assert build_parser().parse_args([*command, "--threads", "3"]).threads == 3
+
+
+def test_threads_sets_the_cpu_threads_of_the_forward_passes(tmp_path, capsys):
+    import torch
+    folder = vitlab.save(vitlab.create_model("vit_micro_patch2_8", embed_dim=16, depth=1, num_heads=2),
+                         tmp_path / "model")
+    threads = torch.get_num_threads()
+    try:
+        code, err, _ = run_cli(capsys, ["export", str(folder), "--to", "timm", "--out", str(tmp_path / "t"),
+                                        "--threads", "1"])
+        assert code == 0 and torch.get_num_threads() == 1, err
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_probe_runs_a_model_at_another_input_size(tmp_path):
+    from vitlab.probe.run import open_model
+    folder = vitlab.save(vitlab.create_model("vit_micro_patch2_8", embed_dim=16, depth=1, num_heads=2),
+                         tmp_path / "model")
+    for spec in (folder, "vit_micro_patch2_8"):
+        model, _ = open_model(spec, img_size=16)
+        assert tuple(model.pretrained_cfg["input_size"][1:]) == (16, 16)

@@ -47,6 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    if args.command not in ("train", "pretrain", "study") and getattr(args, "threads", None):
+        import torch  # eval, predict, inspect, export, probe: the CPU threads of their forward passes
+        torch.set_num_threads(args.threads)
     try:
         for option in ("out", "resume"):
             if getattr(args, option, None):

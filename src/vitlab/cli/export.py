@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import argparse
 
+from .options import add_option
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     x = sub.add_parser("export", help="write a model as ONNX, a timm Hub folder or a Hugging Face folder")
@@ -10,6 +12,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     x.add_argument("--to", required=True, choices=("onnx", "timm", "hf"), help="the format to write")
     x.add_argument("--out", required=True, help="folder to write")
     x.add_argument("--no-check", action="store_true", help="ONNX: skip the onnxruntime comparison with PyTorch")
+    add_option(x, "threads")
     x.set_defaults(func=run)
 
 

@@ -23,6 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_option(e, "download", help="download CIFAR if missing (checksums verified)")
     add_option(e, "tta", help="average each image's logits with its mirror image's")
     add_option(e, "tta_translate")
+    add_option(e, "threads")
     e.set_defaults(func=run_eval)
 
     pr = sub.add_parser("predict", help="top-k classes for image files")
@@ -31,6 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     pr.add_argument("--top-k", type=integer(1), default=5, help="classes shown per image [an integer >= 1; default 5]")
     pr.add_argument("--json", action="store_true", help="print JSON")
     add_option(pr, "device", help=DEVICE_HELP)
+    add_option(pr, "threads")
     pr.set_defaults(func=run_predict)
 
 

@@ -75,6 +75,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_option(p, "cache_dir", help="where --data sets are cached")
     add_option(p, "download", help="let --data download a missing data set")
     add_option(p, "device", help="auto: CUDA when present")
+    add_option(p, "threads")
     p.set_defaults(func=run)
 
 

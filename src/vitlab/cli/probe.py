@@ -27,6 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_option(p, "device", help="auto: CUDA when present")
     add_option(p, "precision", default="fp32", help="fp32 or bf16 features (auto: bf16 on a GPU that has it)")
     add_option(p, "threads")
+    add_option(p, "img_size", help="run the model at this input size (its position table resampled); default: its own")
     add_option(p, "cache_dir", help="data cache; the features are cached in its features/ folder")
     add_option(p, "download")
     p.add_argument("--out", help="folder to write probe.json in")
@@ -42,8 +43,6 @@ def run(args: argparse.Namespace) -> int:
     from ..runs.folder import claim_folder
     from ..runs.format import read_split
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
     split = read_split(args.model) if Path(args.model).is_dir() else {}
     data = args.data or split.get("data")
     if data is None:
@@ -61,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     with claim_folder(args.out, "probe") if args.out else contextlib.nullcontext():
         result = probe(args.model, data, seed=seed, val_fraction=val_fraction, train_fraction=args.train_fraction,
                        k=args.k, weight_decay=args.probe_wd, batch_size=args.batch_size, device=args.device,
-                       precision=precision, cache_dir=args.cache_dir, download=args.download)
+                       precision=precision, cache_dir=args.cache_dir, download=args.download, img_size=args.img_size)
         if args.out:
             from ..atomic import atomic_write_json
             atomic_write_json(Path(args.out) / PROBE_JSON, result)

@@ -25,18 +25,20 @@ from .features import extract_features
 PROBE_JSON = "probe.json"  # what `vitlab probe --out` writes in its folder
 
 
-def open_model(spec: str | os.PathLike) -> tuple[nn.Module, str]:
-    """(model, its weights in words) from anything ``vitlab.load`` reads, or a registered name (random weights)."""
+def open_model(spec: str | os.PathLike, img_size: int | None = None) -> tuple[nn.Module, str]:
+    """(model, its weights in words) from anything ``vitlab.load`` reads, or a registered name (random weights);
+    ``img_size`` runs it at another input size (its position table resampled)."""
     text = os.fspath(spec)
+    size = {"img_size": img_size} if img_size else {}
     if Path(text).exists() or text.startswith("hf-hub:"):
-        return checkpoint.load(text), "trained weights"
+        return checkpoint.load(text, **size), "trained weights"
     try:
         get_spec(text)
     except ValueError as e:
         raise FileNotFoundError(f"{text} is neither a model folder, a hub id (hf-hub:ORG/NAME) nor a registered model "
                                 f"name ({e}); accepted: a run, timm or Hugging Face folder, a hub id, or a registered "
                                 "name (random weights)") from None
-    return create_model(text, num_classes=0), "random weights"
+    return create_model(text, num_classes=0, **size), "random weights"
 
 
 def split_images(model: nn.Module, data: str, *, seed: int, val_fraction: float, train_fraction: float,
@@ -68,15 +70,16 @@ def probe(model_spec: str | os.PathLike, data: str, *, seed: int = 0, val_fracti
           train_fraction: float = 1.0, k: int = 20, temperature: float = 0.07, weight_decay: float = 1e-4,
           batch_size: int = 64, device: str = "auto", precision: str = "fp32", cache_dir: str | None = None,
           download: bool = False, progress: bool = True, log: Callable[[str], None] = log_line,
-          now: Callable[[], float] = time.perf_counter) -> dict[str, Any]:
+          now: Callable[[], float] = time.perf_counter, img_size: int | None = None) -> dict[str, Any]:
     """k-NN and linear-probe top-1 of a frozen model's pre-logits features on ``data``'s test split.
 
     The features are computed once per (weights, images, preprocessing) and cached under
     ``<cache_dir>/features`` (the data cache's folder by default), on ``device`` (auto: a GPU when there is
-    one). ``now`` is the clock the result's seconds are read from.
+    one). ``now`` is the clock the result's seconds are read from; ``img_size`` runs the model at another input
+    size than its own (a DINOv2 at 224 instead of 518: its position table resampled, its preprocessing rule kept).
     """
     dev = resolve_device(device)
-    model, weights = open_model(model_spec)
+    model, weights = open_model(model_spec, img_size)
     sets = split_images(model, data, seed=seed, val_fraction=val_fraction, train_fraction=train_fraction,
                         cache_dir=cache_dir, download=download, log=log)
     check_data(model_spec, sets["identity"], "probe", own=False)  # a run's data set: the split it trained on
