@@ -110,7 +110,7 @@ def test_every_method_on_every_family(family):
     x = torch.randn(2, 3, 32, 32)
     gh, gw = model.patch_embed.grid_size
     pairs = explanation_methods(model)
-    assert {m for m, _ in pairs} == set(METHODS) == {"raw_attention", "rollout", "grad_rollout", "relevance",
+    assert {m for m, _ in pairs} == set(METHODS) == {"raw_attention", "rollout", "grad_rollout", "relevance", "attnlrp",
                                                       "saliency"}
     assert ("relevance", "dist") in pairs if family == "deit" else all(t == "cls" for _, t in pairs)
     assert ("saliency", "dist") not in pairs  # saliency reads no token
@@ -249,8 +249,8 @@ def test_faithfulness_on_a_model(tmp_path):
     x = torch.randn(5, 3, 32, 32)
     labels = torch.tensor([0, 1, 2, 3, 4])
     r = faithfulness(model, x, labels, batch_size=2, curve_steps=8, keep_images=3, progress=False)
-    keys = {"raw_attention", "rollout", "grad_rollout", "relevance", "raw_attention_dist", "rollout_dist",
-            "grad_rollout_dist", "relevance_dist", "saliency", "random"}
+    keys = {"raw_attention", "rollout", "grad_rollout", "relevance", "attnlrp", "raw_attention_dist", "rollout_dist",
+            "grad_rollout_dist", "relevance_dist", "attnlrp_dist", "saliency", "random"}
     assert set(r["methods"]) == keys
     p = r["protocol"]
     assert p["images"] == 5 and p["patches"] == 64

@@ -1,4 +1,5 @@
 """The ViT paper's analyses for every vitlab family: attention maps, rollout, distances, embeddings, a report."""
+from .attnlrp import attnlrp, lrp_rules
 from .capture import AttentionMap, attention_maps, attention_modules, capture_attention
 from .distance import (
     attention_distance,
@@ -17,8 +18,9 @@ from .rollout import fuse_heads, grad_rollout, raw_attention, rollout
 
 __all__ = [
     "METHODS", "REGISTRY", "AttentionMap", "Method", "attention_distance", "attention_gradients", "attention_maps",
-    "attention_modules", "capture_attention", "convit_gates", "embedding_filters", "explain", "explanation_methods",
+    "attention_modules", "attnlrp", "capture_attention", "convit_gates", "embedding_filters", "explain",
+    "explanation_methods",
     "filter_components", "fuse_heads", "gpsa_positional_attention", "grad_rollout", "gradient_saliency",
-    "inspect_model", "mean_attention_distance", "patch_distances", "position_similarity",
+    "inspect_model", "lrp_rules", "mean_attention_distance", "patch_distances", "position_similarity",
     "positional_attention_distance", "raw_attention", "relevance", "relevance_from_maps", "rollout",
 ]

@@ -86,8 +86,6 @@ def capture_attention(model: nn.Module, keep_graph: bool = False) -> Iterator[li
     patch_size = tuple(int(p) for p in model.patch_embed.patch_size)
     records: list[AttentionMap] = []
     grid: list[tuple[int, int]] = [tuple(model.patch_embed.grid_size)]
-    flags = {m: m.fused_attn for _, _, m in modules if hasattr(m, "fused_attn")}
-    modes = {m: m.training for m in model.modules()}
     handles = []
 
     def grid_hook(module, inputs, out):  # patch_embed: (B, h, w, D) -> remember the grid of this input
@@ -103,17 +101,29 @@ def capture_attention(model: nn.Module, keep_graph: bool = False) -> Iterator[li
             records.append(AttentionMap(name, kind, attn, tuple(prefix[:num_prefix]), (h, w), patch_size))
         return hook
 
+    with explicit_attention(model):
+        try:
+            handles.append(model.patch_embed.register_forward_hook(grid_hook))
+            for name, kind, m in modules:
+                handles.append(m.attn_map.register_forward_hook(make_hook(name, kind)))
+            yield records
+        finally:
+            for handle in handles:
+                handle.remove()
+
+
+@contextmanager
+def explicit_attention(model: nn.Module) -> Iterator[None]:
+    """Within the block the model runs in eval mode with ``fused_attn`` off, so that every attention module
+    passes its probabilities through ``attn_map``; flags and train/eval modes are put back on exit."""
+    flags = {m: m.fused_attn for _, _, m in attention_modules(model) if hasattr(m, "fused_attn")}
+    modes = {m: m.training for m in model.modules()}
     try:
         model.eval()
         for m in flags:
             m.fused_attn = False
-        handles.append(model.patch_embed.register_forward_hook(grid_hook))
-        for name, kind, m in modules:
-            handles.append(m.attn_map.register_forward_hook(make_hook(name, kind)))
-        yield records
+        yield
     finally:
-        for handle in handles:
-            handle.remove()
         for m, flag in flags.items():
             m.fused_attn = flag
         for m, training in modes.items():

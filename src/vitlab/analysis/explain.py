@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from .attnlrp import attnlrp
 from .capture import prefix_token_names
 from .gradients import gradient_saliency
 from .relevance import relevance
@@ -61,6 +62,10 @@ REGISTRY: dict[str, Method] = {
     "relevance": Method(relevance, "relevance (Chefer et al.)",
                         "the relevance of Chefer, Gur & Wolf (ICCV 2021: R = I, then per block R += mean over heads "
                         "of (gradient x attention)^+ @ R, no renormalisation)"),
+    "attnlrp": Method(attnlrp, "AttnLRP",
+                      "AttnLRP (Achtibat et al. 2024: layer-wise relevance propagation in one backward pass, the "
+                      "epsilon rule for linear layers, the uniform rule for q k and A v, the softmax's Taylor rule, "
+                      "LayerNorm with its standard deviation held constant; pixels' relevance summed per patch)"),
     "saliency": Method(gradient_saliency, "gradient saliency",
                        "gradient saliency (Simonyan et al. 2014: the largest absolute gradient of the predicted "
                        "class's logit over the channels, averaged over each patch; it reads no attention)"),
