@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from .options import add_option, integer
 
@@ -53,7 +54,13 @@ def run_predict(args: argparse.Namespace) -> int:
         print(json.dumps(results, indent=2))
     else:
         for r in results:
-            print(r["image"])
-            for p in r["top"]:
+            print(r["image"] + ("  (not predicted: unreadable)" if "error" in r else ""))
+            for p in r.get("top", []):
                 print(f"  {100 * p['probability']:6.2f}%  {p['class']}")
-    return 0
+    bad = [r for r in results if "error" in r]
+    for r in bad:
+        print(f"vitlab predict: error: {r['error']}", file=sys.stderr)
+    if bad:
+        print(f"vitlab predict: {len(bad)} of {len(results)} images could not be read; the others are predicted",
+              file=sys.stderr)
+    return 1 if bad else 0

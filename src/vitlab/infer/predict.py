@@ -38,7 +38,8 @@ def class_probabilities(model: torch.nn.Module, images: torch.Tensor) -> torch.T
 @torch.no_grad()
 def predict_files(model_path: str | os.PathLike, images: Sequence[str | os.PathLike], top_k: int = 5,
                   device: str = "auto") -> list[dict]:
-    """Top-k classes with probabilities for each image file.
+    """Top-k classes with probabilities for each image file; a file that cannot be read gets ``error`` (why)
+    instead, and the others are predicted (none readable: a ValueError).
 
     Each image is prepared as the model's pretrained config says (``Preprocess``: the resize rule, crop_pct
     and interpolation applied by Pillow as the file is decoded, as timm and transformers do; mean and std),
@@ -52,10 +53,22 @@ def predict_files(model_path: str | os.PathLike, images: Sequence[str | os.PathL
     cfg = model.pretrained_cfg
     names = class_names(model)
     prep = Preprocess.from_cfg(cfg)
-    batch = torch.stack([read_image(p, prep.size, cfg["input_size"][0], prep.fit) for p in images])
-    probs = class_probabilities(model, batch).cpu()
-    k = min(top_k, probs.shape[1])
-    top = probs.topk(k, dim=1)
-    return [{"image": str(p), "top": [{"class": names[int(i)], "probability": float(v)}
-                                      for v, i in zip(top.values[n], top.indices[n])]}
-            for n, p in enumerate(images)]
+    decoded, results = [], []
+    for p in images:
+        try:
+            decoded.append(read_image(p, prep.size, cfg["input_size"][0], prep.fit))
+            results.append({"image": str(p)})
+        except ValueError as e:  # one unreadable file: the others are still predicted, and it is reported
+            results.append({"image": str(p), "error": str(e)})
+    if not decoded:
+        raise ValueError(results[0]["error"] if len(results) == 1 else
+                         f"none of the {len(results)} images could be read; the first: {results[0]['error']}")
+    probs = class_probabilities(model, torch.stack(decoded)).cpu()
+    top = probs.topk(min(top_k, probs.shape[1]), dim=1)
+    good = iter(range(len(decoded)))
+    for r in results:
+        if "error" not in r:
+            n = next(good)
+            r["top"] = [{"class": names[int(i)], "probability": float(v)}
+                        for v, i in zip(top.values[n], top.indices[n])]
+    return results
