@@ -305,3 +305,66 @@ def test_probe_runs_a_model_at_another_input_size(tmp_path):
     for spec in (folder, "vit_micro_patch2_8"):
         model, _ = open_model(spec, img_size=16)
         assert tuple(model.pretrained_cfg["input_size"][1:]) == (16, 16)
+
+
+# ----------------------------------------------------------------------------------------------
+# predict: one unreadable file among good ones
+
+
+def test_predict_predicts_the_readable_files_and_reports_the_others(tmp_path, capsys):
+    from PIL import Image
+    folder = vitlab.save(vitlab.create_model("vit_micro_patch2_8", embed_dim=16, depth=1, num_heads=2),
+                         tmp_path / "model")
+    good = [tmp_path / f"{i}.png" for i in range(2)]
+    for i, p in enumerate(good):
+        Image.new("L", (8, 8), 40 * i).save(p)
+    bad = tmp_path / "broken.png"
+    bad.write_bytes(b"not a png")
+    before = sums(tmp_path)
+    code, err, out = run_cli(capsys, ["predict", str(folder), str(good[0]), str(bad), str(good[1]), "--top-k", "2"])
+    assert code == 1 and out.count("%") == 4 and f"{bad}  (not predicted: unreadable)" in out
+    assert len(err) == 2 and str(bad) in err[0] and err[1].startswith("vitlab predict: 1 of 3 images")
+    code, err, out = run_cli(capsys, ["predict", str(folder), str(good[0]), str(bad), "--json"])
+    results = json.loads(out)
+    assert code == 1 and "top" in results[0] and "error" in results[1] and "top" not in results[1]
+    line = one_error_line(capsys, ["predict", str(folder), str(bad)])  # nothing readable: refused
+    assert str(bad) in line
+    assert sums(tmp_path) == before
+
+
+# ----------------------------------------------------------------------------------------------
+# inspect says what it wrote; its files are written whole
+
+
+def test_inspect_names_only_the_files_it_wrote(tmp_path, capsys):
+    from PIL import Image
+    encoder = vitlab.save(vitlab.create_model("vit_micro_patch2_8", embed_dim=16, depth=1, num_heads=2,
+                                              num_classes=0), tmp_path / "encoder")  # no classes: no faithfulness
+    Image.new("L", (8, 8), 50).save(tmp_path / "x.png")
+    code, err, out = run_cli(capsys, ["inspect", str(encoder), "--images", str(tmp_path / "x.png"), "--out",
+                                      str(tmp_path / "o"), "--threads", "1"])
+    assert code == 0, err
+    assert "faithfulness.json" not in out and "analysis.json" in out
+    assert not (tmp_path / "o" / "faithfulness.json").exists()
+
+
+def test_a_full_disk_while_writing_a_figure_or_json_keeps_the_old_file_and_is_one_line(tmp_path, monkeypatch):
+    import errno
+
+    from vitlab.analysis.plots import new_figure, save_figure
+    from vitlab.analysis.report import write_report
+    old = tmp_path / "fig.png"
+    old.write_bytes(b"the previous figure")
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    fig = new_figure(2, 2)
+    monkeypatch.setattr(type(fig), "savefig", full)
+    with pytest.raises(ValueError, match=r"^disk full: writing .*fig\.png") as e:
+        save_figure(fig, old)
+    assert "\n" not in str(e.value) and old.read_bytes() == b"the previous figure"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fig.png"]  # no 0-byte or temporary file left
+    monkeypatch.setattr("vitlab.atomic.os.fsync", full)
+    with pytest.raises(ValueError, match=r"^disk full: writing .*report\.html"):
+        write_report(tmp_path, "t", "", [], [], [], [], None)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fig.png"]

@@ -17,6 +17,7 @@ from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
+from ..atomic import atomic_path
 from .capture import AttentionMap
 from .distance import patch_distances
 
@@ -33,10 +34,11 @@ def new_figure(width: float, height: float) -> Figure:
 
 
 def save_figure(fig: Figure, path: str | Path, dpi: int = 100) -> Path:
-    """Write a Figure to a PNG file."""
+    """Write a Figure to a PNG file through an atomic rename: a full disk leaves the previous file or none, never a
+    truncated one, and is one line naming the file."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=dpi, facecolor="white")
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=dpi, facecolor="white", format="png")
     return path
 
 

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..atomic import atomic_write_bytes
 from . import plots
 from .capture import attention_modules, capture_attention, prefix_token_names
 from .distance import distance_layer_names, mean_attention_distance
@@ -106,7 +107,7 @@ figcaption {{ color: #444; margin-top: 0.4em; line-height: 1.4; }}
 </body></html>
 """
     path = Path(out_dir) / "report.html"
-    path.write_text(page, encoding="utf-8")
+    atomic_write_bytes(path, page.encode("utf-8"))
     return path
 
 
@@ -283,7 +284,7 @@ def inspect_model(model: nn.Module, images: torch.Tensor, out_dir: str | Path, *
     for section in SECTIONS:
         section(r)
     r.summary["predictions"] = r.predictions
-    (r.out / "analysis.json").write_text(json.dumps(r.summary, indent=1) + "\n", encoding="utf-8")
+    atomic_write_bytes(r.out / "analysis.json", (json.dumps(r.summary, indent=1) + "\n").encode("utf-8"))
     title = title or f"vitlab inspect: {getattr(model, 'arch', None) or type(model).__name__}"
     return write_report(r.out, title, model_header(model, r.class_names), r.predictions, r.sections, r.notes,
                         r.tables, r.explorer)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ..atomic import atomic_write_bytes
 from ..models.layers import PatchEmbed
 from . import plots
 from .capture import attention_modules
@@ -211,7 +212,7 @@ def faithfulness(r: Inspection) -> None:
     if not needs_classifier(r, "Faithfulness"):
         return
     faith = r.faith
-    (r.out / "faithfulness.json").write_text(json.dumps(faith, indent=1) + "\n", encoding="utf-8")
+    atomic_write_bytes(r.out / "faithfulness.json", (json.dumps(faith, indent=1) + "\n").encode("utf-8"))
     r.summary["faithfulness"] = {k: {m: v[m] for m in ("deletion_auc", "insertion_auc", "positive_auc",
                                                         "negative_auc")} for k, v in faith["methods"].items()}
     proto = faith["protocol"]

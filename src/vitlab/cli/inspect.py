@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -101,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace, out: Path) -> int:
     """Load the model and the images, run every applicable analysis, write the figures and report.html."""
+    started = time.time() - 1  # the files written from here on (mtimes of whole seconds included)
     from .. import load
     from ..analysis.capture import attention_modules
     from ..analysis.report import inspect_model
@@ -154,6 +156,7 @@ def _run(args: argparse.Namespace, out: Path) -> int:
                            curve_steps=args.curve_steps, explorer_images=args.explorer_images, objective=objective,
                            title=f"vitlab inspect: {Path(args.model).resolve().name}"
                                  + (f" ({model.arch})" if getattr(model, "arch", None) else ""))
+    written = [p.name for p in sorted(out.glob("*.json")) if p.stat().st_mtime >= started]  # not an earlier run's
     print(f"vitlab inspect: wrote {report} ({report.stat().st_size / 1e6:.1f} MB, self-contained), "
-          f"{out / 'faithfulness.json'} and {len(list(out.glob('*.png')))} figures")
+          f"{', '.join(written)} and {len(list(out.glob('*.png')))} figures in {out}")
     return 0

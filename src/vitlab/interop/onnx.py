@@ -9,7 +9,6 @@ which is the same filter.
 """
 from __future__ import annotations
 
-import json
 import warnings
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..atomic import atomic_write_json
 from ..data.views import Preprocess
 
 ONNX_FILE, PREPROCESS_FILE = "model.onnx", "preprocess.json"
@@ -71,7 +71,7 @@ def export_onnx(model: nn.Module, folder: Path, check: bool = True, atol: float 
         warnings.simplefilter("ignore")  # the tracer's notes on Python values it keeps constant
         torch.onnx.export(model, (x,), str(path), dynamo=False, opset_version=OPSET, input_names=["images"],
                           output_names=["logits"], dynamic_axes=axes)
-    (folder / PREPROCESS_FILE).write_text(json.dumps(preprocess_json(model, dynamic), indent=2) + "\n")
+    atomic_write_json(folder / PREPROCESS_FILE, preprocess_json(model, dynamic))
     if check:
         try:
             import onnxruntime  # noqa: F401
