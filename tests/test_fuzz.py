@@ -164,3 +164,83 @@ def test_mutated_configs_load_or_fail_in_one_line(model_dir, tmp_path):
             assert one_line(e), (i, e)
         assert {p.name: digest(p) for p in folder.iterdir()} == before
         shutil.rmtree(folder)
+
+
+# ----------------------------------------------------------------------------------------------
+# recipe files, model arguments, the cache commands
+
+
+RECIPE_VALUES = [None, True, False, 0, 1, -1, 3, 2.5, float("nan"), "1e-3", "", "abc", "yes", [], [1, 2], {},
+                 {"depth": 1}, {"depth": "six"}, "digits"]
+
+
+def test_generated_recipe_files_are_one_line(tmp_path, capsys):
+    """YAML recipes of one to four options (known and unknown names, values of every kind, nested augment and
+    model_args); the data named does not exist, so a recipe that passes every check ends in one line too."""
+    import yaml
+
+    from vitlab.train.recipe import AUGMENT_FIELDS, FIELDS
+    rng = random.Random(SEED + 4)
+    names = [*FIELDS, *AUGMENT_FIELDS, "epoch", "augment", "model_args"]
+    missing = str(tmp_path / "no-such-data")
+    for i in range(120):
+        values = {name: rng.choice(RECIPE_VALUES) for name in rng.sample(names, rng.randrange(1, 5))}
+        recipe = tmp_path / f"r{i}.yaml"
+        recipe.write_text(yaml.safe_dump(values))
+        before = digest(recipe)
+        argv = ["train", "--config", str(recipe), "--data", missing, "--out", str(tmp_path / f"o{i}")]
+        code, err = cli(capsys, argv)
+        assert_clean(code, err, argv)
+        assert code == 2 and len(err) == 1, (values, err)
+        assert digest(recipe) == before and not (tmp_path / f"o{i}").exists()
+
+
+MODEL_ARG_VALUES = [None, True, 0, 1, 2, -8, 3, 7, 16, 0.5, 2.5, float("nan"), float("inf"), 10 ** 30, "", "six",
+                    "gelu", "avg", [], [4, 4], [4, 4, 4], {}]
+
+
+def test_generated_model_arguments_build_or_are_one_line():
+    """One to three of a model's own arguments (and an unknown one) set to values of every kind and size: a model,
+    or one line naming the problem."""
+    from vitlab.models.registry import accepted_args, get_spec
+    rng = random.Random(SEED + 5)
+    names = [*accepted_args(get_spec("vit_micro_patch2_8").cls), "depht"]
+    built = refused = 0
+    for _ in range(150):
+        args = {name: rng.choice(MODEL_ARG_VALUES) for name in rng.sample(names, rng.randrange(1, 4))}
+        try:
+            vitlab.create_model("vit_micro_patch2_8", **args)
+            built += 1
+        except ValueError as e:
+            assert one_line(e), (args, e)
+            refused += 1
+    assert built and refused
+
+
+def test_generated_cache_commands_never_touch_the_users_files(tmp_path, capsys):
+    """A cache folder holding the user's own files among vitlab's stores (some superseded), under every cache
+    command: exit 0, and every file of the user's byte for byte the same."""
+    from vitlab.data import load_data
+    rng = random.Random(SEED + 6)
+    cache, data = tmp_path / "cache", tmp_path / "data"
+    for c in "ab":
+        (data / c).mkdir(parents=True)
+        for i in range(3):
+            (data / c / f"{i}.pgm").write_bytes(b"P5 4 4 255\n" + bytes([40 * i + (c == "b") * 100] * 16))
+    load_data(str(data), cache_dir=cache, log=lambda s: None)
+    user = {"notes/header.json": b'{"magic": "vitlab-image-store"}', "archive.tar.gz": b"x" * 64,
+            ".plan.json.ab12cd34.tmp": b"{", "features/features-0123456789abcdef.safetensors": b"mine"}
+    store = next(p for p in cache.iterdir() if p.is_dir())
+    user[f"{store.name}/my-notes.txt"] = b"kept"
+    for rel, content in user.items():
+        (cache / rel).parent.mkdir(parents=True, exist_ok=True)
+        (cache / rel).write_bytes(content)
+    for i in range(12):
+        if i % 3 == 0:  # supersede the store now and then
+            (data / "a" / "0.pgm").write_bytes(b"P5 4 4 255\n" + bytes([i] * 16))
+            load_data(str(data), cache_dir=cache, log=lambda s: None)
+        argv = ["cache", rng.choice(["list", "clean"]), "--cache-dir", str(cache)]
+        argv += [flag for flag in ("--all", "--dry-run", "--json") if rng.random() < 0.4]
+        code, err = cli(capsys, argv)
+        assert code == 0 and not err, (argv, err)
+        assert {rel: (cache / rel).read_bytes() for rel in user} == user, argv
