@@ -109,7 +109,8 @@ def train_main(args) -> None:
 
     import vitlab
     from vitlab.data import load_data
-    from vitlab.data.augment import AugmentConfig, BatchAugment, soft_target_cross_entropy
+    from vitlab.data.augment import AugmentConfig, BatchAugment
+    from vitlab.train.tasks.supervised import soft_target_cross_entropy
 
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if args.device == "cuda" else "cpu")

@@ -21,9 +21,9 @@ import torch.nn.functional as F
 
 import vitlab
 from vitlab.data.augment import AugmentConfig, BatchAugment
-from vitlab.train.distill import TrainLoss
-from vitlab.train.setup import param_groups
-from vitlab.train.step import autocast, train_step
+from vitlab.train.optim import param_groups
+from vitlab.train.step import Batch, Stepper, autocast, train_step
+from vitlab.train.tasks.supervised import HeadsLoss
 
 
 def cpu_flags() -> str:
@@ -53,11 +53,12 @@ def main() -> None:
     labels = torch.randint(0, k, (args.batch,))
     x = torch.randn(args.batch, c, h, w)
     augment = BatchAugment(AugmentConfig(), (h, w), model.pretrained_cfg["mean"], model.pretrained_cfg["std"], k)
-    loss_fn = TrainLoss()
+    loss_fn = HeadsLoss()
     optimizer = torch.optim.AdamW(param_groups(model, 0.05), lr=1e-4)
 
     def whole(precision: str):
-        return lambda: train_step(model, augment, loss_fn, optimizer, images, labels, precision, clip_grad=1.0)
+        stepper = Stepper(model, augment, loss_fn, optimizer, precision, clip_grad=1.0)
+        return lambda: train_step(stepper, Batch(images, labels))
 
     def bare(precision: str):
         def step():

@@ -17,11 +17,13 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 import vitlab
 from vitlab.data.augment import AugmentConfig, BatchAugment, normalize
 from vitlab.infer.predict import class_probabilities
-from vitlab.train.distill import TrainLoss
-from vitlab.train.evaluate import confusion_counts, head_logits
 from vitlab.train.feed import BatchFeeder
-from vitlab.train.setup import any_size, make_optimizer
-from vitlab.train.step import EpochMeter, train_step
+from vitlab.train.metrics import confusion_counts, head_logits
+from vitlab.train.optim import param_groups
+from vitlab.train.progressive import any_size
+from vitlab.train.step import Batch, EpochMeter, Stepper, train_step
+from vitlab.train.tasks.distillation import TrainLoss
+from vitlab.train.tasks.supervised import HeadsLoss
 
 META = torch.device("meta")
 
@@ -55,12 +57,12 @@ def test_train_step_on_another_device(name, cfg):
     ema = small(name).to(META).requires_grad_(False)
     c, h, w = model.pretrained_cfg["input_size"]
     augment = BatchAugment(cfg, (h, w), (0.5,) * c, (0.25,) * c, 10).to(META)
-    optimizer = make_optimizer(model, 1e-3, 0.05, META)
+    optimizer = torch.optim.AdamW(param_groups(model, 0.05), lr=1e-3)
     images, labels = batch_for(model)
     any_size(model)
     for size in [(h // 2, w // 2), None]:  # progressive resizing, then full size
-        loss, hits = train_step(model, augment, TrainLoss(), optimizer, images, labels, "fp32", clip_grad=1.0,
-                                ema=ema, ema_decay=0.99, size=size, accum_steps=2)
+        loss, hits = train_step(Stepper(model, augment, HeadsLoss(), optimizer, clip_grad=1.0, ema=ema, ema_decay=0.99,
+                                        accum_steps=2), Batch(images, labels, size))
     assert loss.device == META and hits.device == META
     assert all(t.device == META for t in tensors_of(model, ema))
     assert all(p.grad is None or p.grad.device == META for p in model.parameters())
@@ -76,8 +78,8 @@ def test_distillation_step_on_another_device():
     for kind in ("hard", "soft"):
         loss_fn = TrainLoss(teacher, kind, tau=2.0, student_norm=((0.5,) * 3, (0.25,) * 3),
                             teacher_norm=(teacher.pretrained_cfg["mean"], teacher.pretrained_cfg["std"]))
-        loss, _ = train_step(student, augment, loss_fn, make_optimizer(student, 1e-3, 0.05, META),
-                             *batch_for(student), "fp32", clip_grad=1.0)
+        optimizer = torch.optim.AdamW(param_groups(student, 0.05), lr=1e-3)
+        loss, _ = train_step(Stepper(student, augment, loss_fn, optimizer, clip_grad=1.0), Batch(*batch_for(student)))
         assert loss.device == META
 
 
@@ -223,8 +225,8 @@ def test_accumulation_matches_one_big_batch():
         torch.manual_seed(0)
         model = vitlab.create_model("vit_micro_patch2_8", num_classes=10, drop_path_rate=0.0)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        train_step(model, BatchAugment(off, (8, 8), (0.5,), (0.25,), 10), TrainLoss(), optimizer, images, labels,
-                   "fp32", accum_steps=accum)
+        train_step(Stepper(model, BatchAugment(off, (8, 8), (0.5,), (0.25,), 10), HeadsLoss(), optimizer,
+                           accum_steps=accum), Batch(images, labels))
         results.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
     torch.testing.assert_close(results[0], results[1], rtol=1e-5, atol=1e-6)
 
@@ -243,8 +245,8 @@ def test_unequal_rank_shares_average_to_the_whole_batch_step():
         model = vitlab.create_model("vit_micro_patch2_8", num_classes=10, drop_path_rate=0.0)
         before = torch.cat([p.detach().flatten() for p in model.parameters()])
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        train_step(model, BatchAugment(off, (8, 8), (0.5,), (0.25,), 10), TrainLoss(), optimizer, images[idx],
-                   labels[idx], "fp32", share=share)
+        train_step(Stepper(model, BatchAugment(off, (8, 8), (0.5,), (0.25,), 10), HeadsLoss(), optimizer),
+                   Batch(images[idx], labels[idx], share=share))
         return torch.cat([p.detach().flatten() for p in model.parameters()]) - before
 
     whole = step(torch.arange(9), 1.0)

@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 
 import vitlab
-from vitlab.train.distill import TrainLoss
+from vitlab.train.tasks.distillation import TrainLoss
 
 
 class FixedTeacher(nn.Module):

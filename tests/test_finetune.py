@@ -13,12 +13,12 @@ from PIL import Image
 
 import vitlab
 from vitlab.cli import main
+from vitlab.runs.format import load_checkpoint
 from vitlab.train import load_recipe, train
 from vitlab.train.finetune import fit_head
-from vitlab.train.layer_decay import layer_ids
+from vitlab.train.optim import layer_ids
 from vitlab.train.schedule import describe_warmup, step_share, warmup_cosine
 from vitlab.train.setup import epoch_plan
-from vitlab.train.state import load_checkpoint
 
 DECAY = 0.5
 QUICK = dict(epochs=1, batch_size=8, precision="fp32", threads=1, warmup=0.0, auto_augment="none", mixup=0.0,
@@ -230,10 +230,10 @@ def test_small_folder_uses_every_image_every_epoch(tmp_path, cache_dir, monkeypa
     data = noise_folder(tmp_path / "small", classes=3, per_class=69, size=8)  # 165 training images, 42 test
     seen, lrs, real_step = [], [], trainer.train_step
 
-    def step(net, augment, loss_fn, optimizer, images, labels, *args, **kwargs):
-        seen.append([bytes(image.cpu().numpy()) for image in images])  # noise: every image is distinct
-        lrs.append(optimizer.param_groups[0]["lr"])
-        return real_step(net, augment, loss_fn, optimizer, images, labels, *args, **kwargs)
+    def step(stepper, batch):
+        seen.append([bytes(image.cpu().numpy()) for image in batch.images])  # noise: every image is distinct
+        lrs.append(stepper.optimizer.param_groups[0]["lr"])
+        return real_step(stepper, batch)
 
     monkeypatch.setattr(trainer, "train_step", step)
     lines = []

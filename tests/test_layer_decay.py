@@ -7,9 +7,8 @@ import torch.nn as nn
 
 import vitlab
 from vitlab.train.finetune import HEAD_INIT_STD, freeze_blocks, init_head
-from vitlab.train.layer_decay import layer_ids, param_groups_layer_decay
+from vitlab.train.optim import layer_ids, param_groups, param_groups_layer_decay
 from vitlab.train.schedule import set_lr
-from vitlab.train.setup import param_groups
 
 DECAY, LR, WD = 0.5, 1e-3, 0.05
 

@@ -16,12 +16,11 @@ import vitlab
 from vitlab.cli import main
 from vitlab.pretrain import create_objective, load_objective, save_objective
 from vitlab.runs.compare import read_run
-from vitlab.runs.format import PRETRAIN_WEIGHTS, read_history, read_pretrain
+from vitlab.runs.format import PRETRAIN_WEIGHTS, load_checkpoint, read_history, read_pretrain
 from vitlab.train import load_recipe, train
 from vitlab.train.distributed import init_distributed
-from vitlab.train.objective import held_out_loss
 from vitlab.train.setup import build_model_and_data
-from vitlab.train.state import load_checkpoint
+from vitlab.train.tasks.masked import held_out_loss
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one thread beats two fighting over a busy machine
 
@@ -244,7 +243,7 @@ def test_predict_and_eval_of_a_headless_encoder_are_one_line(tmp_path, cache_dir
 
 @pytest.mark.parametrize("method", ["mae", "mpp"])
 def test_an_objective_decays_what_supervised_training_decays(method):
-    from vitlab.train.setup import param_groups
+    from vitlab.train.optim import param_groups
     objective = create_objective(method, encoder())
     decay, no_decay = param_groups(objective, 0.05)
     names = {id(p): n for n, p in objective.named_parameters()}

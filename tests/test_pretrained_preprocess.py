@@ -13,8 +13,7 @@ from safetensors.torch import load_file
 import vitlab
 from vitlab.data.augment import normalize
 from vitlab.data.decode import read_image
-from vitlab.data.views import Preprocess, crop_offsets, resized_size
-from vitlab.infer.eval import center_crop, scale_size
+from vitlab.data.views import Preprocess, crop_offsets, resized_size, scale_size
 from vitlab.infer.predict import predict_files, prepare_image
 
 
@@ -27,10 +26,8 @@ def model_folder(tmp_path):
     return vitlab.save(model, tmp_path / "m"), model.eval()
 
 
-def test_scale_size_and_center_crop():
+def test_scale_size():
     assert scale_size((224, 224), 0.875) == (256, 256) and scale_size((32, 48), None) == (32, 48)
-    x = torch.arange(36).reshape(1, 6, 6)
-    assert center_crop(x, (2, 2)).tolist() == [[[14, 15], [20, 21]]]
 
 
 def test_predict_transform_keeps_aspect_and_crops_the_centre():

@@ -91,9 +91,9 @@ def test_checkpoint_holds_every_field_of_the_train_state(tmp_path, cache_dir):
     import torch
 
     import vitlab
+    from vitlab.runs.format import load_checkpoint
+    from vitlab.train.optim import param_groups
     from vitlab.train.schedule import Plateau
-    from vitlab.train.setup import make_optimizer
-    from vitlab.train.state import load_checkpoint
     out = tmp_path / "run"
     train(load_recipe(None, model="vit_micro_patch2_8", epochs=2, precision="fp32", out=str(out), threads=1,
                       ema_decay=0.9))
@@ -105,7 +105,7 @@ def test_checkpoint_holds_every_field_of_the_train_state(tmp_path, cache_dir):
     assert len(ckpt["history"]) == 2 and ckpt["ema"] is not None and ckpt["precision"] == "fp32"
     # loading restores every plain field and every object's state
     model = vitlab.load(out)
-    state = TrainState(model=model, optimizer=make_optimizer(model, 1e-3, 0.05, torch.device("cpu")),
+    state = TrainState(model=model, optimizer=torch.optim.AdamW(param_groups(model, 0.05), lr=1e-3),
                        plateau=Plateau(0, 0.5), ema=vitlab.load(out))
     state.load_state_dict(ckpt)
     assert (state.epoch, state.step, state.seconds, state.reserve) == (2, ckpt["step"], ckpt["seconds"],

@@ -37,7 +37,7 @@ def test_early_stop_ends_a_run_that_does_not_improve(tmp_path, cache_dir):
 
 
 def test_progressive_size_grows_in_patch_steps_to_full():
-    from vitlab.train.schedule import progressive_size
+    from vitlab.train.progressive import progressive_size
     full = (32, 32)
     sizes = [progressive_size(p / 100, full, 0.5, 0.6, 8) for p in range(101)]
     assert sizes[0] == (16, 16) and sizes[-1] == full

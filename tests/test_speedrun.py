@@ -16,17 +16,17 @@ import vitlab
 from vitlab.data.augment import AugmentConfig, BatchAugment, alternating_flip
 from vitlab.models.airbench import Whiten, patches_2d, whitening_filters
 from vitlab.train import load_recipe, train
-from vitlab.train.evaluate import head_logits
+from vitlab.train.metrics import head_logits
 from vitlab.train.optim import (
     Lookahead,
     build_optimizer,
     decoupled_sgd,
     kilostep_scale,
     lookahead_alpha,
+    param_groups,
     scale_bn_biases,
 )
 from vitlab.train.schedule import set_lr
-from vitlab.train.setup import param_groups
 
 
 def test_whitening_filters_equal_the_hand_computation():
@@ -107,8 +107,7 @@ def test_model_arg_adds_to_the_recipes_model_args():
 
 
 def test_hybrid_recipe_starts_small_on_a_coarser_token_grid():
-    from vitlab.train.schedule import progressive_size
-    from vitlab.train.setup import any_size, size_step
+    from vitlab.train.progressive import any_size, progressive_size, size_step
     r = load_recipe(ROOT / "recipes/cifar10_hybrid_speedrun.yaml")
     model = vitlab.create_model(r.model, **r.model_args).eval()
     any_size(model)

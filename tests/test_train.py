@@ -350,7 +350,7 @@ def test_time_bar_prints_at_most_once_per_interval():
 
 @pytest.mark.parametrize("name", ["vit_micro_patch2_8", "deit_nano_distilled_patch4_32"])
 def test_flip_tta_averages_image_and_mirror(name):
-    from vitlab.train.evaluate import head_logits
+    from vitlab.train.metrics import head_logits
     torch.manual_seed(0)
     model = vitlab.create_model(name).eval()
     c, h, w = model.pretrained_cfg["input_size"]
@@ -395,9 +395,9 @@ def test_progressive_resizing_trains_small_then_saves_full_size(tmp_path, cache_
                                   "cait_xxs_patch4_32"])
 def test_train_step_resizes_the_augmented_batch(name):
     from vitlab.data.augment import AugmentConfig, BatchAugment
-    from vitlab.train.distill import TrainLoss
-    from vitlab.train.setup import any_size
-    from vitlab.train.step import train_step
+    from vitlab.train.progressive import any_size
+    from vitlab.train.step import Batch, Stepper, train_step
+    from vitlab.train.tasks.supervised import HeadsLoss
     model = vitlab.create_model(name, num_classes=10)
     seen = []
     model.patch_embed.register_forward_hook(lambda m, i, o: seen.append(tuple(i[0].shape[-2:])))
@@ -407,7 +407,7 @@ def test_train_step_resizes_the_augmented_batch(name):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     images, labels = torch.randint(0, 256, (4, 3, 32, 32), dtype=torch.uint8), torch.arange(4)
     for size in [(16, 16), (24, 24), None]:
-        train_step(model, aug, TrainLoss(), opt, images, labels, "fp32", 1.0, size=size)
+        train_step(Stepper(model, aug, HeadsLoss(), opt, clip_grad=1.0), Batch(images, labels, size))
     assert seen == [(16, 16), (24, 24), (32, 32)]
     with torch.no_grad():  # back at the full size, e.g. ConViT's relative positions follow the grid
         assert model.eval()(images.float() / 255).shape == (4, 10)

@@ -48,7 +48,6 @@ __all__ = [
     "repeated_aug_indices",
     "resized_crop_flip",
     "smooth_one_hot",
-    "soft_target_cross_entropy",
 ]
 
 Crop = Literal["pad", "rrc", "none"]
@@ -117,13 +116,8 @@ class AugmentConfig(Settings):
             raise ValueError(f"rrc_scale={scale!r} is not valid; accepted: {RRC_SCALE_ACCEPTED}")
         return scale
 
-    def validate(self) -> None:
-        """Check every value again (construction and assignment check them already; kept for callers of 0.1)."""
-        type(self)(**self.model_dump())
-
-
 # ----------------------------------------------------------------------------------------------------------------
-# Targets and loss
+# Targets
 # ----------------------------------------------------------------------------------------------------------------
 
 
@@ -133,11 +127,6 @@ def smooth_one_hot(labels: Tensor, num_classes: int, smoothing: float) -> Tensor
     on = 1.0 - smoothing + off
     out = torch.full((labels.shape[0], num_classes), off, dtype=torch.float32, device=labels.device)
     return out.scatter_(1, labels.long().view(-1, 1), on)
-
-
-def soft_target_cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
-    """Mean over the batch of -sum(targets * log_softmax(logits))."""
-    return torch.sum(-targets * F.log_softmax(logits, dim=-1), dim=-1).mean()
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -567,7 +556,6 @@ class BatchAugment(torch.nn.Module):
         num_classes: int,
     ) -> None:
         super().__init__()
-        cfg.validate()
         if len(mean) != len(std):
             raise ValueError(f"mean and std must have the same length, got {len(mean)} and {len(std)}")
         self.cfg = cfg
@@ -583,6 +571,13 @@ class BatchAugment(torch.nn.Module):
     def extra_repr(self) -> str:
         return f"img_size={self.img_size}, num_classes={self.num_classes}, cfg={self.cfg}"
 
+    def alternate(self, images: Tensor, index: Tensor, epoch: int, seed: int) -> Tensor:
+        """The training images ``index`` of epoch ``epoch`` mirrored by ``alternating_flip`` when the config asks
+        for alternating flips (``crop_flip`` then draws no random flip); else unchanged."""
+        if not (self.cfg.hflip and self.cfg.alternating_flip):
+            return images
+        return alternating_flip(images, index, epoch, seed)
+
     def crop_flip(self, images: Tensor) -> Tensor:
         """Random crop (pad / resized / none) and horizontal flip: uint8 (B, C, H, W) -> (B, C, h, w).
 
@@ -591,7 +586,7 @@ class BatchAugment(torch.nn.Module):
         cfg, (h, w) = self.cfg, self.img_size
         b, _, hi, wi = images.shape
         flip = torch.rand(b) < 0.5 if cfg.hflip else torch.zeros(b, dtype=torch.bool)
-        if cfg.alternating_flip:  # the trainer mirrored the batch already (alternating_flip)
+        if cfg.alternating_flip:  # mirrored already, before the batch was split (``alternate``)
             flip = torch.zeros(b, dtype=torch.bool)
         if cfg.crop == "rrc":
             return resized_crop_flip(images, _sample_rrc_boxes(b, hi, wi, cfg.rrc_scale), flip, (h, w))

@@ -9,21 +9,14 @@ import torch
 
 from .. import checkpoint
 from ..data.sources import load_data
-from ..data.views import Preprocess, scale_size  # noqa: F401 - scale_size: train.predict re-exports it
+from ..data.views import Preprocess
 from ..devices import resolve_device
 from ..runs.figures import plot_confusion
 from ..runs.folder import claim_folder
 from ..runs.format import CONFUSION_PNG, EvalSummary, read_split, write_summary
 from ..runs.identity import check_data
-from ..train.evaluate import evaluate_model
+from ..train.metrics import evaluate_model
 from .predict import class_names
-
-
-def center_crop(images: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
-    """The central (h, w) window of (..., H, W) images."""
-    H, W = images.shape[-2:]
-    top, left = int(round((H - size[0]) / 2.0)), int(round((W - size[1]) / 2.0))
-    return images[..., top:top + size[0], left:left + size[1]]
 
 
 def evaluate_folder(model_path: str | os.PathLike, data: str | None = None, out: str | os.PathLike | None = None,

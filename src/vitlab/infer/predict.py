@@ -11,7 +11,7 @@ from ..data.augment import normalize
 from ..data.sources import read_image
 from ..data.views import Preprocess
 from ..devices import resolve_device, to_device
-from ..train.evaluate import head_logits
+from ..train.metrics import head_logits
 
 
 def class_names(model: torch.nn.Module) -> list[str]:

@@ -22,7 +22,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 import yaml
@@ -32,10 +32,13 @@ from safetensors.torch import save_file
 from ..atomic import atomic_path, atomic_write_bytes, atomic_write_json, read_json_object
 from ..checkpoint import CONFIG as MODEL_CONFIG
 from ..checkpoint import WEIGHTS as MODEL_WEIGHTS
-from ..train.recipe import Recipe
-from ..train.state import CHECKPOINT
+from ..checkpoint import load_plain
+
+if TYPE_CHECKING:
+    from ..train.recipe import Recipe
 
 SUMMARY, METRICS, CONFIG_YAML, RUN_JSON = "summary.json", "metrics.jsonl", "config.yaml", "run.json"
+CHECKPOINT = "checkpoint.pt"
 CURVES_PNG, CONFUSION_PNG = "curves.png", "confusion.png"
 PRETRAIN_WEIGHTS = "pretrain.safetensors"
 FILES = (CONFIG_YAML, RUN_JSON, CHECKPOINT, METRICS, MODEL_CONFIG, MODEL_WEIGHTS, PRETRAIN_WEIGHTS, CURVES_PNG,
@@ -223,6 +226,17 @@ def is_finished(folder: Path) -> bool:
 
 def has_config(folder: Path) -> bool:
     return (Path(folder) / CONFIG_YAML).is_file()
+
+
+def load_checkpoint(folder: Path) -> dict[str, Any] | None:
+    """The checkpoint in folder (tensors and plain values only; nothing unpickled runs), or None."""
+    path = folder / CHECKPOINT
+    if not path.is_file():
+        return None
+    try:
+        return load_plain(path)
+    except ValueError as e:
+        raise ValueError(f"{e}; delete it to restart the run") from None
 
 
 def read_config(folder: Path) -> dict[str, Any]:

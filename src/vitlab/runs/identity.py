@@ -19,8 +19,16 @@ import torch
 import yaml
 
 from ..atomic import atomic_write_json, read_json_object
-from ..train.state import load_checkpoint
-from .format import CHECKPOINT, CONFIG_YAML, METRICS, RUN_JSON, EpochRow, write_config_values, write_metrics
+from .format import (
+    CHECKPOINT,
+    CONFIG_YAML,
+    METRICS,
+    RUN_JSON,
+    EpochRow,
+    load_checkpoint,
+    write_config_values,
+    write_metrics,
+)
 
 # what `--resume` may change: how long the run goes on, how it reports, where it computes; the recipe's other
 # values made the run what it is

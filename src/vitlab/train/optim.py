@@ -1,7 +1,21 @@
-"""The speed-run optimisation pieces, for any model: Nesterov SGD with decoupled hyperparameters, a learning-rate
-scale for BatchNorm biases, lookahead, and the hooks a model may offer (``init_from_data``, ``freeze_stem``).
+"""The optimiser, built in one place, one way: parameter groups (weight decay or not), layer-wise learning-rate
+decay, a learning-rate scale for BatchNorm biases, AdamW or Nesterov SGD with decoupled hyperparameters, and
+lookahead. ``recipe_optimizer`` is the one entry point; each group carries ``lr_scale``, which ``schedule.set_lr``
+applies as timm's schedulers do (``lr * lr_scale``).
 
-Decoupled hyperparameters (airbench's definition). With momentum m, lr and weight_decay are given per 1,024
+Weight decay: none on norms, biases, LayerScale, position embeddings and tokens (a model's ``no_weight_decay``).
+
+Layer-wise learning-rate decay (BEiT, MAE, DeiT III fine-tuning): deeper layers learn faster.
+Every parameter gets a layer id: the embeddings (patch embedding, a hybrid's CNN backbone, position
+embedding, class / distillation / register tokens; a ResNet's stem) are layer 0, block i is layer
+i + 1 (CaiT's class-attention blocks count after its self-attention blocks, a ResNet's stage k is
+layer k, the members of the stack a model names in ``layer_stack`` are its layers; airbench's conv
+groups), and everything after the last block (final norm, fc_norm, the heads) is layer depth + 1.
+A parameter in layer i learns at ``lr * decay ** (depth + 1 - i)``: the heads at the full rate, the
+last block at ``lr * decay``, the embeddings at ``lr * decay ** (depth + 1)``. As in BEiT and MAE,
+the final norm counts with the heads (timm's ViT puts it with the last block instead).
+
+Decoupled SGD hyperparameters (airbench's definition). With momentum m, lr and weight_decay are given per 1,024
 examples and per unit of Nesterov amplification, ``kilostep_scale = 1024 * (1 + 1 / (1 - m))``; a step of a
 batch of B examples, on the gradient of the batch's mean loss, then moves the weights by
 
@@ -13,13 +27,98 @@ lr leaves the decay alone. The decay is scheduled with the learning rate, as the
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn as nn
 
-from .layer_decay import param_groups_layer_decay
 from .schedule import set_lr
+
+if TYPE_CHECKING:
+    from .recipe import Recipe
+
+# parameters (first name part) that are the input side of a model: layer 0
+EMBED_NAMES = ("patch_embed", "pos_embed", "cls_token", "dist_token", "reg_token", "mask_token", "norm_pre",
+               "conv1", "bn1", "stem")
+# module lists whose members are the layers, in the order the input passes through them
+BLOCK_STACKS = ("blocks", "blocks_token_only")
+
+
+def layer_units(model: nn.Module) -> list[str]:
+    """The name prefixes of the model's layers in depth order ('blocks.0', ..., or 'layer1', ...)."""
+    units = []
+    for stack in (*BLOCK_STACKS, getattr(model, "layer_stack", None)):
+        blocks = model.get_submodule(stack) if stack and hasattr(model, stack.split(".")[0]) else None
+        if isinstance(blocks, (nn.Sequential, nn.ModuleList)):
+            units += [f"{stack}.{i}" for i in range(len(blocks))]
+    k = 1
+    while isinstance(getattr(model, f"layer{k}", None), nn.Module):  # a ResNet's stages
+        units.append(f"layer{k}")
+        k += 1
+    if not units:
+        raise ValueError(f"{type(model).__name__} has neither transformer blocks nor ResNet stages; layer-wise "
+                         "settings accept ViT, DeiT, CaiT, ConViT, hybrid ViT, ResNet and airbench models")
+    return units
+
+
+def layer_ids(model: nn.Module) -> tuple[dict[str, int], int]:
+    """({parameter name: layer id}, depth): embeddings 0, the layers 1..depth, the rest depth + 1."""
+    units = layer_units(model)
+    unit_id = {name: i + 1 for i, name in enumerate(units)}
+    depth = len(units)
+    ids = {}
+    for name, _ in model.named_parameters():
+        parts = name.split(".")
+        unit = next((unit_id[p] for p in (".".join(parts[:k]) for k in range(len(parts) - 1, 0, -1)) if p in unit_id),
+                    None)  # the longest prefix that is a layer
+        ids[name] = unit if unit is not None else 0 if parts[0] in EMBED_NAMES else depth + 1
+    return ids, depth
+
+
+def layer_scales(depth: int, decay: float) -> list[float]:
+    """The lr scale of layers 0..depth + 1: ``decay ** (depth + 1 - i)``."""
+    return [decay ** (depth + 1 - i) for i in range(depth + 2)]
+
+
+def check_layer_decay(decay: float) -> float:
+    if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0 < decay <= 1:
+        raise ValueError(f"layer decay must be a number in (0, 1] (1: no decay; BEiT and MAE use 0.65-0.75), "
+                         f"got {decay!r}")
+    return float(decay)
+
+
+def param_groups_layer_decay(model: nn.Module, weight_decay: float, layer_decay: float) -> list[dict]:
+    """Groups by (layer, weight decay or not), each with ``lr_scale``; trainable parameters only.
+
+    ``layer_decay`` 1 gives the trainer's two groups unchanged (``lr_scale`` 1), so a run without
+    layer decay keeps its optimizer state layout.
+    """
+    decay = check_layer_decay(layer_decay)
+    base = param_groups(model, weight_decay)
+    if decay == 1.0:
+        return [dict(g, lr_scale=1.0) for g in base]
+    ids, depth = layer_ids(model)
+    scales = layer_scales(depth, decay)
+    name_of = {id(p): n for n, p in model.named_parameters()}
+    groups: dict[tuple[int, int], dict] = {}
+    for kind, group in enumerate(base):
+        for p in group["params"]:
+            layer = ids[name_of[id(p)]]
+            g = groups.setdefault((layer, kind), {"params": [], "weight_decay": group["weight_decay"],
+                                                  "lr_scale": scales[layer], "layer": layer})
+            g["params"].append(p)
+    return [groups[key] for key in sorted(groups)]
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """AdamW groups: no decay on norms, biases, LayerScale, position embeddings and tokens."""
+    skip = set(model.no_weight_decay()) if hasattr(model, "no_weight_decay") else set()
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        (no_decay if p.ndim <= 1 or name in skip or name.split(".")[-1] in skip else decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
 def kilostep_scale(momentum: float) -> float:
@@ -71,6 +170,15 @@ def build_optimizer(groups: list[dict], kind: str, lr: float, momentum: float, b
     return opt
 
 
+def describe_groups(optimizer: torch.optim.Optimizer, layer_decay: float) -> str:
+    """The line that says how layer decay grouped the parameters: layers, groups and the range of lr scales."""
+    groups = [g for g in optimizer.param_groups if g["params"]]
+    scales = [g.get("lr_scale", 1.0) for g in groups]
+    layers = {g.get("layer") for g in groups}
+    return (f"layer decay {layer_decay:g}: {len(layers)} layers in {len(groups)} parameter groups, "
+            f"lr scale {min(scales):.3g}..{max(scales):.3g}")
+
+
 def lookahead_alpha(progress: float, every: int, decay: float) -> float:
     """airbench's lookahead weight of the slow weights: ``decay ** every * progress ** 3``."""
     return decay ** every * min(max(progress, 0.0), 1.0) ** 3
@@ -105,22 +213,10 @@ class Lookahead:
         self.update(model, 1.0)
 
 
-def prepare_model(model: nn.Module, train_images: torch.Tensor, mean, std, log: Callable[[str], None],
-                  n: int = 5000) -> None:
-    """A fresh run of a model that initialises from data (``init_from_data``): give it the first ``n`` training
-    images, normalised."""
-    from ..data.augment import normalize
-
-    if hasattr(model, "init_from_data"):
-        images = normalize(train_images[:n].to(next(model.parameters()).device), mean, std)
-        if model.init_from_data(images):
-            log(f"initialised {type(model).__name__} from {len(images)} training images")
-
-
-def recipe_optimizer(model: nn.Module, r, batch_size: int, device: torch.device,
+def recipe_optimizer(model: nn.Module, r: Recipe, batch_size: int, device: torch.device,
                      betas: tuple[float, float] = (0.9, 0.999)) -> torch.optim.Optimizer:
-    """The recipe's optimiser over the trainer's groups (weight decay or not, layer decay), BatchNorm biases scaled
-    by ``bn_bias_lr_scale``."""
+    """The recipe's optimiser (``optimizer``: adamw or sgd, ``lr``, ``momentum``) over the groups of ``weight_decay``
+    and ``layer_decay``, BatchNorm biases scaled by ``bn_bias_lr_scale``; ``betas`` are AdamW's (the task's)."""
     groups = scale_bn_biases(param_groups_layer_decay(model, r.weight_decay, r.layer_decay), model,
                              r.bn_bias_lr_scale)
     return build_optimizer(groups, r.optimizer, r.lr, r.momentum, batch_size, device, betas)

@@ -40,20 +40,6 @@ def describe_warmup(warmup: float, total_steps: int | None, lr: float, min_lr: f
             f"warmup {warmup:g} of {total_steps} steps spans one step, at lr {first:.3g}")
 
 
-def progressive_size(progress: float, full: tuple[int, int], start_scale: float, until: float,
-                     step: int) -> tuple[int, int]:
-    """Training input size at ``progress`` under progressive resizing.
-
-    The size grows linearly from ``start_scale`` x ``full`` at the start to ``full`` at ``until``
-    (a share of the schedule), rounded down to multiples of ``step`` (the model's patch size);
-    from ``until`` on, and always when ``start_scale`` is 1, it is ``full``.
-    """
-    if start_scale >= 1 or progress >= until:
-        return tuple(full)
-    scale = start_scale + (1.0 - start_scale) * max(progress, 0.0) / until
-    return tuple(min(f, max(step, int(f * scale) // step * step)) for f in full)
-
-
 class Plateau:
     """Multiplies the learning rate by `factor` after `patience` evaluations without improvement."""
 

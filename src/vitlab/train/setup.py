@@ -4,27 +4,31 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn as nn
 
 from .. import checkpoint
-from ..data.augment import BatchAugment
+from ..data.augment import BatchAugment, normalize
 from ..data.sources import DataBundle, ImageSet, load_data
 from ..data.views import Preprocess, stratified_subset
 from ..devices import auto_precision
 from ..models.registry import accepted_args, check_args, create_model, get_spec
-from ..pretrain import check_encoder
 from ..runs.format import PRETRAIN_WEIGHTS
 from .distributed import Dist, barrier, broadcast_flag
-from .finetune import fit_head, freeze_blocks
-from .layer_decay import param_groups_layer_decay
+from .finetune import freeze_blocks
 from .recipe import Recipe, default_model
 
+if TYPE_CHECKING:
+    from .tasks import Task
 
-def build_model_and_data(r: Recipe, d: Dist, log: Callable[[str], None]) -> tuple[nn.Module, DataBundle, tuple, tuple]:
-    """The model and the data, sized for each other; returns (model, data, mean, std). The model's pretrained_cfg
-    records the preprocessing the run applies (``views.Preprocess``): what eval, predict and the exports apply."""
+
+def build_model_and_data(r: Recipe, d: Dist, task: Task,
+                          log: Callable[[str], None]) -> tuple[nn.Module, DataBundle, tuple, tuple]:
+    """The model the task trains and the data, sized for each other; returns (model, data, mean, std). The model's
+    pretrained_cfg records the preprocessing the run applies (``views.Preprocess``): what eval, predict and the
+    exports apply."""
     def get_data(img_size, in_chans, fit=None):
         if d.is_main:
             data = load_data(r.data, img_size=img_size, in_chans=in_chans, cache_dir=r.cache_dir,
@@ -40,24 +44,23 @@ def build_model_and_data(r: Recipe, d: Dist, log: Callable[[str], None]) -> tupl
             log(f"training on {len(keep)} of {len(data.train.labels)} images ({100 * r.train_fraction:g}% of "
                 "every class)")
             data.train = ImageSet(data.train.images[keep], data.train.labels[keep])
-        if data.unlabelled and r.pretrain == "none":
+        if data.unlabelled and task.labels:
             raise ValueError(f"{r.data} is a folder of unlabelled images (no class folders): supervised training "
                              "needs <root>/<class>/<image>; accepted without labels: vitlab pretrain --method mae|mpp")
         return data
 
     if r.init:
-        return _from_init(r, get_data, log)
+        return _from_init(r, task, get_data, log)
     name = r.model or default_model(r.data)
     spec = get_spec(name)
     check_args(spec.cls, r.model_args)  # before any data is read
-    if r.pretrain != "none":
-        check_encoder(spec.cls, r.pretrain)  # before any data is read
+    task.check_model(spec.cls)  # before any data is read
     args = {**spec.args, **r.model_args}
     in_chans = args.get("in_chans", 3)
     img_size = r.img_size or args.get("img_size", 224)
     check_size(name, img_size, args, r, log)
     data = get_data(img_size, in_chans)
-    overrides = dict(r.model_args, num_classes=0 if r.pretrain != "none" else len(data.classes))  # an encoder: no head
+    overrides = dict(r.model_args, num_classes=task.num_classes(data.classes))
     if "img_size" in accepted_args(spec.cls):
         overrides["img_size"] = tuple(data.img_size)
     if "drop_path_rate" in accepted_args(spec.cls):
@@ -76,12 +79,12 @@ def applied(r: Recipe, prep: Preprocess) -> Preprocess:
     return replace(prep, crop_mode="center", crop_pct=prep.crop_pct if r.init else r.crop_pct, interpolation="bicubic")
 
 
-def _from_init(r: Recipe, get_data: Callable, log: Callable[[str], None]) -> tuple[nn.Module, DataBundle, tuple, tuple]:
+def _from_init(r: Recipe, task: Task, get_data: Callable,
+               log: Callable[[str], None]) -> tuple[nn.Module, DataBundle, tuple, tuple]:
     """A run from --init: at the checkpoint's size unless --img-size says otherwise, its images resized by the
     checkpoint's own rule and interpolation (a position table resampled only for another size)."""
     base = checkpoint.load(r.init)
-    if r.pretrain != "none":
-        check_encoder(base, r.pretrain)  # before any data is read
+    task.check_model(base)  # before any data is read
     in_chans = base.pretrained_cfg["input_size"][0]
     own = tuple(base.pretrained_cfg["input_size"][1:])
     size = (r.img_size, r.img_size) if r.img_size else own
@@ -106,10 +109,7 @@ def _from_init(r: Recipe, get_data: Callable, log: Callable[[str], None]) -> tup
         log(f"resampling the position embedding from {tuple(embed.img_size)} to {size}")
     model = checkpoint.load(r.init, **overrides)
     loaded = model.state_dict()  # held: a new head's tensors cannot take the place of the ones it replaces
-    if r.pretrain != "none":
-        model.reset_classifier(0)  # an encoder to pre-train further
-    else:
-        fit_head(model, data.classes, r.head_init, log)
+    task.fit_init_head(model, data.classes)
     log(describe_init(r.init, loaded, model))
     model.pretrained_cfg.update(applied(r, prep).to_cfg())
     mean, std = tuple(model.pretrained_cfg["mean"]), tuple(model.pretrained_cfg["std"])
@@ -146,6 +146,16 @@ def check_size(name: str, img_size: int | tuple, args: dict, r: Recipe, log: Cal
             f"size with --img-size (a multiple of {multiple}, e.g. {-(-native // multiple) * multiple})")
 
 
+def prepare_model(model: nn.Module, train_images: torch.Tensor, mean, std, log: Callable[[str], None],
+                  n: int = 5000) -> None:
+    """A fresh run of a model that initialises from data (``init_from_data``): give it the first ``n`` training
+    images, normalised."""
+    if hasattr(model, "init_from_data"):
+        images = normalize(train_images[:n].to(next(model.parameters()).device), mean, std)
+        if model.init_from_data(images):
+            log(f"initialised {type(model).__name__} from {len(images)} training images")
+
+
 def epoch_plan(n: int, batch_size: int, unit: int) -> tuple[int, int]:
     """(largest batch, steps per epoch) for ``n`` training images: every image once an epoch, in batches of near-equal
     size (they differ by one image at most) no larger than ``batch_size``, each of ``unit`` images (processes x
@@ -165,35 +175,6 @@ def describe_plan(n: int, batch_size: int, largest: int, steps: int) -> str | No
     sizes = f"{smallest}-{largest}" if smallest < largest else f"{largest}"
     return (f"batches of {sizes} images, {steps} steps an epoch: every one of the {n} training images is used every "
             f"epoch (batch_size {batch_size} at most)")
-
-
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """AdamW groups: no decay on norms, biases, LayerScale, position embeddings and tokens."""
-    skip = set(model.no_weight_decay()) if hasattr(model, "no_weight_decay") else set()
-    decay, no_decay = [], []
-    for name, p in model.named_parameters():
-        if not p.requires_grad:
-            continue
-        (no_decay if p.ndim <= 1 or name in skip or name.split(".")[-1] in skip else decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-
-
-def make_optimizer(model: nn.Module, lr: float, weight_decay: float, device: torch.device,
-                   layer_decay: float = 1.0, betas: tuple[float, float] = (0.9, 0.999)) -> torch.optim.AdamW:
-    """AdamW over the trainable parameters, grouped by ``param_groups_layer_decay`` (each group's ``lr_scale``
-    is applied by ``schedule.set_lr``); the fused kernel on a GPU (one launch for every tensor). Pre-training
-    takes MAE's betas, (0.9, 0.95)."""
-    return torch.optim.AdamW(param_groups_layer_decay(model, weight_decay, layer_decay), lr=lr, betas=betas,
-                             fused=True if device.type == "cuda" else None)
-
-
-def describe_groups(optimizer: torch.optim.Optimizer, layer_decay: float) -> str:
-    """The line that says how layer decay grouped the parameters: layers, groups and the range of lr scales."""
-    groups = [g for g in optimizer.param_groups if g["params"]]
-    scales = [g.get("lr_scale", 1.0) for g in groups]
-    layers = {g.get("layer") for g in groups}
-    return (f"layer decay {layer_decay:g}: {len(layers)} layers in {len(groups)} parameter groups, "
-            f"lr scale {min(scales):.3g}..{max(scales):.3g}")
 
 
 def check_groups(optimizer: torch.optim.Optimizer, ckpt: dict, path, model: nn.Module) -> None:
@@ -230,28 +211,6 @@ def freeze(model: nn.Module, r: Recipe, log: Callable[[str], None]) -> None:
         total = sum(p.numel() for p in model.parameters())
         log(f"frozen: the embeddings and the first {r.freeze_blocks} blocks ({frozen / 1e6:.2f}M of "
             f"{total / 1e6:.2f}M parameters)")
-
-
-def any_size(model: nn.Module) -> dict[nn.Module, bool]:
-    """Let a model take inputs of other sizes (dynamic_img_size on every module that has it).
-
-    Returns the previous flags; ``restore_size_flags`` puts them back.
-    """
-    flags = {m: m.dynamic_img_size for m in model.modules() if isinstance(getattr(m, "dynamic_img_size", None), bool)}
-    for m in flags:
-        m.dynamic_img_size = True
-    return flags
-
-
-def restore_size_flags(flags: dict[nn.Module, bool]) -> None:
-    for m, v in flags.items():
-        m.dynamic_img_size = v
-
-
-def size_step(model: nn.Module) -> int:
-    """The granularity of input sizes a model takes: its patch size (a CNN's: 8)."""
-    pe = getattr(model, "patch_embed", None)
-    return int(max(pe.patch_size)) if pe is not None else 8
 
 
 def epoch_seed(seed: int, epoch: int, rank: int) -> int:

@@ -9,10 +9,8 @@ from typing import Any
 import torch
 
 from ..atomic import atomic_path
-from ..checkpoint import load_plain
+from ..runs.format import CHECKPOINT
 from .schedule import Plateau
-
-CHECKPOINT = "checkpoint.pt"
 
 
 @dataclass
@@ -67,14 +65,3 @@ def save_checkpoint(folder: Path, state: TrainState, **extra: Any) -> None:
     temporary file and an atomic rename."""
     with atomic_path(folder / CHECKPOINT) as tmp:
         torch.save({**state.state_dict(), **extra}, tmp)
-
-
-def load_checkpoint(folder: Path) -> dict[str, Any] | None:
-    """The checkpoint in folder (tensors and plain values only; nothing unpickled runs), or None."""
-    path = folder / CHECKPOINT
-    if not path.is_file():
-        return None
-    try:
-        return load_plain(path)
-    except ValueError as e:
-        raise ValueError(f"{e}; delete it to restart the run") from None

@@ -2,14 +2,16 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from ..data.augment import BatchAugment
-from .distill import TrainLoss
 from .distributed import Dist, all_reduce_sum
+from .progressive import resize
 
 AMP_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -40,63 +42,86 @@ def ema_update(ema: nn.Module, model: nn.Module, decay: float) -> None:
             e.copy_(m)
 
 
-def train_step(net: nn.Module, augment: BatchAugment, loss_fn: TrainLoss, optimizer: torch.optim.Optimizer,
-               images: torch.Tensor, labels: torch.Tensor, precision: str = "fp32", clip_grad: float | None = None,
-               ema: nn.Module | None = None, ema_decay: float = 0.0, size: tuple[int, int] | None = None,
-               accum_steps: int = 1, scaler: torch.amp.GradScaler | None = None,
-               channels_last: bool = False, share: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """One optimisation step from a uint8 batch: augment, forward, loss, backward, clip, AdamW, EMA.
+def correct(outputs: Any, targets: torch.Tensor) -> torch.Tensor:
+    """How many predictions match the targets' argmax (a distilled model's: its class head's)."""
+    logits = outputs[0] if isinstance(outputs, tuple) else outputs
+    return (logits.detach().argmax(1) == targets.argmax(1)).sum()
+
+
+@dataclass
+class Stepper:
+    """What every step of a run uses: the network as it runs, the augmentation, the task's loss (called as
+    ``loss(x, outputs, targets)``) and its count of correct predictions, the optimiser and its settings."""
+
+    net: nn.Module
+    augment: BatchAugment
+    loss: nn.Module
+    optimizer: torch.optim.Optimizer
+    precision: str = "fp32"
+    clip_grad: float | None = None
+    ema: nn.Module | None = None
+    ema_decay: float = 0.0
+    accum_steps: int = 1
+    scaler: torch.amp.GradScaler | None = None
+    channels_last: bool = False
+    correct: Callable[[Any, torch.Tensor], torch.Tensor] = correct
+
+
+@dataclass
+class Batch:
+    """A step's inputs: a uint8 batch and its labels, the input size (progressive resizing; None: as augmented)
+    and ``share``, this rank's part of the whole batch times the number of ranks (1 where the ranks hold equal
+    parts)."""
+
+    images: torch.Tensor
+    labels: torch.Tensor
+    size: tuple[int, int] | None = None
+    share: float = 1.0
+
+
+def train_step(s: Stepper, b: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """One optimisation step from a uint8 batch: augment, forward, loss, backward, clip, optimiser, EMA.
 
     The batch is split into ``accum_steps`` micro-batches whose gradients add up before the step
-    (under DistributedDataParallel only the last one synchronises). ``size`` resizes the augmented
-    batch (progressive resizing). ``share`` is this rank's part of the whole batch times the number of ranks
-    (1 where the ranks hold equal parts): DistributedDataParallel averages the ranks' gradients, so a rank with
-    one image more or less weighs its loss by it and the step follows the whole batch's mean. With a ``scaler``
-    (fp16) the loss is scaled and a step whose gradients are not finite is skipped. Returns the batch's summed
-    loss and its count of correct predictions (against the mixed targets' argmax; 0 for a pre-training
-    objective), as tensors on the device: reading them is left to the caller, so a GPU never waits for the host.
+    (under DistributedDataParallel only the last one synchronises). ``b.size`` resizes the augmented
+    batch (progressive resizing). DistributedDataParallel averages the ranks' gradients, so a rank with
+    one image more or less weighs its loss by ``b.share`` and the step follows the whole batch's mean. With a
+    ``scaler`` (fp16) the loss is scaled and a step whose gradients are not finite is skipped. Returns the batch's
+    summed loss and its count of correct predictions, as tensors on the device: reading them is left to the
+    caller, so a GPU never waits for the host.
     """
+    net, images, optimizer, scaler = s.net, b.images, s.optimizer, s.scaler
     device = images.device
     optimizer.zero_grad(set_to_none=True)
     loss_sum = torch.zeros((), device=device)
     hits = torch.zeros((), dtype=torch.long, device=device)
-    chunks = list(zip(images.chunk(accum_steps), labels.chunk(accum_steps)))
+    chunks = list(zip(images.chunk(s.accum_steps), b.labels.chunk(s.accum_steps)))
     for i, (xb, yb) in enumerate(chunks):
-        x, targets = augment(xb, yb)
-        if size is not None and tuple(x.shape[-2:]) != tuple(size):
-            x = F.interpolate(x, size=tuple(size), mode="bilinear", antialias=True, align_corners=False)
-        if channels_last:
+        x, targets = s.augment(xb, yb)
+        x = resize(x, b.size)
+        if s.channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
         sync = i == len(chunks) - 1 or not isinstance(net, nn.parallel.DistributedDataParallel)
         with contextlib.nullcontext() if sync else net.no_sync():
-            with autocast(device, precision):
+            with autocast(device, s.precision):
                 outputs = net(x)
-                loss = loss_fn(x, outputs, targets)
-            scaled = loss * (len(xb) / len(images) * share)  # the mean over the whole batch, all ranks
+                loss = s.loss(x, outputs, targets)
+            scaled = loss * (len(xb) / len(images) * b.share)  # the mean over the whole batch, all ranks
             (scaler.scale(scaled) if scaler is not None else scaled).backward()
         loss_sum += loss.detach().float() * len(xb)
-        hits += correct(outputs, targets)
+        hits += s.correct(outputs, targets)
     if scaler is not None:
         scaler.unscale_(optimizer)
-    if clip_grad:
-        nn.utils.clip_grad_norm_([p for g in optimizer.param_groups for p in g["params"]], clip_grad)
+    if s.clip_grad:
+        nn.utils.clip_grad_norm_([p for g in optimizer.param_groups for p in g["params"]], s.clip_grad)
     if scaler is not None:
         scaler.step(optimizer)
         scaler.update()
     else:
         optimizer.step()
-    if ema is not None:
-        ema_update(ema, unwrap(net), ema_decay)
+    if s.ema is not None:
+        ema_update(s.ema, unwrap(net), s.ema_decay)
     return loss_sum, hits
-
-
-def correct(outputs, targets: torch.Tensor) -> torch.Tensor:
-    """How many predictions match the targets' argmax; 0 for a pre-training objective's output (a loss, no
-    predictions of the labels)."""
-    if hasattr(outputs, "loss"):
-        return torch.zeros((), dtype=torch.long, device=targets.device)
-    logits = outputs[0] if isinstance(outputs, tuple) else outputs
-    return (logits.detach().argmax(1) == targets.argmax(1)).sum()
 
 
 class EpochMeter:

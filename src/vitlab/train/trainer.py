@@ -23,19 +23,15 @@ import torch
 import torch.nn as nn
 import yaml
 
-from .. import checkpoint
-from ..data.augment import BatchAugment, alternating_flip, repeated_aug_indices
+from ..data.augment import BatchAugment, repeated_aug_indices
 from ..data.sources import DataBundle
 from ..data.views import eval_view
 from ..devices import set_cpu_threads
 from ..models.summary import matmul_flops
-from ..pretrain import save_objective
 from ..progress import Progress, log_line
-from ..runs.figures import plot_confusion, plot_curves
 from ..runs.folder import check_claimed, claim_folder, written_by_this_launch
 from ..runs.format import (
-    CONFUSION_PNG,
-    CURVES_PNG,
+    CHECKPOINT,
     EpochRow,
     Summary,
     config_values,
@@ -46,10 +42,8 @@ from ..runs.format import (
 )
 from ..runs.identity import checkpoint_marks, own_checkpoint, run_identity, write_run_files
 from .clock import RunClock
-from .distill import TrainLoss
 from .distributed import (
     Dist,
-    all_reduce_sum,
     all_reduce_value,
     average_running_stats,
     barrier,
@@ -60,36 +54,25 @@ from .distributed import (
     on_rank0,
     replicas_agree,
 )
-from .evaluate import confusion_counts, metrics_from_counts
 from .feed import BatchFeeder, fits_on_device
-from .objective import (
-    ObjectiveLoss,
-    held_out_loss,
-    loss_metrics,
-    objective_arguments,
-    optimizer_betas,
-    pretraining,
-    wrap_model,
-)
-from .optim import Lookahead, prepare_model, recipe_optimizer
+from .optim import Lookahead, describe_groups, recipe_optimizer
+from .progressive import ProgressiveResize
 from .recipe import Recipe
-from .schedule import Plateau, describe_warmup, progressive_size, set_lr, step_share, warmup_cosine
+from .schedule import Plateau, describe_warmup, set_lr, step_share, warmup_cosine
 from .setup import (
-    any_size,
     build_model_and_data,
     check_groups,
     choose_precision,
-    describe_groups,
     describe_plan,
     epoch_plan,
     epoch_seed,
     freeze,
-    restore_size_flags,
+    prepare_model,
     set_fast_math,
-    size_step,
 )
-from .state import CHECKPOINT, TrainState, save_checkpoint
-from .step import EpochMeter, channels_last_helps, train_step
+from .state import TrainState, save_checkpoint
+from .step import Batch, EpochMeter, Stepper, channels_last_helps, train_step
+from .tasks import EvalSplit, Task, task_for
 from .tensorboard import TensorBoardLog
 
 
@@ -179,6 +162,35 @@ def torch_globals_kept() -> Iterator[None]:
 
 
 @dataclass
+class Inputs:
+    """The data as the run's steps and evaluations take it."""
+
+    data: DataBundle
+    classes: list[str]
+    mean: tuple
+    std: tuple
+    feeder: BatchFeeder
+    augment: BatchAugment
+    view: Callable | None        # how stored test images larger than the training size are evaluated
+    img_size: tuple[int, int]
+    batch_size: int
+    per_epoch: int
+
+
+@dataclass
+class Nets:
+    """The model as it trains: ``model`` is what the task trains (the model, or an objective around it), ``net``
+    the same as the steps run it (compiled and/or replicated)."""
+
+    model: nn.Module
+    net: nn.Module
+    n_params: int
+    channels_last: bool
+    resize: ProgressiveResize
+    lookahead: Lookahead | None = None
+
+
+@dataclass
 class Run:
     """Everything a run is made of once it is set up; the loop below reads and advances it."""
 
@@ -187,28 +199,13 @@ class Run:
     out: Path
     log: Callable[[str], None]
     now: Callable[[], float]
-    model: nn.Module
-    net: nn.Module               # the model as it is run: compiled and/or replicated
-    data: DataBundle
-    classes: list[str]
-    mean: tuple
-    std: tuple
-    feeder: BatchFeeder
-    augment: BatchAugment
-    loss_fn: TrainLoss | ObjectiveLoss
+    task: Task
+    inputs: Inputs
+    nets: Nets
     state: TrainState
     clock: RunClock
-    tb: TensorBoardLog | None
-    view: Callable | None        # how stored test images larger than the training size are evaluated
-    img_size: tuple[int, int]
-    batch_size: int
-    per_epoch: int
-    channels_last: bool
-    size_flags: dict
-    n_params: int
+    tb: TensorBoardLog | None = None
     bar: Progress | None = None
-    last_size: tuple[int, int] | None = None  # progressive resizing: the input size of the latest step
-    lookahead: Lookahead | None = None
     marks: dict | None = None   # what every checkpoint carries besides the state: the run's id, the recipe as run
 
     @property
@@ -224,28 +221,27 @@ class Run:
         return self.budget is not None and self.clock.progress(self.state.step) >= 1
 
     def evaluate(self, m: nn.Module, limit: int | None = None) -> dict[str, dict]:
-        """Metrics per head on the test split, each rank on its contiguous shard (a view, read batch by batch),
-        summed on the device; ``limit`` stops after that many images of the shard."""
-        d, test = self.d, self.data.test
+        """The task's metrics per head on the test split, each rank on its contiguous shard (a view, read batch by
+        batch), summed over the ranks; ``limit`` stops after that many images of the shard."""
+        d, test, i = self.d, self.inputs.data.test, self.inputs
         start, stop = len(test.images) * d.rank // d.world, len(test.images) * (d.rank + 1) // d.world
         n = stop - start if limit is None else min(limit, stop - start)
-        if pretraining(self.r):  # the objective's loss on the held-out images
-            total = held_out_loss(m, test.images.narrow(0, start, n), self.mean, self.std, start, self.eval_batch,
-                                  self.precision, self.view)
-            loss_sum, count = all_reduce_sum(total, d).tolist()
-            return {"logits": loss_metrics(loss_sum / max(count, 1.0))}
-        counts = confusion_counts(m, test.images.narrow(0, start, n), test.labels.narrow(0, start, n),
-                                  self.mean, self.std, len(self.classes), batch_size=self.eval_batch,
-                                  precision=self.precision, tta=self.r.tta, view=self.view,
-                                  tta_translate=self.r.tta_translate)
-        for c in counts.values():
-            for k in c:
-                c[k] = all_reduce_sum(c[k], d)
-        return {name: metrics_from_counts(c, self.classes) for name, c in counts.items()}
+        split = EvalSplit(images=test.images.narrow(0, start, n), labels=test.labels.narrow(0, start, n), first=start,
+                          classes=i.classes, mean=i.mean, std=i.std, batch_size=self.eval_batch,
+                          precision=self.precision, view=i.view, d=d)
+        return self.task.evaluate(m, split)
 
     @property
     def eval_batch(self) -> int:
-        return max(self.batch_size // self.d.world, 256)
+        return max(self.inputs.batch_size // self.d.world, 256)
+
+    def stepper(self) -> Stepper:
+        """What every step uses, as the run now stands (``net`` is made again when a stem freezes)."""
+        r, state = self.r, self.state
+        return Stepper(net=self.nets.net, augment=self.inputs.augment, loss=self.task.loss, optimizer=state.optimizer,
+                       precision=self.precision, clip_grad=r.clip_grad, ema=state.ema, ema_decay=r.ema_decay,
+                       accum_steps=r.accum_steps, scaler=state.scaler, channels_last=self.nets.channels_last,
+                       correct=self.task.correct)
 
 
 def _train(r: Recipe, d: Dist, resume: bool, log: Callable[[str], None], now: Callable[[], float]) -> dict[str, Any]:
@@ -260,9 +256,9 @@ def _train(r: Recipe, d: Dist, resume: bool, log: Callable[[str], None], now: Ca
         if row is None:  # the budget ran out before this epoch's first step: no epoch
             break
         end = cut or (run.budget is None and row.epoch == r.epochs) or run.out_of_time()
-        if end and run.lookahead is not None:
-            run.lookahead.finish(run.model)
-        for m in (run.model, run.state.ema):  # BatchNorm's, which each rank updates from its own share
+        if end and run.nets.lookahead is not None:
+            run.nets.lookahead.finish(run.nets.model)
+        for m in (run.nets.model, run.state.ema):  # BatchNorm's, which each rank updates from its own share
             if m is not None:
                 average_running_stats(m, run.d)
         if end or row.epoch % r.eval_every == 0:
@@ -277,7 +273,8 @@ def _train(r: Recipe, d: Dist, resume: bool, log: Callable[[str], None], now: Ca
 
 
 def set_up(r: Recipe, d: Dist, resume: bool, log: Callable[[str], None], now: Callable[[], float]) -> Run:
-    """Check the output folder, build the model, data, augmentation and loss, restore a checkpoint, start the bar."""
+    """Check the output folder, build the task, model, data, augmentation and optimiser, restore a checkpoint, start
+    the bar."""
     out = Path(r.out)
     ckpt = broadcast_state(on_rank0(lambda: own_checkpoint(out, config_values(r, None)), d, f"read {out / CHECKPOINT}"),
                            d) if resume else None  # by rank 0 (another machine may not see --out), before any work
@@ -289,68 +286,29 @@ def set_up(r: Recipe, d: Dist, resume: bool, log: Callable[[str], None], now: Ca
     set_fast_math(d.device)
     torch.manual_seed(r.seed)
     tb = TensorBoardLog(out) if r.log == "tensorboard" and d.is_main else None  # a missing package: before any data
-
-    model, data, mean, std = build_model_and_data(r, d, log)
-    if len(data.test.images) == 0:
-        raise ValueError(f"{data.name} leaves no test images ({len(data.train.images)} training images in "
-                         f"{len(data.classes)} classes, val_fraction {r.val_fraction:g}): accepted: classes of at "
-                         "least 2 images each, or a larger --val-fraction")
-    classes = list(data.classes)
+    task = task_for(r, log)
+    model, inputs, n_params, channels_last = build_inputs(r, d, task, fresh=ckpt is None and not r.init, log=log)
     config = config_values(r, getattr(model, "arch", None))
-    identity = broadcast_state(on_rank0(lambda: run_identity(out, ckpt, data.identity, log), d, "check its data"), d)
-    freeze(model, r, log)
-    model.pretrained_cfg.update(mean=list(mean), std=list(std), label_names=None if pretraining(r) else classes)
-    channels_last = r.channels_last if r.channels_last is not None else channels_last_helps(model, d.device)
-    model.to(d.device, memory_format=torch.channels_last if channels_last else torch.contiguous_format)
-    if ckpt is None and not r.init:
-        prepare_model(model, data.train.images, mean, std, log)
-    n_params = sum(p.numel() for p in model.parameters())
-    if d.device.type == "cpu" and not r.threads:  # from the work of a step and the cores other work leaves free
-        image = torch.zeros(1, data.train.images.shape[1], *data.img_size, device=d.device)
-        log(set_cpu_threads(3 * matmul_flops(model, image) * r.batch_size // (d.world * r.accum_steps)))
-    if pretraining(r):
-        model = wrap_model(model, r, mean, std, log)  # the objective is what trains, checkpoints and resumes
-    n_train = len(data.train.images)
-    batch_size, per_epoch = epoch_plan(n_train, r.batch_size, d.world * r.accum_steps)  # no image left out
-    if said := describe_plan(n_train, r.batch_size, batch_size, per_epoch):
-        log(said)
-    on_device = r.data_on_device if r.data_on_device is not None else fits_on_device(
-        data.train.images.nbytes, d.device)
-    feeder = BatchFeeder(data.train.images, data.train.labels, d.device, on_device)
-    img_size = tuple(data.img_size)  # stored photos may be larger: training crops, evaluation resizes and crops
-    crop_pct = (model.pretrained_cfg.get("crop_pct") or r.crop_pct) if r.init else r.crop_pct
-    view = (lambda b: eval_view(b, img_size, crop_pct)) if tuple(data.train.images.shape[-2:]) != img_size else None
-    augment = BatchAugment(r.augment, img_size, mean, std, len(classes)).to(d.device)
-    loss_fn = ObjectiveLoss() if pretraining(r) else make_loss(r, d, len(classes), mean, std, log)
-
-    precision = ckpt["precision"] if ckpt is not None else choose_precision(
-        r, model, augment, *feeder.gather(torch.arange(min(n_train, batch_size // d.world))), d, log)
-    state = TrainState(
-        model=model,
-        optimizer=recipe_optimizer(model, r, batch_size, d.device, optimizer_betas(r)),
-        plateau=Plateau(r.plateau_patience, r.plateau_factor),
-        ema=copy.deepcopy(model).eval().requires_grad_(False) if r.ema_decay > 0 else None,
-        scaler=torch.amp.GradScaler(d.device.type) if precision == "fp16" else None,
-        precision=precision)
-    if r.layer_decay < 1:
-        log(describe_groups(state.optimizer, r.layer_decay))
+    identity = broadcast_state(on_rank0(lambda: run_identity(out, ckpt, inputs.data.identity, log), d,
+                                        "check its data"), d)
+    model = task.wrap(model, inputs.mean, inputs.std)  # what trains, checkpoints and resumes
+    task.make_loss(d.device, inputs.classes, inputs.mean, inputs.std)
+    state = build_state(r, d, task, model, inputs, ckpt, log)
     if ckpt is not None:
         check_groups(state.optimizer, ckpt, out / CHECKPOINT, model)
         load_state(state, ckpt, model, out)
         log(f"resuming {out} after epoch {state.epoch}")
     elif resume:
         log(f"no checkpoint in {out} yet: starting the run from the beginning")
-
-    size_flags = any_size(model) if r.progressive_scale < 1 else {}  # every vitlab model takes other sizes this way
-    net = run_net(model, r, d)
+    resize = ProgressiveResize(model, inputs.img_size, r.progressive_scale, r.progressive_until, log)
+    nets = Nets(model=model, net=run_net(model, r, d), n_params=n_params, channels_last=channels_last, resize=resize,
+                lookahead=Lookahead(model, r.lookahead_every, r.lookahead_decay) if r.lookahead_every else None)
     budget = r.time_budget * 60 if r.time_budget else None
-    clock = RunClock(d, per_epoch * r.epochs, budget, seconds=state.seconds, reserve=state.reserve, now=now)
+    clock = RunClock(d, inputs.per_epoch * r.epochs, budget, seconds=state.seconds, reserve=state.reserve, now=now)
     if said := describe_warmup(r.warmup, None if budget else clock.total_steps, r.lr, r.min_lr):
         log(said)
-    run = Run(r, d, out, log, now, model, net, data, classes, mean, std, feeder, augment, loss_fn, state, clock, tb,
-              view, img_size, batch_size, per_epoch, channels_last, size_flags, n_params)
-    run.lookahead = Lookahead(model, r.lookahead_every, r.lookahead_decay) if r.lookahead_every else None
-    run.marks = checkpoint_marks(identity, config)
+    run = Run(r=r, d=d, out=out, log=log, now=now, task=task, inputs=inputs, nets=nets, state=state, clock=clock, tb=tb,
+              marks=checkpoint_marks(identity, config))
     if d.is_main:  # only a run whose set-up succeeded leaves a recipe to resume (and its data's identity)
         write_run_files(out, config, identity)
     log(describe(run))
@@ -360,6 +318,61 @@ def set_up(r: Recipe, d: Dist, resume: bool, log: Callable[[str], None], now: Ca
                        mininterval=1.0, file=sys.stderr,
                        bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}{postfix}]")
     return run
+
+
+def build_inputs(r: Recipe, d: Dist, task: Task, fresh: bool,
+                 log: Callable[[str], None]) -> tuple[nn.Module, Inputs, int, bool]:
+    """The model (on the device) and the data as the run takes it; returns
+    (model, inputs, the model's parameter count, whether it runs channels-last)."""
+    model, data, mean, std = build_model_and_data(r, d, task, log)
+    if len(data.test.images) == 0:
+        raise ValueError(f"{data.name} leaves no test images ({len(data.train.images)} training images in "
+                         f"{len(data.classes)} classes, val_fraction {r.val_fraction:g}): accepted: classes of at "
+                         "least 2 images each, or a larger --val-fraction")
+    classes = list(data.classes)
+    freeze(model, r, log)
+    model.pretrained_cfg.update(mean=list(mean), std=list(std), label_names=task.label_names(classes))
+    channels_last = r.channels_last if r.channels_last is not None else channels_last_helps(model, d.device)
+    model.to(d.device, memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+    if fresh:
+        prepare_model(model, data.train.images, mean, std, log)
+    n_params = sum(p.numel() for p in model.parameters())
+    if d.device.type == "cpu" and not r.threads:  # from the work of a step and the cores other work leaves free
+        image = torch.zeros(1, data.train.images.shape[1], *data.img_size, device=d.device)
+        log(set_cpu_threads(3 * matmul_flops(model, image) * r.batch_size // (d.world * r.accum_steps)))
+    n_train = len(data.train.images)
+    batch_size, per_epoch = epoch_plan(n_train, r.batch_size, d.world * r.accum_steps)  # no image left out
+    if said := describe_plan(n_train, r.batch_size, batch_size, per_epoch):
+        log(said)
+    on_device = r.data_on_device if r.data_on_device is not None else fits_on_device(
+        data.train.images.nbytes, d.device)
+    img_size = tuple(data.img_size)  # stored photos may be larger: training crops, evaluation resizes and crops
+    crop_pct = (model.pretrained_cfg.get("crop_pct") or r.crop_pct) if r.init else r.crop_pct
+    view = (lambda b: eval_view(b, img_size, crop_pct)) if tuple(data.train.images.shape[-2:]) != img_size else None
+    inputs = Inputs(data=data, classes=classes, mean=mean, std=std,
+                    feeder=BatchFeeder(data.train.images, data.train.labels, d.device, on_device),
+                    augment=BatchAugment(r.augment, img_size, mean, std, len(classes)).to(d.device),
+                    view=view, img_size=img_size, batch_size=batch_size, per_epoch=per_epoch)
+    return model, inputs, n_params, channels_last
+
+
+def build_state(r: Recipe, d: Dist, task: Task, model: nn.Module, inputs: Inputs, ckpt: dict | None,
+                log: Callable[[str], None]) -> TrainState:
+    """The state a run advances and checkpoints: the model, its optimiser (the task's betas), the plateau schedule,
+    the EMA copy and the precision (a resumed run's own)."""
+    n_first = min(len(inputs.data.train.images), inputs.batch_size // d.world)
+    precision = ckpt["precision"] if ckpt is not None else choose_precision(
+        r, model, inputs.augment, *inputs.feeder.gather(torch.arange(n_first)), d, log)
+    state = TrainState(
+        model=model,
+        optimizer=recipe_optimizer(model, r, inputs.batch_size, d.device, task.betas),
+        plateau=Plateau(r.plateau_patience, r.plateau_factor),
+        ema=copy.deepcopy(model).eval().requires_grad_(False) if r.ema_decay > 0 else None,
+        scaler=torch.amp.GradScaler(d.device.type) if precision == "fp16" else None,
+        precision=precision)
+    if r.layer_decay < 1:
+        log(describe_groups(state.optimizer, r.layer_decay))
+    return state
 
 
 def load_state(state: TrainState, ckpt: dict[str, Any], model: nn.Module, out: Path) -> None:
@@ -372,18 +385,6 @@ def load_state(state: TrainState, ckpt: dict[str, Any], model: nn.Module, out: P
                          f"trains ({first[:100].rstrip('.')}); accepted: a checkpoint of this run") from None
 
 
-def make_loss(r: Recipe, d: Dist, num_classes: int, mean: tuple, std: tuple, log: Callable[[str], None]) -> TrainLoss:
-    """The training loss: the recipe's, with its teacher loaded when it distils."""
-    teacher = None
-    if r.teacher:
-        teacher = checkpoint.load(r.teacher).to(d.device)
-        if teacher.num_classes != num_classes:
-            raise ValueError(f"teacher {r.teacher} predicts {teacher.num_classes} classes, the data has {num_classes}")
-        log(f"teacher: {r.teacher} ({type(teacher).__name__}), {r.distill} distillation")
-    teacher_norm = (teacher.pretrained_cfg["mean"], teacher.pretrained_cfg["std"]) if teacher else None
-    return TrainLoss(teacher, r.distill, r.tau, r.alpha, student_norm=(mean, std), teacher_norm=teacher_norm)
-
-
 def model_name(model: nn.Module) -> str:
     """The model's registered name (a pre-training objective's: its encoder's)."""
     model = getattr(model, "encoder", model)
@@ -392,17 +393,18 @@ def model_name(model: nn.Module) -> str:
 
 def describe(run: Run) -> str:
     """The line that says what is trained, on what, how."""
-    r, d, train_images = run.r, run.d, run.data.train.images
-    return (f"model {model_name(run.model)} ({run.n_params / 1e6:.2f}M parameters) on "
+    r, d, i = run.r, run.d, run.inputs
+    train_images = i.data.train.images
+    return (f"model {model_name(run.nets.model)} ({run.nets.n_params / 1e6:.2f}M parameters) on "
             f"{d.device}, {len(train_images)} training images {tuple(train_images.shape[1:])}"
-            f"{f' trained at {run.img_size[0]}x{run.img_size[1]}' if run.view is not None else ''}"
-            f"{' (on the device)' if d.device.type == 'cuda' and run.feeder.on_device else ''}, "
-            f"{f'pre-training {r.pretrain}' if pretraining(r) else f'{len(run.classes)} classes'}, "
-            f"batch {run.batch_size}{f' over {d.world} processes' if d.enabled else ''}"
+            f"{f' trained at {i.img_size[0]}x{i.img_size[1]}' if i.view is not None else ''}"
+            f"{' (on the device)' if d.device.type == 'cuda' and i.feeder.on_device else ''}, "
+            f"{run.task.describe(i.classes)}, "
+            f"batch {i.batch_size}{f' over {d.world} processes' if d.enabled else ''}"
             f"{f' in {r.accum_steps} micro-batches' if r.accum_steps > 1 else ''}, {run.precision}, "
             + (f"time budget {r.time_budget:g} min" + (" of training (evaluations not counted)"
                                                          if r.budget_counts == "training" else "")
-               if run.budget else f"{r.epochs} epochs of {run.per_epoch} steps"))
+               if run.budget else f"{r.epochs} epochs of {i.per_epoch} steps"))
 
 
 def run_net(model: nn.Module, r: Recipe, d: Dist) -> nn.Module:
@@ -418,10 +420,10 @@ def keep_back_final_evaluation(run: Run) -> None:
     """Keep back the end's evaluation before the first one has been timed: one batch, timed, scaled to the test
     split, after one untimed batch that pays for warm-up (a CPU's kernels are chosen on the first call), so that a
     run evaluated only at the end still ends within its budget."""
-    run.evaluate(run.model, limit=run.eval_batch)  # every rank: it sums over them; its metrics are read back
+    run.evaluate(run.nets.model, limit=run.eval_batch)  # every rank: it sums over them; its metrics are read back
     t_probe = run.now()
-    run.evaluate(run.model, limit=run.eval_batch)
-    shard = len(run.data.test.images) // run.d.world
+    run.evaluate(run.nets.model, limit=run.eval_batch)
+    shard = len(run.inputs.data.test.images) // run.d.world
     capped = run.clock.keep_back((2.0 if run.state.ema is not None else 1.0) * (run.now() - t_probe)
                                  * shard / min(run.eval_batch, shard))
     run.log(f"kept back {run.clock.reserve:.0f} s of the budget for the final evaluation"
@@ -431,57 +433,54 @@ def keep_back_final_evaluation(run: Run) -> None:
 def epoch_batches(run: Run, epoch: int) -> list[torch.Tensor]:
     """This rank's share of every batch of the epoch, in an order that depends on (seed, epoch) only (the whole
     batches' sizes: ``batch_sizes``)."""
-    r, d, n_train = run.r, run.d, len(run.data.train.images)
+    r, d, n_train = run.r, run.d, len(run.inputs.data.train.images)
     g = torch.Generator().manual_seed(epoch_seed(r.seed, epoch, 0))
     if r.augment.repeated_aug > 1:
         order = repeated_aug_indices(n_train, r.augment.repeated_aug, g)
     else:
         order = torch.randperm(n_train, generator=g)
-    return [batch[d.rank::d.world] for batch in order.tensor_split(run.per_epoch)]  # near-equal batches
+    return [batch[d.rank::d.world] for batch in order.tensor_split(run.inputs.per_epoch)]  # near-equal batches
 
 
 def batch_sizes(run: Run) -> list[int]:
     """The size of every whole batch of an epoch (all ranks together), as ``epoch_batches`` splits it."""
-    return [len(b) for b in torch.arange(len(run.data.train.images)).tensor_split(run.per_epoch)]
+    return [len(b) for b in torch.arange(len(run.inputs.data.train.images)).tensor_split(run.inputs.per_epoch)]
 
 
 def train_epoch(run: Run) -> tuple[EpochRow | None, bool]:
     """One epoch of steps; returns its row (None when the budget ran out before its first step) and whether the
     budget cut it short."""
-    r, d, state = run.r, run.d, run.state
+    r, d, state, nets = run.r, run.d, run.state, run.nets
     epoch = state.epoch
     torch.manual_seed(epoch_seed(r.seed, epoch, d.rank))
     batches = epoch_batches(run, epoch)
-    run.model.train()
-    run.loss_fn.train()
+    nets.model.train()
+    run.task.loss.train()
     meter = EpochMeter(d.device)
-    if r.freeze_stem_after and epoch >= r.freeze_stem_after and hasattr(run.model, "freeze_stem"):
-        if run.model.freeze_stem() and d.enabled:  # newly frozen: the replicas stop reducing its gradients
-            run.net = run_net(run.model, r, d)
-    flip = r.augment.hflip and r.augment.alternating_flip
+    if r.freeze_stem_after and epoch >= r.freeze_stem_after and hasattr(nets.model, "freeze_stem"):
+        if nets.model.freeze_stem() and d.enabled:  # newly frozen: the replicas stop reducing its gradients
+            nets.net = run_net(nets.model, r, d)
     epoch_t0 = run.now()
     run.clock.start()
-    lr, steps_before, cut, every = r.lr, state.step, False, figures_every(d.device)
+    lr, steps_before, cut, every, stepper = r.lr, state.step, False, figures_every(d.device), run.stepper()
     sizes = batch_sizes(run)
-    for i, (images, labels) in enumerate(run.feeder.batches(batches)):
+    for i, (images, labels) in enumerate(run.inputs.feeder.batches(batches)):
         p = run.clock.progress(state.step)
         if run.budget is not None and p >= 1:
             cut = True
             break
         share = step_share(p, state.step, run.clock.total_steps)
         lr = warmup_cosine(p, r.lr, r.min_lr, r.warmup, share) * state.plateau.scale
-        size = input_size(run, p)
+        size = nets.resize.size_at(p)
         set_lr(state.optimizer, lr)  # times each group's lr_scale (layer decay, BatchNorm biases, SGD)
-        if flip:
-            images = alternating_flip(images, batches[i], epoch, r.seed)
-        loss, hits = train_step(run.net, run.augment, run.loss_fn, state.optimizer, images, labels, run.precision,
-                                r.clip_grad, state.ema, r.ema_decay, size, r.accum_steps, state.scaler,
-                                run.channels_last, share=len(images) * d.world / sizes[i])
+        images = run.inputs.augment.alternate(images, batches[i], epoch, r.seed)
+        loss, hits = train_step(stepper, Batch(images, labels, size, share=len(images) * d.world / sizes[i]))
         state.step += 1
-        if run.lookahead is not None:
-            run.lookahead.step(run.model, state.step, run.clock.progress(state.step))
+        run.task.after_step(nets.model)
+        if nets.lookahead is not None:
+            nets.lookahead.step(nets.model, state.step, run.clock.progress(state.step))
         meter.add(loss, hits, len(images))
-        if i % every == 0 or i == run.per_epoch - 1:
+        if i % every == 0 or i == run.inputs.per_epoch - 1:
             show_running(run, meter, epoch, epoch_t0)
         if run.budget:
             run.bar.goto(run.clock.seconds())
@@ -493,22 +492,10 @@ def train_epoch(run: Run) -> tuple[EpochRow | None, bool]:
     totals = meter.totals(d)
     state.nonfinite += int(totals["nonfinite"])
     row = EpochRow(epoch=epoch + 1, step=state.step, train_loss=totals["loss"],
-                   train_acc=None if pretraining(r) else totals["acc"], lr=lr,
+                   train_acc=run.task.epoch_accuracy(totals), lr=lr,
                    images_per_second=totals["seen"] / max(epoch_seconds, 1e-9),
-                   input_size=list(run.last_size) if run.last_size is not None else None)
+                   input_size=list(nets.resize.last) if nets.resize.last is not None else None)
     return row, cut
-
-
-def input_size(run: Run, p: float) -> tuple[int, int] | None:
-    """Progressive resizing: the input size at progress ``p`` (None: the full size, no resizing)."""
-    r = run.r
-    if r.progressive_scale >= 1:
-        return None
-    size = progressive_size(p, run.img_size, r.progressive_scale, r.progressive_until, size_step(run.model))
-    if size != run.last_size:
-        run.log(f"training input size {size[0]}x{size[1]}")
-        run.last_size = size
-    return size
 
 
 def show_running(run: Run, meter: EpochMeter, epoch: int, epoch_t0: float) -> None:
@@ -519,8 +506,7 @@ def show_running(run: Run, meter: EpochMeter, epoch: int, epoch_t0: float) -> No
                  state.step)
     if d.is_main:
         rate = running["seen"] * d.world / max(run.now() - epoch_t0, 1e-9)
-        acc = "" if pretraining(run.r) else f" acc {running['acc']:.3f}"
-        run.bar.set_postfix_str(f"epoch {epoch + 1} loss {running['loss']:.3f}{acc} {rate:.0f} img/s", refresh=False)
+        run.bar.set_postfix_str(f"epoch {epoch + 1} {run.task.running(running)} {rate:.0f} img/s", refresh=False)
 
 
 def evaluate_epoch(run: Run, row: EpochRow) -> tuple[dict[str, dict], float]:
@@ -529,7 +515,7 @@ def evaluate_epoch(run: Run, row: EpochRow) -> tuple[dict[str, dict], float]:
     budget counts training only, not counted at all."""
     t_eval, off_clock = run.now(), run.r.budget_counts == "training"
     with run.clock.paused(off_clock):
-        metrics = run.evaluate(run.model)
+        metrics = run.evaluate(run.nets.model)
         logits = metrics["logits"]
         row.test_loss, row.test_top1, row.test_top5 = logits["loss"], logits["top1"], logits["top5"]
         if "cls" in metrics:
@@ -583,7 +569,7 @@ def record_epoch(run: Run, row: EpochRow) -> None:
     if run.d.is_main:
         run.log(row.line())
         check_claimed(run.out)
-        save_checkpoint(run.out, state, arch=model_name(run.model), **run.marks)
+        save_checkpoint(run.out, state, arch=model_name(run.nets.model), **run.marks)
         write_metrics(run.out, [EpochRow.from_dict(h) for h in state.history])
         if run.tb is not None:
             run.tb.scalars(row.epoch, row.to_dict())
@@ -592,7 +578,7 @@ def record_epoch(run: Run, row: EpochRow) -> None:
 
 def finish(run: Run, final_metrics: dict | None, stopped_early: bool, t_start: float) -> dict[str, Any]:
     """The end: evaluate, save the model, the figures and the summary (last: it marks the run finished)."""
-    r, d, state, model = run.r, run.d, run.state, run.model
+    r, d, state, model, data = run.r, run.d, run.state, run.nets.model, run.inputs.data
     if not state.history:
         raise ValueError(f"--time-budget {r.time_budget:g} min ran out before the first training step (after "
                          f"{run.clock.reserve:.0f} s kept back for the final evaluation); accepted: a budget that "
@@ -604,7 +590,7 @@ def finish(run: Run, final_metrics: dict | None, stopped_early: bool, t_start: f
         run.log("warning: the replicas' weights differ between processes; the saved model is rank 0's")
     use_ema = bool(final_metrics.pop("ema", False))
     final_model = state.ema if use_ema else model
-    restore_size_flags(run.size_flags)  # the saved model takes the size it was trained for (the EMA never changed)
+    run.nets.resize.restore()
     if not d.is_main:
         return {}
     history = [EpochRow.from_dict(h) for h in state.history]
@@ -613,9 +599,9 @@ def finish(run: Run, final_metrics: dict | None, stopped_early: bool, t_start: f
         top1=m["top1"], top5=m["top5"], test_loss=m["loss"], per_class=m["per_class"],
         images_per_second=sum(h.images_per_second for h in history) / len(history),
         train_seconds=state.seconds, epochs=len(history), steps=state.step, stopped_early=stopped_early,
-        model=model_name(model), parameters=run.n_params, precision=run.precision, device=str(d.device),
-        data=run.data.name, num_train=len(run.data.train.images), num_test=len(run.data.test.images),
-        classes=run.classes, ema=use_ema, tta=r.tta, processes=d.world, replicas_in_sync=in_sync,
+        model=model_name(model), parameters=run.nets.n_params, precision=run.precision, device=str(d.device),
+        data=data.name, num_train=len(data.train.images), num_test=len(data.test.images),
+        classes=run.inputs.classes, ema=use_ema, tta=r.tta, processes=d.world, replicas_in_sync=in_sync,
         nonfinite_steps=state.nonfinite, distill=r.distill, teacher=r.teacher, time_budget_minutes=r.time_budget,
         heads={"cls": final_metrics["cls"]["top1"], "dist": final_metrics["dist"]["top1"], "mean": m["top1"]}
         if "cls" in final_metrics else None, pretrain=r.pretrain)
@@ -623,11 +609,8 @@ def finish(run: Run, final_metrics: dict | None, stopped_early: bool, t_start: f
         for p in final_model.parameters():
             p.requires_grad = True
     check_claimed(run.out)
-    if pretraining(r):  # the encoder as the run's model, the rest of the objective beside it
-        save_objective(final_model, run.out, r.pretrain, objective_arguments(r, run.mean, run.std))
-    else:
-        checkpoint.save(final_model, run.out)
-    figures = write_figures(run, history, m, summary.model)
+    run.task.save(final_model, run.out, run.inputs.mean, run.inputs.std)
+    figures = run.task.draw(run.out, history, m, f"{summary.model} on {data.name}", run.inputs.classes)
     if run.tb is not None:
         for png in figures:
             run.tb.image(Path(png).stem, run.out / png, len(history))
@@ -636,21 +619,6 @@ def finish(run: Run, final_metrics: dict | None, stopped_early: bool, t_start: f
     check_claimed(run.out)
     write_summary(run.out, summary)
     return summary.to_dict()
-
-
-LOSS_NAMES = {"mae": "MAE loss (squared error, hidden patches)", "mpp": "MPP loss (cross-entropy, corrupted patches)"}
-
-
-def write_figures(run: Run, history: list[EpochRow], m: dict, model: str) -> list[str]:
-    """curves.png, and for a run with labels confusion.png; returns their names."""
-    what = f"{run.r.pretrain.upper()} pre-training of " if pretraining(run.r) else ""
-    plot_curves(history, run.out / CURVES_PNG, title=f"{what}{model} on {run.data.name}",
-                loss_name=LOSS_NAMES.get(run.r.pretrain, "cross-entropy loss"))
-    if m["confusion"] is None:
-        return [CURVES_PNG]
-    plot_confusion(m["confusion"], run.classes, run.out / CONFUSION_PNG,
-                   title=f"Confusion matrix, test top-1 {100 * m['top1']:.2f}%")
-    return [CURVES_PNG, CONFUSION_PNG]
 
 
 def check_finite(nonfinite: float, precision: str, bound: int, step: int) -> None:

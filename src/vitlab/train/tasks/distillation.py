@@ -1,4 +1,4 @@
-"""The training loss: soft-target cross-entropy, with DeiT distillation from a teacher when asked.
+"""DeiT distillation from a teacher: the task and its loss.
 
 hard: (1 - alpha) * CE(class head, targets) + alpha * CE(distillation head, teacher argmax)
 soft: (1 - alpha) * CE(class head, targets) + alpha * tau^2 * KL(softmax(teacher / tau) || softmax(student / tau))
@@ -10,15 +10,23 @@ The KL term is averaged over the batch (DeiT's code divides its sum by batch x c
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..data.augment import soft_target_cross_entropy
+from ... import checkpoint
+from .supervised import Supervised, heads_loss, soft_target_cross_entropy
+
+if TYPE_CHECKING:
+    from ..recipe import Recipe
 
 
 class TrainLoss(nn.Module):
+    """The distillation loss (``kind`` hard or soft) of the class and distillation heads' outputs; with kind 'none',
+    no teacher, the supervised loss of both heads."""
+
     def __init__(self, teacher: nn.Module | None = None, kind: str = "none", tau: float = 1.0, alpha: float = 0.5,
                  student_norm: tuple[Sequence[float], Sequence[float]] | None = None,
                  teacher_norm: tuple[Sequence[float], Sequence[float]] | None = None):
@@ -68,9 +76,9 @@ class TrainLoss(nn.Module):
             cls, dist = outputs
         else:
             cls = dist = outputs
-        base = soft_target_cross_entropy(cls, targets)
         if self.kind == "none":
-            return base if dist is cls else (base + soft_target_cross_entropy(dist, targets)) / 2
+            return heads_loss(outputs, targets)
+        base = soft_target_cross_entropy(cls, targets)
         with torch.no_grad():
             teacher_logits = self.teacher(self.teacher_input(images)).float()
         if self.kind == "hard":
@@ -80,3 +88,25 @@ class TrainLoss(nn.Module):
             kd = F.kl_div(F.log_softmax(dist.float() / t, dim=1), F.log_softmax(teacher_logits / t, dim=1),
                           reduction="batchmean", log_target=True) * (t * t)
         return (1 - self.alpha) * base + self.alpha * kd
+
+
+class Distillation(Supervised):
+    """Supervised training with a teacher (--teacher, --distill hard|soft): the teacher's predictions on the same
+    augmented batch are a second target, through a distillation head where the student has one."""
+
+    name = "distillation"
+
+    @classmethod
+    def wanted(cls, r: Recipe) -> bool:
+        return bool(r.teacher)
+
+    def make_loss(self, device: torch.device, classes: Sequence[str], mean: tuple, std: tuple) -> nn.Module:
+        """The loss with the recipe's teacher loaded on the device; a teacher of other classes is refused."""
+        r = self.r
+        teacher = checkpoint.load(r.teacher).to(device)
+        if teacher.num_classes != len(classes):
+            raise ValueError(f"teacher {r.teacher} predicts {teacher.num_classes} classes, the data has {len(classes)}")
+        self.log(f"teacher: {r.teacher} ({type(teacher).__name__}), {r.distill} distillation")
+        teacher_norm = (teacher.pretrained_cfg["mean"], teacher.pretrained_cfg["std"])
+        self.loss = TrainLoss(teacher, r.distill, r.tau, r.alpha, student_norm=(mean, std), teacher_norm=teacher_norm)
+        return self.loss

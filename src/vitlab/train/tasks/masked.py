@@ -1,0 +1,128 @@
+"""Masked pre-training (MAE, masked patch prediction), labels unused: the objective (pretrain/) wrapped around the
+model is what the loop trains, its loss is the training loss, and its loss on the held-out images (masks drawn from
+a fixed seed, the same at every evaluation) is what an evaluation reports in place of accuracy. The run folder
+holds the encoder as its model and the rest of the objective beside it."""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn as nn
+
+from ...data.augment import normalize
+from ...devices import to_device
+from ...pretrain import check_encoder, create_objective, save_objective
+from ...runs.figures import plot_curves
+from ...runs.format import CURVES_PNG, EpochRow
+from ..step import autocast
+from .base import EvalSplit, Task
+
+if TYPE_CHECKING:
+    from ..recipe import Recipe
+
+EVAL_SEED = 20_220_000  # the held-out masks of image i come from seed EVAL_SEED + i (MAE's year, for a number)
+
+
+def objective_arguments(r: Recipe, mean: Sequence[float], std: Sequence[float]) -> dict[str, Any]:
+    """The objective's options: the recipe's pretrain_args, and for MPP the data's normalisation (its targets are
+    the colours of the un-normalised pixels)."""
+    extra = {"mean": list(mean), "std": list(std)} if r.pretrain == "mpp" else {}
+    return {**r.pretrain_args, **extra}
+
+
+class ObjectiveLoss(nn.Module):
+    """The training loss of a pre-training run: the objective's own; the (augmented) targets are not used."""
+
+    def forward(self, x: torch.Tensor, outputs: Any, targets: torch.Tensor) -> torch.Tensor:
+        return outputs.loss
+
+
+@torch.no_grad()
+def held_out_loss(objective: nn.Module, images: torch.Tensor, mean: Sequence[float], std: Sequence[float],
+                  first: int = 0, batch_size: int = 256, precision: str = "fp32",
+                  view: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
+    """(summed loss, images) over uint8 images, as a float64 pair on the objective's device; ``first`` is the index
+    of images[0] in the split: batch masks come from EVAL_SEED + the index of the batch's first image."""
+    was_training = objective.training
+    objective.eval()
+    device = next(objective.parameters()).device
+    total = torch.zeros(2, dtype=torch.float64, device=device)
+    for i in range(0, len(images), batch_size):
+        n = min(batch_size, len(images) - i)
+        batch = to_device(images.narrow(0, i, n), device)
+        x = normalize(view(batch) if view is not None else batch, mean, std)
+        g = torch.Generator().manual_seed(EVAL_SEED + first + i)  # on the CPU: the same masks on any device
+        with autocast(device, precision):
+            loss = objective(x, generator=g).loss
+        total += torch.stack([loss.double() * n, loss.new_full((), n, dtype=torch.float64)])
+    objective.train(was_training)
+    return total
+
+
+def loss_metrics(loss: float) -> dict[str, Any]:
+    """An evaluation's metrics for a run without labels: the held-out loss; no accuracy or confusion matrix."""
+    return {"loss": loss, "top1": None, "top5": None, "per_class": None, "confusion": None}
+
+
+LOSS_NAMES = {"mae": "MAE loss (squared error, hidden patches)", "mpp": "MPP loss (cross-entropy, corrupted patches)"}
+
+
+class MaskedPretraining(Task):
+    """--pretrain mae|mpp: the objective around an encoder without a head; AdamW's betas (0.9, 0.95), as MAE
+    pre-trains."""
+
+    name = "masked"
+    labels = False
+    betas = (0.9, 0.95)
+
+    @classmethod
+    def wanted(cls, r: Recipe) -> bool:
+        return r.pretrain != "none"
+
+    def check_model(self, model: nn.Module | type) -> None:
+        check_encoder(model, self.r.pretrain)
+
+    def num_classes(self, classes: Sequence[str]) -> int:
+        return 0  # an encoder: no head
+
+    def label_names(self, classes: Sequence[str]) -> list[str] | None:
+        return None
+
+    def fit_init_head(self, model: nn.Module, classes: Sequence[str]) -> None:
+        model.reset_classifier(0)  # an encoder to pre-train further
+
+    def wrap(self, model: nn.Module, mean: Sequence[float], std: Sequence[float]) -> nn.Module:
+        """The recipe's pre-training objective around ``model`` (on the model's device), said in one line."""
+        r = self.r
+        objective = create_objective(r.pretrain, model, **objective_arguments(r, mean, std))
+        objective.to(next(model.parameters()).device)
+        n_rest = sum(p.numel() for n, p in objective.named_parameters() if not n.startswith("encoder."))
+        options = ", ".join(f"{k}={v}" for k, v in r.pretrain_args.items())
+        self.log(f"pre-training objective {r.pretrain} ({type(objective).__name__}: {n_rest / 1e6:.2f}M parameters "
+                 f"besides the encoder{', ' + options if options else ''}); the labels are not used")
+        return objective
+
+    def make_loss(self, device: torch.device, classes: Sequence[str], mean: tuple, std: tuple) -> nn.Module:
+        self.loss = ObjectiveLoss()
+        return self.loss
+
+    def evaluate(self, model: nn.Module, split: EvalSplit) -> dict[str, dict]:
+        """The objective's loss on the held-out images, over every rank."""
+        total = held_out_loss(model, split.images, split.mean, split.std, split.first, split.batch_size,
+                              split.precision, split.view)
+        loss_sum, count = split.reduce(total).tolist()
+        return {"logits": loss_metrics(loss_sum / max(count, 1.0))}
+
+    def describe(self, classes: Sequence[str]) -> str:
+        return f"pre-training {self.r.pretrain}"
+
+    def save(self, model: nn.Module, out: Path, mean: tuple, std: tuple) -> None:
+        """The encoder as the run's model, the rest of the objective beside it."""
+        save_objective(model, out, self.r.pretrain, objective_arguments(self.r, mean, std))
+
+    def draw(self, out: Path, history: list[EpochRow], m: dict, title: str, classes: Sequence[str]) -> list[str]:
+        plot_curves(history, out / CURVES_PNG, title=f"{self.r.pretrain.upper()} pre-training of {title}",
+                    loss_name=LOSS_NAMES[self.r.pretrain])
+        return [CURVES_PNG]
