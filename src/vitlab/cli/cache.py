@@ -22,7 +22,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..data.cache import cache_entries, clean, default_cache_dir, format_size
+    from ..data.cache import cache_entries, clean, default_cache_dir
+    from ..data.disk import format_size
     folder = args.cache_dir or default_cache_dir()
     if args.action == "list":
         entries = cache_entries(folder)

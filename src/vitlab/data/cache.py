@@ -14,7 +14,6 @@ removes the superseded ones, only the files vitlab can prove it wrote (``owned``
 """
 from __future__ import annotations
 
-import contextlib
 import errno
 import fcntl
 import hashlib
@@ -26,17 +25,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .disk import disk_usage, format_sizes, free_bytes
 from .owned import FEATURES_FILE, owned_name, owner_marker, remove_owned
 from .scan import walk
 from .store import HEADER, STORE_FILES
+from .tables import Listing, list_table
 
 __all__ = ["CacheEntry", "cache_entries", "clean", "clean_cache", "default_cache_dir", "format_sizes", "free_bytes"]
 
 CACHE_VERSION = 3  # part of every store's key: a new version builds new stores
 FINE_TICK_S = 0.05  # timestamps with sub-second parts: a change moves them by at least the kernel's tick
 COARSE_TICK_S = 2.0  # whole-second (or FAT's 2-second) timestamps
-DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
-NOT_WRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
 
 
 def default_cache_dir() -> Path:
@@ -119,85 +118,6 @@ def identity_digest(ident: Any) -> str:
 
 
 # ----------------------------------------------------------------------------------------------
-# space
-
-
-def free_bytes(folder: Path) -> int | None:
-    """Bytes free to this user in the file system of ``folder`` (or of its nearest existing parent)."""
-    folder = Path(folder).absolute()
-    while not folder.exists() and folder != folder.parent:
-        folder = folder.parent
-    try:
-        st = os.statvfs(folder)
-    except (OSError, AttributeError):
-        return None
-    return st.f_bavail * st.f_frsize
-
-
-def disk_usage(path: Path) -> int:
-    """Bytes a file or folder occupies on disk (allocated blocks; symlinks not followed)."""
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return 0
-    if not os.path.isdir(path) or os.path.islink(path):
-        return st.st_blocks * 512
-    total = st.st_blocks * 512
-    for dirpath, dirnames, filenames in os.walk(path):
-        for name in dirnames + filenames:
-            with contextlib.suppress(OSError):
-                total += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
-    return total
-
-
-def _unit(n: float) -> tuple[str, int]:
-    for name, power in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
-        if n >= 1 << power:
-            return name, power
-    return "bytes", 0
-
-
-def format_size(n: int) -> str:
-    """``n`` bytes in the largest binary unit it reaches, two decimals."""
-    name, power = _unit(n)
-    return f"{n} bytes" if power == 0 else f"{n / (1 << power):.2f} {name}"
-
-
-def format_sizes(a: int, b: int) -> tuple[str, str]:
-    """Two byte counts, each in its own unit or, where they would read alike, in one unit with as many decimals
-    as it takes for different counts to read differently."""
-    sa, sb = format_size(a), format_size(b)
-    if sa != sb or a == b:
-        return sa, sb
-    name, power = _unit(max(a, b))
-    for decimals in range(2, 10):
-        sa, sb = (f"{v / (1 << power):.{decimals}f} {name}" for v in (a, b))
-        if sa != sb or a == b:
-            return sa, sb
-    return f"{a} bytes", f"{b} bytes"
-
-
-def check_writable(cache: Path) -> None:
-    """Make the cache folder, or say in one line why it cannot be written."""
-    try:
-        cache.mkdir(parents=True, exist_ok=True)
-        probe = cache / f".write-test.{os.getpid()}"
-        probe.touch()
-        probe.unlink()
-    except OSError as e:
-        why = "a read-only file system" if e.errno == errno.EROFS else e.strerror or type(e).__name__
-        raise ValueError(f"cannot write the data cache {cache} ({why}); set VITLAB_CACHE or --cache-dir to a "
-                         "writable folder") from None
-
-
-def space_message(problem: str, what: str, cache: Path, need: int, free: int | None = None) -> str:
-    """'<problem>: <what> needs X in <cache>, which has Y free; ...' with X and Y told apart."""
-    sneed, sfree = format_sizes(need, free_bytes(cache) or 0 if free is None else free)
-    return (f"{problem}: {what} needs {sneed} in {cache}, which has {sfree} free; free some space or choose "
-            "another cache folder (VITLAB_CACHE, --cache-dir)")
-
-
-# ----------------------------------------------------------------------------------------------
 # what the cache holds
 
 
@@ -231,6 +151,22 @@ def _lock_free(store: Path) -> bool:
             return False
         fcntl.flock(f, fcntl.LOCK_UN)
         return True
+
+
+def source_identity(kind: str, where: str | os.PathLike, listing: Listing | None = None) -> Any:
+    """What identifies a source's content (see ``cache``): None for the embedded digits; raises
+    FileNotFoundError when the source is gone."""
+    if kind in ("digits", None):
+        return None
+    path = Path(where)
+    if not path.exists():
+        raise FileNotFoundError(f"{path} does not exist")
+    if kind == "table":
+        listing = listing or list_table(path, lambda s: None)
+        return [str(path), file_digest(path), files_fingerprint(listing.payloads(0))]
+    if path.is_file():
+        return [str(path), files_fingerprint([path])[0]]
+    return [str(path), folder_fingerprint(path)]
 
 
 def store_status(header: dict[str, Any], identify: Callable[[str, str], Any]) -> str:
@@ -279,8 +215,6 @@ def _entry(path: Path, identify: Callable[[str, str], Any]) -> CacheEntry | None
 def cache_entries(cache_dir: str | os.PathLike | None = None,
                   identify: Callable[[str, str], Any] | None = None) -> list[CacheEntry]:
     """What the cache folder holds, with sizes on disk and, for stores, whether they are current."""
-    from .sources import source_identity
-
     identify = identify or source_identity
     cache = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     entries = (_entry(path, identify) for path in (sorted(cache.iterdir()) if cache.is_dir() else []))

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from ..atomic import DiskFullError
+from .disk import DISK_FULL, check_writable, free_bytes, space_message
 from .download import Log, download_url, safe_extract
 from .owned import mark_owned
 
@@ -139,7 +140,6 @@ _NEEDS_BYTES = 360 << 20  # a CIFAR archive (163 MiB) and its extracted batches 
 
 def _fetch_and_extract(variant: str, archive: Path, cache: Path, log: Log) -> Path:
     """Download (when it is not there) and extract a CIFAR archive into ``cache``; the download is removed after."""
-    from .cache import check_writable, free_bytes, space_message
     remote = CIFAR_REMOTES[variant]
     check_writable(cache)
     downloaded = False
@@ -174,7 +174,6 @@ def find_or_fetch_cifar(variant: str, cache: Path, download: bool, log: Log) -> 
     try:
         folder = _fetch_and_extract(variant, archive, cache, log)
     except (OSError, DiskFullError) as e:
-        from .cache import DISK_FULL, space_message
         if isinstance(e, DiskFullError) or e.errno in DISK_FULL:
             raise ValueError(space_message("disk full", f"{variant}", cache, _NEEDS_BYTES)) from None
         raise ValueError(str(e)) from None

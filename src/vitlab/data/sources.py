@@ -32,24 +32,10 @@ import torch.nn.functional as F
 
 from ..atomic import DiskFullError
 from ..progress import progress_bar
-from .cache import (
-    CACHE_VERSION,
-    DISK_FULL,
-    cache_key,
-    check_writable,
-    default_cache_dir,
-    disk_usage,
-    file_digest,
-    files_fingerprint,
-    folder_fingerprint,
-    format_size,
-    free_bytes,
-    identity_digest,
-    settle,
-    space_message,
-)
+from .cache import CACHE_VERSION, cache_key, default_cache_dir, identity_digest, settle, source_identity
 from .cifar import CIFAR_REMOTES, cifar_variant, find_or_fetch_cifar, load_cifar
 from .decode import Payload, decode_into, default_workers, image_size, read_image
+from .disk import DISK_FULL, check_writable, disk_usage, format_size, free_bytes, space_message
 from .download import ARCHIVE_SUFFIXES, Log, archive_stem, download_url, is_archive
 from .scan import UNLABELLED, cifar_in_tree, read_archive, scan_folder, tree_items
 from .store import Store, build_store, is_store, open_store, store_needs
@@ -161,22 +147,6 @@ def _stratified_split(labels: torch.Tensor, fraction: float, seed: int) -> tuple
         train.append(idx[kc:])
     return (torch.from_numpy(np.sort(np.concatenate(train))).long(),
             torch.from_numpy(np.sort(np.concatenate(test))).long())
-
-
-def source_identity(kind: str, where: str | os.PathLike, listing: Listing | None = None) -> Any:
-    """What identifies a source's content (see ``cache``): None for the embedded digits; raises
-    FileNotFoundError when the source is gone."""
-    if kind in ("digits", None):
-        return None
-    path = Path(where)
-    if not path.exists():
-        raise FileNotFoundError(f"{path} does not exist")
-    if kind == "table":
-        listing = listing or list_table(path, lambda s: None)
-        return [str(path), file_digest(path), files_fingerprint(listing.payloads(0))]
-    if path.is_file():
-        return [str(path), files_fingerprint([path])[0]]
-    return [str(path), folder_fingerprint(path)]
 
 
 def _safe_name(name: str) -> str:
