@@ -1,6 +1,7 @@
 # `make run` trains on the embedded default data set; `make test` runs the tests (all but those marked slow),
-# `make test-all` all of them. Each creates .venv on first use: `run` installs what running needs (PyTorch pinned
-# by constraints.txt), `test` and `test-all` add the test extras (pytest, ruff, selenium, onnx, ...).
+# `make test-all` all of them; both first check that the imports follow the layers declared in pyproject.toml
+# (lint-imports). Each creates .venv on first use: `run` installs what running needs (PyTorch pinned
+# by constraints.txt), `test` and `test-all` add the test extras (pytest, ruff, import-linter, selenium, onnx, ...).
 VENV ?= .venv
 PY := $(VENV)/bin/python
 RUN_STAMP := $(VENV)/.installed-run
@@ -21,9 +22,11 @@ run: $(RUN_STAMP)
 	$(VENV)/bin/vitlab train --out runs/digits-$$(date +%Y%m%d-%H%M%S)
 
 test: $(TEST_STAMP)
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q -m "not slow"
 
 test-all: $(TEST_STAMP)
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q
 
 lint: $(TEST_STAMP)

@@ -13,8 +13,11 @@ import typing
 from pathlib import Path
 from typing import Any
 
+from pydantic import TypeAdapter, ValidationError
 from torch import nn
 
+from .. import checkpoint
+from ..runs.format import read_pretrain, write_pretrain
 from ..settings import describe
 from .encoder import load_decoder_state, split_pretrained
 from .mae import MaskedAutoencoder
@@ -35,7 +38,6 @@ def objective_options(method: str) -> tuple[str, ...]:
 def check_options(method: str, options: dict[str, Any]) -> dict[str, Any]:
     """The options coerced to their declared types (text '0.5' is 0.5); one line naming an unknown key (and the
     accepted ones) or a value of the wrong kind."""
-    from pydantic import TypeAdapter, ValidationError
     accepted = objective_options(method)
     unknown = sorted(set(options) - set(accepted))
     if unknown:
@@ -62,8 +64,6 @@ def create_objective(method: str, encoder: nn.Module, **options: Any) -> nn.Modu
 def save_objective(objective: nn.Module, folder: str | os.PathLike, method: str, options: dict[str, Any]) -> None:
     """Write the encoder as the folder's model and the objective's other tensors as pretrain.safetensors;
     ``options`` are the keywords (JSON values) that ``create_objective(method, encoder, **options)`` took."""
-    from .. import checkpoint
-    from ..runs.format import write_pretrain
     encoder, rest = split_pretrained(objective)
     checkpoint.save(encoder, folder)
     write_pretrain(Path(folder), method, options, rest)
@@ -76,8 +76,6 @@ def load_objective(folder: str | os.PathLike) -> nn.Module:
     model); called on normalised images (the encoder's pretrained_cfg mean and std) it returns their loss and
     predictions. Every tensor of the folder must find its place.
     """
-    from .. import checkpoint
-    from ..runs.format import read_pretrain
     method, options, rest = read_pretrain(folder)
     encoder = checkpoint.load(folder)
     try:

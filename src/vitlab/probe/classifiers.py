@@ -7,6 +7,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..train.finetune import classifiers
+
 SMALL_PROBLEM = 50_000_000  # features x classes below which the probe runs on one CPU thread
 
 
@@ -144,8 +146,6 @@ def set_head_from_probe(model: nn.Module, probe: LinearProbe) -> list[str]:
     Every head (DeiT's two, whose mean is the eval output) gets the probe's weights; a different
     class count gets new heads first (``reset_classifier``).
     """
-    from ..train.finetune import classifiers
-
     c, d = probe.linear.weight.shape
     if getattr(model, "num_classes", c) != c:
         model.reset_classifier(c)

@@ -10,6 +10,10 @@ from typing import Any
 import torch
 
 from .. import checkpoint
+from ..data import load_data
+from ..data.views import stratified_subset
+from ..models.registry import create_model
+from ..probe import extract_features, knn_classify, linear_probe
 from ..runs.format import read_summary
 from .claims import RANDOM_ENCODER, VIT, probe_label
 
@@ -29,8 +33,6 @@ def pretraining_rows(runs: dict[str, Path]) -> list[dict[str, Any]]:
 
 def _encoders(runs: dict[str, Path], size: tuple[int, int], in_chans: int) -> dict[str, torch.nn.Module]:
     """name -> frozen encoder: each pre-training run's, and the same architecture untrained (seed 0)."""
-    from .. import create_model
-
     encoders = {label.removesuffix(" pre-training"): checkpoint.load(folder) for label, folder in runs.items()}
     with torch.random.fork_rng():
         torch.manual_seed(0)
@@ -43,10 +45,6 @@ def probe_rows(runs: dict[str, Path], fractions: Sequence[float], data: str, img
                log: Callable[[str], None] = print) -> list[dict[str, Any]]:
     """One row per (encoder, share of the labels): the linear probe's test top-1 (and, on every label, the
     weighted k-NN's), in the study's row format. ``share`` scales the shares (the quick mode's fifth)."""
-    from ..data import load_data
-    from ..data.views import stratified_subset
-    from ..probe import extract_features, knn_classify, linear_probe
-
     cfg = checkpoint.load(next(iter(runs.values()))).pretrained_cfg
     in_chans, H, W = (int(v) for v in cfg["input_size"])
     size = (img_size, img_size) if img_size else (H, W)

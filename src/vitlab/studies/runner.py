@@ -27,6 +27,7 @@ import yaml
 from ..progress import Progress
 from ..runs.format import has_config, is_finished, read_config
 from ..train.recipe import Recipe, load_recipe
+from ..train.trainer import train
 from .claims import PRETRAIN_BASE_KEYS, PRETRAINED, QUICK, QUICK_SHARE, STUDIES, TEACHER, Arm, base_values
 from .probe import pretraining_rows, probe_rows
 from .report import aggregate, write_report
@@ -132,7 +133,6 @@ def _train_arms(jobs: list[tuple[str, Recipe]], parallel: int, log: Callable[[st
     """Train the (name, recipe) runs: one at a time in this process, or ``parallel`` at a time in child
     processes (each writing OUT/runs/NAME.log); a failure names the arm and its log."""
     if parallel == 1:
-        from ..train.trainer import train
         for name, recipe in jobs:
             folder = Path(recipe.out)
             folder.parent.mkdir(parents=True, exist_ok=True)

@@ -16,7 +16,6 @@ from pydantic import Field, model_validator
 from ..data.augment import AugmentConfig
 from ..pretrain.objective import check_options
 from ..settings import Settings
-from ..settings import accepted as accepted_by
 
 # The choices of the options more than one command takes: declared once, here.
 Precision = Literal["auto", "bf16", "fp16", "fp32"]
@@ -225,11 +224,6 @@ MODEL_DEFAULTS: dict[tuple[str, str], dict[str, Any]] = {("digits", "vit_micro_p
 
 def default_model(data: str) -> str:
     return DEFAULT_MODELS.get(data, GENERAL_DEFAULT_MODEL)
-
-
-def accepted(name: str) -> str:
-    """What option ``name`` (a recipe or augmentation field) accepts, in words."""
-    return accepted_by(AUGMENT_FIELDS[name] if name in AUGMENT_FIELDS else FIELDS[name])
 
 
 def make_recipe(values: dict[str, Any]) -> Recipe:
