@@ -20,7 +20,7 @@ from ..settings import Settings
 # The choices of the options more than one command takes: declared once, here.
 Precision = Literal["auto", "bf16", "fp16", "fp32"]
 Device = Literal["auto", "cpu", "cuda"]
-DistillType = Literal["none", "hard", "soft"]
+DistillType = Literal["none", "hard", "soft", "self"]
 Log = Literal["none", "tensorboard"]
 HeadInit = Literal["auto", "zero", "trunc_normal", "keep"]
 Pretrain = Literal["none", "mae", "mpp"]
@@ -103,7 +103,8 @@ class Recipe(Settings):
     augment: AugmentConfig = Field(default_factory=AugmentConfig, description="batched augmentation")
     # distillation
     teacher: str | None = Field(None, description="teacher model folder for distillation")
-    distill: DistillType = Field("none", description="distillation type (with --teacher)")
+    distill: DistillType = Field("none", description="distillation type: hard or soft (with --teacher); self: soft, "
+                                 "from an EMA copy of the student (no --teacher)")
     tau: float = Field(1.0, gt=0, description="soft distillation temperature")
     alpha: float = Field(0.5, ge=0, le=1, description="distillation loss weight")
     # execution
@@ -130,7 +131,10 @@ class Recipe(Settings):
     def _check_together(self) -> Recipe:
         if self.min_lr > self.lr:
             raise ValueError(f"min_lr={self.min_lr!r} is not valid; accepted: a number in [0, lr={self.lr}]")
-        if self.distill != "none" and not self.teacher:
+        if self.distill == "self" and self.teacher:
+            raise ValueError("distill='self' takes no --teacher: its teacher is an EMA copy of the student; accepted: "
+                             "--distill hard or soft with --teacher")
+        if self.distill in ("hard", "soft") and not self.teacher:
             raise ValueError(f"distill={self.distill!r} needs a teacher: --teacher MODEL_FOLDER")
         if self.teacher and self.distill == "none":
             object.__setattr__(self, "distill", "hard")  # DeiT's default; no re-validation loop
@@ -174,7 +178,8 @@ def check_pretrain(r: Recipe) -> None:
             raise ValueError(f"pretrain_args {r.pretrain_args} need a pre-training objective: pretrain mae or mpp")
         return
     object.__setattr__(r, "pretrain_args", check_options(r.pretrain, r.pretrain_args))
-    supervised = [name for name, on in (("teacher", r.teacher), ("freeze_backbone", r.freeze_backbone),
+    supervised = [name for name, on in (("teacher", r.teacher), ("distill", r.distill == "self"),
+                                        ("freeze_backbone", r.freeze_backbone),
                                         ("freeze_blocks", r.freeze_blocks), ("layer_decay", r.layer_decay < 1),
                                         ("head_init", r.head_init != "auto"),
                                         ("tta", r.tta)) if on]

@@ -8,12 +8,13 @@ from typing import TYPE_CHECKING
 from .base import EvalSplit, Task
 from .distillation import Distillation
 from .masked import MaskedPretraining
+from .self_distillation import SelfDistillation
 from .supervised import Supervised
 
 if TYPE_CHECKING:
     from ..recipe import Recipe
 
-TASKS: tuple[type[Task], ...] = (MaskedPretraining, Distillation, Supervised)
+TASKS: tuple[type[Task], ...] = (MaskedPretraining, SelfDistillation, Distillation, Supervised)
 
 
 def task_for(r: Recipe, log: Callable[[str], None]) -> Task:
