@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..progress import progress_bar
+from .capture import attention_modules
 from .explain import explain, explanation_methods, method_key, method_label
 
 BASELINES = ("black", "mean", "blur")
@@ -155,6 +156,45 @@ def _protocol(total: int, grid: tuple[int, int], counts: list[int], fractions: l
         "head_fusion": head_fusion, "discard_ratio": discard_ratio}
 
 
+def _check_arguments(images: torch.Tensor, batch_size: int, perturbation_steps: Sequence[float],
+                     deletion_baseline: str, insertion_baseline: str, perturbation_baseline: str) -> None:
+    if len(images) == 0:
+        raise ValueError("faithfulness needs at least one image")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+    if sorted(perturbation_steps) != list(perturbation_steps) or not all(0 <= f < 1 for f in perturbation_steps):
+        raise ValueError(f"perturbation steps must rise within [0, 1), got {list(perturbation_steps)}")
+    for name, kind in (("deletion", deletion_baseline), ("insertion", insertion_baseline),
+                       ("perturbation", perturbation_baseline)):
+        if kind not in BASELINES:
+            raise ValueError(f"{name} baseline {kind!r} is not one of {BASELINES}")
+
+
+def _accumulate(acc: dict, dele: torch.Tensor, ins: torch.Tensor, d_auc: torch.Tensor, i_auc: torch.Tensor,
+                pos: torch.Tensor, neg: torch.Tensor) -> None:
+    """Add a batch's AUCs, curves and perturbation hits of one method to its running sums."""
+    acc["deletion"] += float(d_auc.sum())
+    acc["insertion"] += float(i_auc.sum())
+    acc["deletion_curve"] = acc.get("deletion_curve", 0) + dele.double().sum(0)
+    acc["insertion_curve"] = acc.get("insertion_curve", 0) + ins.double().sum(0)
+    acc["positive_hits"] = acc.get("positive_hits", 0) + pos.sum(1)
+    acc["negative_hits"] = acc.get("negative_hits", 0) + neg.sum(1)
+
+
+def _mean_result(key: str, acc: dict, total: int, fractions: Sequence[float]) -> dict:
+    """One method's mean AUCs, curves and perturbation accuracies over the ``total`` images."""
+    pos_acc = (acc["positive_hits"] / total * 100).tolist()
+    neg_acc = (acc["negative_hits"] / total * 100).tolist()
+    return {
+        "label": method_label(key),
+        "deletion_auc": acc["deletion"] / total, "insertion_auc": acc["insertion"] / total,
+        "positive_auc": float(trapezoid(fractions, torch.tensor(pos_acc))),
+        "negative_auc": float(trapezoid(fractions, torch.tensor(neg_acc))),
+        "deletion_curve": (acc["deletion_curve"] / total).tolist(),
+        "insertion_curve": (acc["insertion_curve"] / total).tolist(),
+        "positive_accuracy": pos_acc, "negative_accuracy": neg_acc}
+
+
 def faithfulness(model: nn.Module, images: torch.Tensor, labels: torch.Tensor | Sequence[int] | None = None, *,
                  methods: Sequence[tuple[str, str]] | None = None, batch_size: int = 64, curve_steps: int = 16,
                  deletion_baseline: str = "mean", insertion_baseline: str = "blur",
@@ -171,19 +211,9 @@ def faithfulness(model: nn.Module, images: torch.Tensor, labels: torch.Tensor | 
     mean curves, plus 'random', a random patch order) and ``images`` (per-image curves and AUCs
     of the first keep_images images). progress: a bar; None shows one for more than one batch.
     """
-    from .capture import attention_modules
-
     attention_modules(model)
-    if len(images) == 0:
-        raise ValueError("faithfulness needs at least one image")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be at least 1, got {batch_size}")
-    if sorted(perturbation_steps) != list(perturbation_steps) or not all(0 <= f < 1 for f in perturbation_steps):
-        raise ValueError(f"perturbation steps must rise within [0, 1), got {list(perturbation_steps)}")
-    for name, kind in (("deletion", deletion_baseline), ("insertion", insertion_baseline),
-                       ("perturbation", perturbation_baseline)):
-        if kind not in BASELINES:
-            raise ValueError(f"{name} baseline {kind!r} is not one of {BASELINES}")
+    _check_arguments(images, batch_size, perturbation_steps, deletion_baseline, insertion_baseline,
+                     perturbation_baseline)
     methods = list(methods or explanation_methods(model))
     cfg = getattr(model, "pretrained_cfg", None) or {}
     C, H, W = images.shape[1:]
@@ -192,9 +222,7 @@ def faithfulness(model: nn.Module, images: torch.Tensor, labels: torch.Tensor | 
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
-    fractions = list(perturbation_steps)
-    if 0.0 not in fractions:
-        fractions = [0.0] + fractions
+    fractions = list(perturbation_steps) if 0.0 in perturbation_steps else [0.0, *perturbation_steps]
     generator = torch.Generator().manual_seed(seed)
     chunk = max(4 * batch_size, 64)  # images per forward pass of the perturbed copies
     keys = [method_key(m, t) for m, t in methods] + ["random"]
@@ -202,9 +230,7 @@ def faithfulness(model: nn.Module, images: torch.Tensor, labels: torch.Tensor | 
     starts = list(range(0, len(images), batch_size))
     show = len(starts) > 1 if progress is None else progress
     per_image: list[dict] = []
-    grid = None
-    counts = None
-    total = 0
+    grid, counts, total = None, None, 0
     bar = progress_bar(total=len(images), desc="faithfulness", unit="img", disable=not show)
     try:
         for s in starts:
@@ -232,13 +258,7 @@ def faithfulness(model: nn.Module, images: torch.Tensor, labels: torch.Tensor | 
                 pos = perturbation_hits(model, x, order, y, fractions, grid, removed, chunk).double()  # (S, B)
                 neg = pos if key == "random" else \
                     perturbation_hits(model, x, order.flip(1), y, fractions, grid, removed, chunk).double()
-                acc = sums[key]
-                acc["deletion"] += float(d_auc.sum())
-                acc["insertion"] += float(i_auc.sum())
-                acc["deletion_curve"] = acc.get("deletion_curve", 0) + dele.double().sum(0)
-                acc["insertion_curve"] = acc.get("insertion_curve", 0) + ins.double().sum(0)
-                acc["positive_hits"] = acc.get("positive_hits", 0) + pos.sum(1)
-                acc["negative_hits"] = acc.get("negative_hits", 0) + neg.sum(1)
+                _accumulate(sums[key], dele, ins, d_auc, i_auc, pos, neg)
                 for i in range(B):
                     batch_images[i][key] = {"deletion_auc": float(d_auc[i]), "insertion_auc": float(i_auc[i]),
                                             "deletion_curve": dele[i].tolist(), "insertion_curve": ins[i].tolist()}
@@ -250,19 +270,7 @@ def faithfulness(model: nn.Module, images: torch.Tensor, labels: torch.Tensor | 
     finally:
         bar.close()
         model.train(was_training)
-    results = {}
-    for key in keys:
-        acc = sums[key]
-        pos_acc = (acc["positive_hits"] / total * 100).tolist()
-        neg_acc = (acc["negative_hits"] / total * 100).tolist()
-        results[key] = {
-            "label": method_label(key),
-            "deletion_auc": acc["deletion"] / total, "insertion_auc": acc["insertion"] / total,
-            "positive_auc": float(trapezoid(fractions, torch.tensor(pos_acc))),
-            "negative_auc": float(trapezoid(fractions, torch.tensor(neg_acc))),
-            "deletion_curve": (acc["deletion_curve"] / total).tolist(),
-            "insertion_curve": (acc["insertion_curve"] / total).tolist(),
-            "positive_accuracy": pos_acc, "negative_accuracy": neg_acc}
+    results = {key: _mean_result(key, sums[key], total, fractions) for key in keys}
     protocol = _protocol(total, grid, counts, fractions, deletion_baseline, insertion_baseline, sigma,
                          perturbation_baseline, labels is not None, seed, head_fusion, discard_ratio)
     return {"protocol": protocol, "methods": results, "images": per_image}

@@ -368,10 +368,10 @@ def _tree_listing(tree, log: Log) -> Listing:
                    lambda row: tree.files[items[row][0]])
 
 
-def _build(src: _Source, header: dict[str, Any], keys: list[str], cache: Path, stored: tuple[int, int] | None,
-           fit: str, in_chans: int | None, val_fraction: float, seed: int, workers: int | None, log: Log,
-           listing: Listing | None = None) -> Store:
-    """List the source, then decode it into a new store (or finish one a killed run left)."""
+def _read_source(src: _Source, log: Log, listing: Listing | None) -> tuple[tuple | None, Listing | None, str]:
+    """(tensors, listing, name): a source held in memory whole (digits, CIFAR batches, also inside an archive) as
+    (images, labels, classes, n_train, has_test); any other as the listing of its files (``listing`` when the
+    caller has one already)."""
     tensors = None
     name = src.name
     if src.kind == "digits":
@@ -395,6 +395,14 @@ def _build(src: _Source, header: dict[str, Any], keys: list[str], cache: Path, s
         listing = _tree_listing(scan_folder(src.path), log)
     elif src.kind == "parquet":
         listing = list_parquet(src.path, log)
+    return tensors, listing, name
+
+
+def _build(src: _Source, header: dict[str, Any], keys: list[str], cache: Path, stored: tuple[int, int] | None,
+           fit: str, in_chans: int | None, val_fraction: float, seed: int, workers: int | None, log: Log,
+           listing: Listing | None = None) -> Store:
+    """List the source, then decode it into a new store (or finish one a killed run left)."""
+    tensors, listing, name = _read_source(src, log, listing)
 
     if tensors is not None:
         x, y, classes, n_train, has_test = tensors
