@@ -368,3 +368,14 @@ def test_a_full_disk_while_writing_a_figure_or_json_keeps_the_old_file_and_is_on
     with pytest.raises(ValueError, match=r"^disk full: writing .*report\.html"):
         write_report(tmp_path, "t", "", [], [], [], [], None)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fig.png"]
+
+
+def test_the_files_a_run_skipped_are_in_its_summary(tmp_path, capsys):
+    from vitlab.runs.format import read_summary
+    root = _images(tmp_path / "pets")
+    (root / "a" / "9.bmp").write_bytes(b"not an image")
+    run = tmp_path / "run"
+    code, err, _ = run_cli(capsys, ["train", *TINY, "--data", str(root), "--epochs", "1", "--val-fraction", "0.5",
+                                    "--cache-dir", str(tmp_path / "c"), "--out", str(run)])
+    assert code == 0, err
+    assert read_summary(run).unreadable == ["a/9.bmp"]

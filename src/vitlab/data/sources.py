@@ -22,7 +22,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +75,7 @@ class DataBundle:
     img_size: tuple[int, int] | None = None  # the training size; None: the stored size
     store: Path | None = None  # the store folder the images are mapped from
     identity: dict[str, Any] | None = None  # what the data is and how it is split (``data_identity``)
+    unreadable: list[str] = field(default_factory=list)  # the source's files that could not be read (skipped)
 
     def __post_init__(self) -> None:
         if self.img_size is None:
@@ -325,7 +326,8 @@ def _bundle(store: Store, img_size: tuple[int, int] | None, how: str, log: Log) 
     bundle = DataBundle(h["name"], ImageSet(*store.split("train")), ImageSet(*store.split("test")),
                         [printable(c) for c in h["classes"]],
                         tuple(h["mean"]), _usable_std(h["std"], log), len(h.get("unreadable_rows", [])), h["source"],
-                        img_size, store.path, data_identity(store))
+                        img_size, store.path, data_identity(store),
+                        [printable(str(n)) for n in h.get("unreadable", [])])
     _check_no_empty_class(store)
     c, sh, sw = store.images.shape[1:]
     train_at = f", training at {bundle.img_size[0]}x{bundle.img_size[1]}" if bundle.img_size != (sh, sw) else ""

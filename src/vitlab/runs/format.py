@@ -144,6 +144,7 @@ class Summary:
     heads: dict[str, float] | None = field(default=None, metadata=OMIT)  # distilled models: cls, dist and mean top-1
     pretrain: str = "none"        # the self-supervised method of a pre-training run (mae, mpp); none: supervised
     wall_seconds: float = 0.0     # the whole call, set-up and the final save included
+    unreadable: list[str] = field(default_factory=list)  # the data's files that could not be read, left out
 
     def to_dict(self) -> dict[str, Any]:
         return _to_dict(self)

@@ -604,7 +604,7 @@ def finish(run: Run, final_metrics: dict | None, stopped_early: bool, t_start: f
         classes=run.inputs.classes, ema=use_ema, tta=r.tta, processes=d.world, replicas_in_sync=in_sync,
         nonfinite_steps=state.nonfinite, distill=r.distill, teacher=r.teacher, time_budget_minutes=r.time_budget,
         heads={"cls": final_metrics["cls"]["top1"], "dist": final_metrics["dist"]["top1"], "mean": m["top1"]}
-        if "cls" in final_metrics else None, pretrain=r.pretrain)
+        if "cls" in final_metrics else None, pretrain=r.pretrain, unreadable=list(data.unreadable))
     if r.freeze_backbone or r.freeze_blocks:
         for p in final_model.parameters():
             p.requires_grad = True
