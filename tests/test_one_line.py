@@ -379,3 +379,14 @@ def test_the_files_a_run_skipped_are_in_its_summary(tmp_path, capsys):
                                     "--cache-dir", str(tmp_path / "c"), "--out", str(run)])
     assert code == 0, err
     assert read_summary(run).unreadable == ["a/9.bmp"]
+
+
+def test_a_refused_out_names_the_command_that_trains_that_run(tmp_path):
+    from vitlab.runs.format import check_out_dir, write_config_values
+    for pretrain, command in (("mae", "vitlab pretrain"), ("none", "vitlab train")):
+        out = tmp_path / pretrain
+        out.mkdir()
+        write_config_values(out, make_recipe({"out": str(out)}).to_dict() | {"pretrain": pretrain})
+        (out / "checkpoint.pt").write_bytes(b"")
+        with pytest.raises(ValueError, match=f"continue it with `{command} --resume {out}`"):
+            check_out_dir(out, resume=False)

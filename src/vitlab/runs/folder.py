@@ -20,7 +20,7 @@ from pathlib import Path
 from ..atomic import TEMP_PATTERN
 from ..checkpoint import CONFIG as MODEL_CONFIG
 from ..checkpoint import WEIGHTS as MODEL_WEIGHTS
-from .format import CONFIG_YAML, CONFUSION_PNG, FILES, RUN_JSON, SUMMARY, check_out_dir
+from .format import CONFIG_YAML, CONFUSION_PNG, FILES, RUN_JSON, SUMMARY, check_out_dir, run_command
 
 LOCK = ".vitlab.lock"  # holds "KIND PID [LAUNCH]" of the command that writes (or last wrote) the folder
 LOCK_BYTES = 256  # the lock's text, padded with spaces: every write of it is one write of this many bytes
@@ -131,7 +131,7 @@ def _check(out: Path, kind: str, marked: bool, resume: bool, flag: str) -> None:
         raise ValueError(f"{out} holds files that vitlab {kind} did not write ({shown}); "
                          f"choose a new or empty {flag}")
     if kind == "train" and not resume and not set(entries) <= set(STARTED):
-        raise ValueError(f"{out} holds an unfinished run: continue it with `vitlab train --resume {out}` "
+        raise ValueError(f"{out} holds an unfinished run: continue it with `{run_command(out)} --resume {out}` "
                          "or choose another --out")
 
 

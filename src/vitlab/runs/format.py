@@ -177,12 +177,21 @@ def check_out_dir(out: Path, resume: bool) -> None:
     """Refuse to overwrite a finished run or to silently restart an unfinished one."""
     if is_finished(out) and resume:
         raise ValueError(f"{out} holds a finished run ({SUMMARY} exists): there is nothing to resume; a longer run is "
-                         "a new run (vitlab train --out NEW_FOLDER)")
+                         f"a new run ({run_command(out)} --out NEW_FOLDER)")
     if is_finished(out):
         raise ValueError(f"{out} holds a finished run ({SUMMARY} exists); choose another --out")
     if not resume and (out / CHECKPOINT).exists():
-        raise ValueError(f"{out} holds an unfinished run: continue it with `vitlab train --resume {out}` "
+        raise ValueError(f"{out} holds an unfinished run: continue it with `{run_command(out)} --resume {out}` "
                          "or choose another --out")
+
+
+def run_command(out: Path) -> str:
+    """The command that trains the run in ``out``: vitlab pretrain for a pre-training run, else vitlab train."""
+    try:
+        pretrain = read_config(out).get("pretrain", "none")
+    except (OSError, ValueError):
+        pretrain = "none"
+    return "vitlab train" if pretrain in ("none", None) else "vitlab pretrain"
 
 
 def config_values(r: Recipe, model_name: str | None) -> dict[str, Any]:
