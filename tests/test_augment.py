@@ -18,10 +18,10 @@ from vitlab.data.augment import (
     mix_batch,
     normalize,
     pad_crop_flip,
-    repeated_aug_indices,
     resized_crop_flip,
     smooth_one_hot,
 )
+from vitlab.train.feed import repeated_aug_indices
 from vitlab.train.tasks.supervised import soft_target_cross_entropy
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])

@@ -1,6 +1,8 @@
-"""Training batches on the training device: the whole set there when it fits, else pinned host batches copied ahead."""
+"""Training batches on the training device: the whole set there when it fits, else pinned host batches copied ahead;
+and the epoch's order with repeated augmentation."""
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 
 import torch
@@ -55,3 +57,24 @@ class BatchFeeder:
             current = ahead
             ahead = self.gather(batch_indices[i + 1]) if i + 1 < len(batch_indices) else None
             yield current
+
+
+def repeated_aug_indices(
+    n: int, repeats: int, generator: torch.Generator, num_replicas: int = 1, rank: int = 0
+) -> torch.Tensor:
+    """This rank's epoch order (n // num_replicas,) for DeiT repeated augmentation (RASampler).
+
+    A random permutation of range(n) with every index repeated `repeats` times in a row is wrapped to a multiple of
+    num_replicas and dealt round-robin, so consecutive copies go to different ranks (or, with one replica, sit next
+    to each other in a batch); each shard is truncated so an epoch still totals ~n samples across replicas.
+    """
+    if repeats < 1 or num_replicas < 1 or not 0 <= rank < num_replicas:
+        got = f"repeats={repeats}, num_replicas={num_replicas}, rank={rank}"
+        raise ValueError(f"need repeats >= 1, num_replicas >= 1 and 0 <= rank < num_replicas; got {got}")
+    perm = torch.randperm(n, generator=generator)
+    order = perm.repeat_interleave(repeats)  # (n * repeats,)
+    per_rank = math.ceil(n * repeats / num_replicas)
+    total = per_rank * num_replicas
+    if total > order.numel():  # wrap around so every rank gets the same count
+        order = torch.cat([order, order[: total - order.numel()]])
+    return order[rank:total:num_replicas][: n // num_replicas]

@@ -23,7 +23,7 @@ import torch
 import torch.nn as nn
 import yaml
 
-from ..data.augment import BatchAugment, repeated_aug_indices
+from ..data.augment import BatchAugment
 from ..data.sources import DataBundle
 from ..data.views import eval_view
 from ..devices import set_cpu_threads
@@ -54,7 +54,7 @@ from .distributed import (
     on_rank0,
     replicas_agree,
 )
-from .feed import BatchFeeder, fits_on_device
+from .feed import BatchFeeder, fits_on_device, repeated_aug_indices
 from .optim import Lookahead, describe_groups, recipe_optimizer
 from .progressive import ProgressiveResize
 from .recipe import Recipe
