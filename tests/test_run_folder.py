@@ -253,6 +253,22 @@ def test_resuming_with_another_thread_count_says_the_numbers_will_differ(uninter
     assert not any("threads and resumes" in line for line in lines)
 
 
+def test_a_resume_without_threads_goes_on_with_the_runs_own_count(uninterrupted, tmp_path, monkeypatch):
+    out = unfinished(uninterrupted, tmp_path)  # trained with --threads 1
+    config = yaml.safe_load((out / "config.yaml").read_text())
+    (out / "config.yaml").write_text(yaml.safe_dump({**config, "threads": None}))  # as a run of the default count
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    threads, lines = torch.get_num_threads(), []
+    torch.set_num_threads(2)
+    try:
+        train(load_recipe(out / "config.yaml", out=str(out)), resume=True, log=lines.append)
+    finally:
+        torch.set_num_threads(threads)
+    assert "threads: 1, as the run trained with (run.json)" in lines
+    assert not any("threads and resumes" in line for line in lines)
+    assert values(out) == values(uninterrupted["0"])
+
+
 def image_folder(root, per_class, start=0):
     rng = np.random.default_rng(start)
     for c in ("a", "b"):

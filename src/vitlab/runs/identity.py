@@ -137,11 +137,23 @@ def check_data(folder: str | os.PathLike, now: dict[str, Any] | None, what: str,
                          "accepted: the data as the run saw it, or another data set (--data)")
 
 
-def check_threads(identity: dict[str, Any] | None, log: Callable[[str], None]) -> None:
-    """Say, on a resume, that another thread count than the run's makes its numbers differ from an uninterrupted
-    run's (sums are taken in another order)."""
-    was, now = (identity or {}).get("threads"), torch.get_num_threads()
-    if was is not None and was != now:
+def resumed_threads(identity: dict[str, Any]) -> str:
+    """A resumed run without --threads goes on with the thread count it trained with (run.json), so that it ends as a
+    run never stopped; OMP_NUM_THREADS, where set, decides instead. Returns the line that says so."""
+    was = identity.get("threads")
+    if os.environ.get("OMP_NUM_THREADS") or not was:
+        return f"threads: {torch.get_num_threads()} ({'OMP_NUM_THREADS' if was else 'the run recorded none'})"
+    torch.set_num_threads(was)
+    return f"threads: {was}, as the run trained with ({RUN_JSON})"
+
+
+def check_threads(identity: dict[str, Any], resumed: bool, log: Callable[[str], None]) -> None:
+    """Record, for a new run, the thread count it trains with; say, on a resume with another count than the run's,
+    that its numbers will differ from a run never stopped (sums are taken in another order)."""
+    was, now = identity.get("threads"), torch.get_num_threads()
+    if not resumed:
+        identity["threads"] = now
+    elif was is not None and was != now:
         log(f"warning: the run trained with {was} threads and resumes with {now}: floating-point sums are taken in "
             f"another order, so its numbers will differ from those of a run never stopped (--threads {was} "
             "reproduces them)")
@@ -186,6 +198,5 @@ def run_identity(out: Path, ckpt: dict[str, Any] | None, data: dict[str, Any] | 
         raise ValueError(f"the data of {out} changed since the run started ({(data or {}).get('source')}: {said}); "
                          "resumed on it, the run would go on with another split; accepted: the data as the run "
                          "started on it, or a new run (vitlab train --out NEW_FOLDER)")
-    check_threads(identity, log)
     restore_history(out, ckpt.get("history") or [], log)
     return identity or new_identity(data)

@@ -40,7 +40,14 @@ from ..runs.format import (
     write_metrics,
     write_summary,
 )
-from ..runs.identity import checkpoint_marks, own_checkpoint, run_identity, write_run_files
+from ..runs.identity import (
+    check_threads,
+    checkpoint_marks,
+    own_checkpoint,
+    resumed_threads,
+    run_identity,
+    write_run_files,
+)
 from .clock import RunClock
 from .distributed import (
     Dist,
@@ -291,6 +298,8 @@ def set_up(r: Recipe, d: Dist, resume: bool, log: Callable[[str], None], now: Ca
     config = config_values(r, getattr(model, "arch", None))
     identity = broadcast_state(on_rank0(lambda: run_identity(out, ckpt, inputs.data.identity, log), d,
                                         "check its data"), d)
+    if ckpt is not None and d.device.type == "cpu" and not r.threads:  # the count it trained with
+        log(resumed_threads(identity))
     model = task.wrap(model, inputs.mean, inputs.std)  # what trains, checkpoints and resumes
     task.make_loss(d.device, inputs.classes, inputs.mean, inputs.std)
     state = build_state(r, d, task, model, inputs, ckpt, log)
@@ -309,6 +318,7 @@ def set_up(r: Recipe, d: Dist, resume: bool, log: Callable[[str], None], now: Ca
         log(said)
     run = Run(r=r, d=d, out=out, log=log, now=now, task=task, inputs=inputs, nets=nets, state=state, clock=clock, tb=tb,
               marks=checkpoint_marks(identity, config))
+    check_threads(identity, resumed=ckpt is not None, log=log)
     if d.is_main:  # only a run whose set-up succeeded leaves a recipe to resume (and its data's identity)
         write_run_files(out, config, identity)
     log(describe(run))
