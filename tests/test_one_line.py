@@ -336,7 +336,7 @@ def test_predict_predicts_the_readable_files_and_reports_the_others(tmp_path, ca
 # inspect says what it wrote; its files are written whole
 
 
-def test_inspect_names_only_the_files_it_wrote(tmp_path, capsys):
+def test_inspect_shows_its_progress_and_names_only_the_files_it_wrote(tmp_path, capsys):
     from PIL import Image
     encoder = vitlab.save(vitlab.create_model("vit_micro_patch2_8", embed_dim=16, depth=1, num_heads=2,
                                               num_classes=0), tmp_path / "encoder")  # no classes: no faithfulness
@@ -346,6 +346,9 @@ def test_inspect_names_only_the_files_it_wrote(tmp_path, capsys):
     assert code == 0, err
     assert "faithfulness.json" not in out and "analysis.json" in out
     assert not (tmp_path / "o" / "faithfulness.json").exists()
+    from vitlab.analysis.sections import SECTIONS
+    n = len(SECTIONS)  # its progress, section by section, with the time left
+    assert any(line.startswith("inspect: 100%") and f"{n}/{n} [" in line and "<00:00" in line for line in err), err
 
 
 def test_a_full_disk_while_writing_a_figure_or_json_keeps_the_old_file_and_is_one_line(tmp_path, monkeypatch):

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from ..atomic import atomic_write_bytes
+from ..progress import progress_bar
 from . import plots
 from .capture import attention_modules, capture_attention, prefix_token_names
 from .distance import distance_layer_names, mean_attention_distance
@@ -281,8 +282,11 @@ def inspect_model(model: nn.Module, images: torch.Tensor, out_dir: str | Path, *
                    batch_size=batch_size, max_head_figures=max_head_figures, curve_steps=curve_steps,
                    sanity_images=sanity_images, importance_images=importance_images, explorer_images=explorer_images,
                    objective=objective)
-    for section in SECTIONS:
-        section(r)
+    with progress_bar(total=len(SECTIONS), desc="inspect", unit="section") as bar:  # with its ETA
+        for section in SECTIONS:
+            bar.set_postfix_str(section.__name__, refresh=False)
+            section(r)
+            bar.update()
     r.summary["predictions"] = r.predictions
     atomic_write_bytes(r.out / "analysis.json", (json.dumps(r.summary, indent=1) + "\n").encode("utf-8"))
     title = title or f"vitlab inspect: {getattr(model, 'arch', None) or type(model).__name__}"
