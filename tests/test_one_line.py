@@ -393,3 +393,23 @@ def test_a_refused_out_names_the_command_that_trains_that_run(tmp_path):
         (out / "checkpoint.pt").write_bytes(b"")
         with pytest.raises(ValueError, match=f"continue it with `{command} --resume {out}`"):
             check_out_dir(out, resume=False)
+
+
+def test_probe_with_a_cache_that_takes_no_writes(tmp_path, capsys, monkeypatch):
+    """A cache folder that takes no writes: one line saying so; one whose features folder cannot be made: the probe
+    runs, its features computed and not kept (said)."""
+    import errno
+    from pathlib import Path
+    cache = tmp_path / "c"
+    argv = ["probe", "vit_micro_patch2_8", "--data", "digits", "--cache-dir", str(cache), "--threads", "1"]
+
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system")
+    with monkeypatch.context() as m:
+        m.setattr(Path, "touch", read_only)
+        line = one_error_line(capsys, argv)
+    assert "cannot write the data cache" in line and "read-only file system" in line and "Errno" not in line
+    monkeypatch.setattr("vitlab.probe.features.make_owned_folder", read_only)  # the features' folder refused
+    code, err, out = run_cli(capsys, argv)
+    assert code == 0 and any("features not cached" in line for line in err), err
+    assert "linear probe" in out and not (cache / "features").exists()
