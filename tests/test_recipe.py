@@ -146,6 +146,8 @@ def test_digits_learning_rate_belongs_to_the_digits_model():
     assert load_recipe(None, data="digits", model="vit_micro_patch2_8").lr == 5e-3
     other = load_recipe(None, data="digits", model="deit_nano_distilled_patch4_32")
     assert other.lr == general != 5e-3
-    assert (other.epochs, other.batch_size, other.augment.hflip) == (150, 32, False)  # the data's own defaults stay
+    digits = load_recipe(None, data="digits")
+    assert (other.epochs, other.batch_size, other.augment.hflip, other.augment.crop) == (
+        digits.epochs, digits.batch_size, False, "none")  # the data's own defaults stay
     assert load_recipe(None, data="digits", model="deit_nano_distilled_patch4_32", lr=2e-3).lr == 2e-3
     assert load_recipe(None, data="cifar10").lr == general
