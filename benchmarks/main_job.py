@@ -46,7 +46,7 @@ def main_job(out: Path, threads: int | None, busy: int, limit: float) -> dict:
             p.wait()
     if done.returncode:
         sys.exit(f"vitlab train failed ({done.returncode}): {done.stderr.strip()[-500:]}")
-    chosen = re.search(r"^threads: (\d+)", done.stdout, re.MULTILINE)
+    chosen = re.search(r"^threads: (\d+)", done.stdout + done.stderr, re.MULTILINE)  # the log goes to stderr
     summary = read_summary(out)
     return {"threads": threads or (int(chosen.group(1)) if chosen else None), "busy": busy, "background": background,
             "wall": wall, "top1": summary.top1, "epochs": summary.epochs}
