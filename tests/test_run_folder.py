@@ -338,7 +338,9 @@ def test_a_finished_run_and_a_diverged_run_give_advice_that_works(uninterrupted,
     err = one_line(*run_cli(["train", "--resume", uninterrupted["0"]], capsys))
     assert "nothing to resume" in err and "choose another --out" not in err
     diverged = ["train", *TINY, "--epochs", "1", "--out", tmp_path / "d"]
-    err = ends_in_one_line(*run_cli([*diverged, "--lr", "1e6"], capsys), 1)
+    code, said = run_cli([*diverged, "--lr", "1e6"], capsys)
+    err = ends_in_one_line(code, said, 1)
+    assert said.splitlines()[-1] == err  # the progress bar was closed before: the error is the last line
     assert "diverged" in err and "resume from" not in err and "train it again with a lower --lr" in err
     code, err = run_cli(diverged, capsys)  # what it advises: the same again with a lower --lr
     assert code == 0, err

@@ -258,24 +258,24 @@ def _train(r: Recipe, d: Dist, resume: bool, log: Callable[[str], None], now: Ca
         keep_back_final_evaluation(run)
     final_metrics, stopped_early = None, False
     end = run.out_of_time()  # a resumed run whose budget is already spent trains no more
-    while not end and (run.budget is not None or run.state.epoch < r.epochs):
-        row, cut = train_epoch(run)
-        if row is None:  # the budget ran out before this epoch's first step: no epoch
-            break
-        end = cut or (run.budget is None and row.epoch == r.epochs) or run.out_of_time()
-        if end and run.nets.lookahead is not None:
-            run.nets.lookahead.finish(run.nets.model)
-        for m in (run.nets.model, run.state.ema):  # BatchNorm's, which each rank updates from its own share
-            if m is not None:
-                average_running_stats(m, run.d)
-        if end or row.epoch % r.eval_every == 0:
-            final_metrics, score = evaluate_epoch(run, row)
-            end = end or run.out_of_time()  # the reserve for the end may have grown past what is left
-            track_best(run, score)
-            stopped_early = not end and early_stop_due(run)
-            end = end or stopped_early
-        record_epoch(run, row)
-    run.bar.close()
+    with contextlib.closing(run.bar):  # closed when the loop stops, an error included: the error is said last
+        while not end and (run.budget is not None or run.state.epoch < r.epochs):
+            row, cut = train_epoch(run)
+            if row is None:  # the budget ran out before this epoch's first step: no epoch
+                break
+            end = cut or (run.budget is None and row.epoch == r.epochs) or run.out_of_time()
+            if end and run.nets.lookahead is not None:
+                run.nets.lookahead.finish(run.nets.model)
+            for m in (run.nets.model, run.state.ema):  # BatchNorm's, which each rank updates from its own share
+                if m is not None:
+                    average_running_stats(m, run.d)
+            if end or row.epoch % r.eval_every == 0:
+                final_metrics, score = evaluate_epoch(run, row)
+                end = end or run.out_of_time()  # the reserve for the end may have grown past what is left
+                track_best(run, score)
+                stopped_early = not end and early_stop_due(run)
+                end = end or stopped_early
+            record_epoch(run, row)
     return finish(run, final_metrics, stopped_early, t_start)
 
 
