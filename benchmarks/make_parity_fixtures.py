@@ -60,6 +60,7 @@ TIMM = {
     "timm_beit_shared_abs": ("beit_base_patch16_224", dict(TINY, img_size=(16, 20), patch_size=4, num_classes=5,
                                                            use_abs_pos_emb=True, use_rel_pos_bias=False,
                                                            use_shared_rel_pos_bias=True), None),
+    "timm_vit_r_s16_p8": ("vit_tiny_r_s16_p8_224", dict(TINY, img_size=32, patch_size=2, num_classes=5), (48, 40)),
 }
 # the size only in pretrained_cfg.input_size, as older timm exports write it
 SIZE_IN_PRETRAINED_CFG = {"timm_dinov2"}
@@ -111,7 +112,7 @@ def timm_folder(name: str, arch: str, args: dict[str, Any], second: tuple[int, i
         cfg["pretrained_cfg"]["input_size"] = [3, *(size if isinstance(size, list) else (size, size))]
         (folder / "config.json").write_text(json.dumps(cfg, indent=2))
     back = timm.create_model(f"local-dir:{folder}", pretrained=True).eval()  # timm reads its own folder back
-    x = torch.randn(BATCH, 3, *ref.patch_embed.img_size)
+    x = torch.randn(BATCH, 3, *getattr(ref, "patch_embed", getattr(ref, "stem", None)).img_size)  # Mixer: stem
     with torch.no_grad():
         assert torch.equal(back(x), ref(x)), f"{name}: timm does not read back its own folder"
         write_io(folder / "io.safetensors", x, ref(x), ref.forward_features(x))

@@ -86,7 +86,7 @@ class TimmCase:
         ours = vitlab.load(folder, **self.load)
         if self.load:
             ref = self.timm_with_overrides(ref)
-        size = self.input_size or tuple(ref.patch_embed.img_size)
+        size = self.input_size or tuple(getattr(ref, "patch_embed", getattr(ref, "stem", None)).img_size)
         x = image_batch(self.args.get("in_chans", 3), size)
         with torch.no_grad():
             f_ref, f_ours = ref.forward_features(x), ours.forward_features(x)
@@ -193,6 +193,7 @@ def timm_cases() -> list[TimmCase]:
         TimmCase("convit load img_size=48", CONVIT, g, load=dict(img_size=48)),
         *backbone_cases(),
         *beit_cases(),
+        *family_cases(),
     ]
 
 
@@ -237,6 +238,22 @@ def beit_cases() -> list[TimmCase]:
         TimmCase("beit img(32,48) patch8", "beit_base_patch16_224", dict(b, img_size=(32, 48))),
         TimmCase("beit num_classes=0", "beit_base_patch16_224", dict(b, num_classes=0)),
     ]
+
+
+def family_cases() -> list[TimmCase]:
+    """The ViT paper's ResNetV2 hybrids (stem only, R26, R50 at stride 16 and 32), at their size and another."""
+    h = dict(embed_dim=48, depth=2, num_heads=3, num_classes=5)
+    cases = []
+    r_ti = "vit_tiny_r_s16_p8_224"
+    for name, arch, args in ((r_ti, r_ti, dict(h, img_size=64)),
+                             (f"{r_ti} patch2", r_ti, dict(h, img_size=32, patch_size=2)),
+                             *((a, a, dict(h, img_size=48 if "384" in a else 64))
+                               for a in ("vit_small_r26_s32_224", "vit_base_r50_s16_384", "vit_large_r50_s32_224"))):
+        cases.append(TimmCase(name, arch, args))
+        cases.append(TimmCase(f"{name} dynamic -> 80x56", arch, dict(args, dynamic_img_size=True), input_size=(80, 56)))
+    cases.append(TimmCase("vit_small_r26_s32_224 load img_size=96", "vit_small_r26_s32_224", dict(h, img_size=64),
+                          load=dict(img_size=96)))
+    return cases
 
 
 # ---------------------------------------------------------------------------------------------

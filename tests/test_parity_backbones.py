@@ -22,7 +22,7 @@ EXPECTED = {"timm_deit3", "timm_dinov2", "timm_dinov2_reg4", "timm_vit_reg4_gap"
             "timm_siglip_no_head", "hf_dinov2", "hf_dinov2_registers", "hf_clip_vision", "hf_clip_vision_projection",
             "hf_siglip_vision", "hf_dinov2_classifier", "hf_dinov2_registers_classifier",
             "timm_beit", "timm_beitv2_token", "timm_beit_shared_abs", "hf_beit_classifier", "hf_beit_shared",
-            "hf_data2vec_vision"}
+            "hf_data2vec_vision", "timm_vit_r_s16_p8"}
 DYNAMIC = sorted(p.parent.name for p in BACKBONES.glob("*/io_dynamic.safetensors"))
 TOL = 1e-4
 
@@ -131,11 +131,34 @@ def test_an_option_vitlab_lacks_is_one_line_naming_it(tmp_path, option):
     assert "\n" not in message and (next(iter(option)) in message or repr(next(iter(option.values()))) in message)
 
 
-def test_resnetv2_hybrid_is_named_not_redirected():
+def test_resnet_d_hybrid_is_named_not_redirected():
     with pytest.raises(ValueError) as e:
-        timm_interop.model_args({"architecture": "vit_small_r26_s32_224"})
+        timm_interop.model_args({"architecture": "vit_small_resnet26d_224"})
     message = str(e.value)
-    assert "vit_small_r26_s32_224" in message and "ResNetV2" in message and "did you mean" not in message
+    assert "vit_small_resnet26d_224" in message and "ResNet-D" in message and "did you mean" not in message
+
+
+def test_resnetv2_hybrids_build_with_timms_backbones():
+    """timm's names: R50 at stride 16, R26 and R50-L at 32, R-Ti the stem alone under 8x8 patches of its map."""
+    for name, layers, grid, keys in (
+            ("vit_base_r50_s16_384", (3, 4, 9), (24, 24), ["patch_embed.backbone.stages.2.blocks.8.norm3.weight"]),
+            ("vit_small_r26_s32_224", (2, 2, 2, 2), (7, 7), ["patch_embed.backbone.stem.conv.weight",
+                                                             "patch_embed.backbone.stages.3.blocks.0.downsample.conv.weight"]),
+            ("vit_tiny_r_s16_p8_224", (), (7, 7), ["patch_embed.backbone.conv.weight", "patch_embed.proj.weight"])):
+        spec = vitlab.models.registry.get_spec(name)
+        assert spec.args["backbone_layers"] == layers
+        model = vitlab.create_model(name, embed_dim=32, depth=1, num_heads=2)
+        assert model.patch_embed.grid_size == grid and model.pos_embed.shape[1] == grid[0] * grid[1] + 1
+        assert set(keys) <= set(model.state_dict())
+    assert vitlab.create_model("vit_tiny_r_s16_p8_224").patch_embed.proj.kernel_size == (8, 8)
+
+
+def test_hf_vit_hybrid_is_refused_in_one_line(tmp_path):
+    cfg = {"model_type": "vit-hybrid", "architectures": ["ViTHybridForImageClassification"]}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError) as e:
+        vitlab.load(tmp_path)
+    assert "vit-hybrid" in str(e.value) and "transformers" in str(e.value) and "\n" not in str(e.value)
 
 
 @pytest.mark.parametrize("name", ["timm_siglip", "timm_dinov2_reg4", "hf_clip_vision_projection"])

@@ -86,9 +86,9 @@ def test_studies_share_runs_and_a_rerun_trains_nothing(quick):
     said = []
     run_study("distill", out=out, quick=True, log=said.append)
     assert "4 runs, 4 done, 0 to train" in said[0]
-    # every run trained once: pos-embed 3, data-scale 4 more ViT + 5 ResNet + 5 ConViT, the hybrid, and the
+    # every run trained once: pos-embed 3, data-scale 4 more ViT + 5 ResNet + 5 ConViT, the two hybrids, and the
     # distillation's 3 students (its teacher is data-scale's ResNet on the whole set: the same recipe)
-    assert len(list((out / "runs").glob("*/summary.json"))) == 3 + 4 + 5 + 5 + 1 + 3
+    assert len(list((out / "runs").glob("*/summary.json"))) == 3 + 4 + 5 + 5 + 2 + 3
     assert before == {p: p.stat().st_mtime_ns for p in (out / "runs").glob("*/summary.json")}
 
 
@@ -149,7 +149,7 @@ def test_an_unfinished_arm_is_finished_from_its_checkpoint(quick, tmp_path):
     (arm / "summary.json").unlink()  # as if killed after the last epoch's checkpoint
     said = []
     result = run_study("hybrid", out=copy, quick=True, log=said.append)
-    assert "2 runs, 1 done, 1 to train" in said[0]
+    assert "3 runs, 2 done, 1 to train" in said[0]
     new = json.loads((arm / "summary.json").read_text())
     assert new["top1"] == old["top1"] == result["rows"][0]["top1_mean"]
 
@@ -162,7 +162,7 @@ def test_a_folder_of_another_budget_is_refused(quick):
 
 def test_parallel_arms_run_in_child_processes(tmp_path):
     result = run_study("hybrid", out=tmp_path, quick=True, jobs=2, log=lambda s: None)
-    assert len(result["rows"]) == 2 and result["runs_at_a_time"] == 2 and result["threads_per_run"] >= 1
+    assert len(result["rows"]) == 3 and result["runs_at_a_time"] == 2 and result["threads_per_run"] >= 1
     for row in result["rows"]:
         folder = Path(row["runs"][0])
         assert (folder.parent / (folder.name + ".log")).is_file() and not list(folder.parent.glob("*.lock"))

@@ -36,6 +36,9 @@ HF_MODEL_TYPES = {
     **{t: ({a: "classifier" if head else "base" for a, head in archs.items()}, prefix, next(iter(archs)))
        for t, (archs, prefix) in hf_beit.MODEL_TYPES.items()},
 }
+# model_types of the ViT family vitlab does not read, and why
+HF_NOT_READ = {"vit-hybrid": "ViTHybrid (a ViT on a BiT ResNet) left transformers in version 5; load timm's folder "
+                             "of the same model (vit_base_r50_s16_384) instead"}
 HF_ARCHITECTURES = {a: role for archs, _, _ in HF_MODEL_TYPES.values() for a, role in archs.items()}
 
 
@@ -52,7 +55,8 @@ def architecture(cfg: dict[str, Any]) -> tuple[str, str]:
     """(model_type, architecture) of a transformers config, each checked against what vitlab reads."""
     model_type = cfg["model_type"]
     if model_type not in HF_MODEL_TYPES:
-        raise ValueError(f"Hugging Face model_type {model_type!r} is not supported; "
+        why = f" ({HF_NOT_READ[model_type]})" if model_type in HF_NOT_READ else ""
+        raise ValueError(f"Hugging Face model_type {model_type!r} is not supported{why}; "
                          f"accepted: {', '.join(HF_MODEL_TYPES)}")
     archs, _, default = HF_MODEL_TYPES[model_type]
     arch = (cfg.get("architectures") or [default])[0]

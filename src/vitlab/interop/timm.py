@@ -22,14 +22,14 @@ def is_timm_config(cfg: dict[str, Any]) -> bool:
     return "architecture" in cfg and cfg.get("library") != "vitlab"
 
 
-_RESNETV2_HYBRID = re.compile(r"_r(\d+)?_s\d+|_r\d+_s\d+")  # vit_small_r26_s32_224, vit_tiny_r_s16_p8_224
+_RESNET_D_HYBRID = re.compile(r"_resnet\d+d_")  # vit_small_resnet26d_224: timm's own ResNet-D as the backbone
 
 
 def model_args(cfg: dict[str, Any]) -> tuple[str, dict[str, Any], dict[str, Any]]:
     """(vitlab name, its arguments, preprocessing) from a timm config.json."""
     name = cfg["architecture"]
     if name not in list_models(name):
-        what = " (a ViT on a ResNetV2 backbone)" if _RESNETV2_HYBRID.search(name) else ""
+        what = " (a ViT on timm's ResNet-D backbone)" if _RESNET_D_HYBRID.search(name) else ""
         families = sorted({n.split("_")[0] for n in list_models()})
         raise ValueError(f"timm architecture {name!r}{what} is not one vitlab implements; it reads timm's "
                          f"{', '.join(families)} names (`vitlab models` lists them)")

@@ -8,8 +8,9 @@ from .convit import ConVit
 from .hybrid import HybridVisionTransformer
 from .registry import create_model, list_models
 from .resnet import ResNet
+from .resnetv2 import ResNetV2VisionTransformer
 from .vit import VisionTransformer
 
 __all__ = ["AirBench", "AirBenchHybrid", "Beit", "Cait", "CompactTransformer",
-           "ConVit", "HybridVisionTransformer", "ResNet", "VisionTransformer",
+           "ConVit", "HybridVisionTransformer", "ResNet", "ResNetV2VisionTransformer", "VisionTransformer",
            "create_model", "list_models"]

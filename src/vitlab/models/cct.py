@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .layers import init_weights_vit, to_2tuple
+from .layers import check_images, init_weights_vit, to_2tuple
 from .vit import VisionTransformer
 
 
@@ -44,11 +44,7 @@ class ConvTokenizer(nn.Module):
                 nn.init.kaiming_normal_(m.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.ndim != 4 or x.shape[1] != self.in_chans:
-            raise ValueError(f"expected images of shape (B, {self.in_chans}, H, W), got {tuple(x.shape)}")
-        if not self.dynamic_img_size and tuple(x.shape[-2:]) != self.img_size:
-            raise ValueError(f"input size {x.shape[-2]}x{x.shape[-1]} does not match the model's "
-                             f"{self.img_size[0]}x{self.img_size[1]}; use img_size=... or dynamic_img_size=True")
+        check_images(x, self.in_chans, self.img_size, self.dynamic_img_size)
         return self.proj(x).permute(0, 2, 3, 1)  # (B, h, w, D)
 
 

@@ -51,6 +51,15 @@ def get_act_layer(name: str) -> Callable[[], nn.Module]:
     return ACTIVATIONS[canonical_act(name)]
 
 
+def check_images(x: torch.Tensor, in_chans: int, img_size: tuple[int, int], dynamic_img_size: bool) -> None:
+    """ValueError unless x is (B, in_chans, H, W) at img_size (any size when dynamic_img_size)."""
+    if x.ndim != 4 or x.shape[1] != in_chans:
+        raise ValueError(f"expected images of shape (B, {in_chans}, H, W), got {tuple(x.shape)}")
+    if not dynamic_img_size and tuple(x.shape[-2:]) != tuple(img_size):
+        raise ValueError(f"input size {x.shape[-2]}x{x.shape[-1]} does not match the model's "
+                         f"{img_size[0]}x{img_size[1]}; use img_size=... or dynamic_img_size=True")
+
+
 class PatchEmbed(nn.Module):
     """Image to patch tokens with one strided convolution."""
 

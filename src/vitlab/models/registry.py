@@ -18,6 +18,7 @@ from .cct import CompactTransformer
 from .convit import ConVit
 from .hybrid import HybridVisionTransformer
 from .resnet import ResNet
+from .resnetv2 import ResNetV2VisionTransformer
 from .vit import TIMM_PRESETS, VisionTransformer
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -84,6 +85,15 @@ register("vit_small_r18_s16_224", HybridVisionTransformer, embed_dim=384, depth=
          backbone_layers=(2, 2, 2), backbone_widths=(64, 128, 256), backbone_stem="imagenet")
 register("vit_tiny_r18_s16_224", HybridVisionTransformer, embed_dim=192, depth=12, num_heads=3,
          backbone_layers=(2, 2, 2), backbone_widths=(64, 128, 256), backbone_stem="imagenet")
+# The ViT paper's hybrids: a BiT ResNetV2 (stage depths) makes the tokens; timm's names
+for _name, (_layers, _patch, _dim, _depth, _heads) in {
+        "tiny_r_s16_p8": ((), 8, 192, 12, 3), "small_r26_s32": ((2, 2, 2, 2), 1, 384, 12, 6),
+        "base_r26_s32": ((2, 2, 2, 2), 1, 768, 12, 12), "base_r50_s16": ((3, 4, 9), 1, 768, 12, 12),
+        "large_r50_s32": ((3, 4, 6, 3), 1, 1024, 24, 16)}.items():
+    for _img in (224, 384):
+        if f"vit_{_name}_{_img}" in ResNetV2VisionTransformer.timm_names:
+            register(f"vit_{_name}_{_img}", ResNetV2VisionTransformer, INCEPTION_MEAN, INCEPTION_STD, img_size=_img,
+                     patch_size=_patch, embed_dim=_dim, depth=_depth, num_heads=_heads, backbone_layers=_layers)
 # ResNets (teachers)
 register("resnet18", ResNet, layers=(2, 2, 2, 2), stem="imagenet", img_size=224)
 register("resnet34", ResNet, layers=(3, 4, 6, 3), stem="imagenet", img_size=224)
@@ -120,6 +130,8 @@ register("vit_tiny_r18_32", HybridVisionTransformer, CIFAR_MEAN, CIFAR_STD, **_C
 register("vit_nano_r18_32", HybridVisionTransformer, CIFAR_MEAN, CIFAR_STD, **_CIFAR,
          embed_dim=128, depth=4, num_heads=4, backbone_layers=(1, 1, 1), backbone_widths=(32, 64, 128),
          backbone_stem="cifar")
+register("vit_nano_r5_s4_32", ResNetV2VisionTransformer, CIFAR_MEAN, CIFAR_STD, **_CIFAR,  # BiT stem + 1 block: 8x8
+         embed_dim=128, depth=4, num_heads=4, patch_size=1, backbone_layers=(1,))
 register("resnet18_32", ResNet, CIFAR_MEAN, CIFAR_STD, **_CIFAR, layers=(2, 2, 2, 2), stem="cifar")
 register("resnet10_32", ResNet, CIFAR_MEAN, CIFAR_STD, **_CIFAR, layers=(1, 1, 1, 1), stem="cifar")
 # The speed-run CNN (airbench) and the hybrid that tokenizes with its whitening stem and conv groups
