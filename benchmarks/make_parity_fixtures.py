@@ -24,7 +24,7 @@ from typing import Any
 import timm
 import torch
 import transformers
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 from timm.models import save_for_hf
 from torch import nn
 
@@ -61,9 +61,15 @@ TIMM = {
                                                            use_abs_pos_emb=True, use_rel_pos_bias=False,
                                                            use_shared_rel_pos_bias=True), None),
     "timm_vit_r_s16_p8": ("vit_tiny_r_s16_p8_224", dict(TINY, img_size=32, patch_size=2, num_classes=5), (48, 40)),
+    "timm_mixer": ("mixer_b16_224", dict(img_size=16, patch_size=4, num_blocks=2, embed_dim=16, num_classes=5,
+                                         mlp_ratio=(0.5, 2.0)), None),  # the token MLP fixes the grid: one size
 }
 # the size only in pretrained_cfg.input_size, as older timm exports write it
 SIZE_IN_PRETRAINED_CFG = {"timm_dinov2"}
+# built from timm's class with the name's pretrained_cfg: the registered function fixes the width and depth (timm
+# refuses them in model_args), so such a folder is the one way to make a small one; timm's create_model cannot read
+# it back, a fresh class instance checks its weights instead
+BY_CLASS = {"timm_mixer": "MlpMixer"}
 
 # name -> (transformers class, config class, config, second input size or None)
 HF_TINY = dict(hidden_size=16, num_hidden_layers=2, num_attention_heads=2, image_size=16, patch_size=4)
@@ -102,16 +108,32 @@ def write_io(path: Path, x: torch.Tensor, logits: torch.Tensor, features: torch.
     save_file({"input": x.contiguous(), "logits": logits.contiguous(), "features": features.contiguous()}, path)
 
 
+def by_class(name: str, arch: str, args: dict[str, Any]) -> nn.Module:
+    """timm's class of BY_CLASS[name] built with args, carrying the registered name's pretrained_cfg."""
+    model = getattr(timm.models, BY_CLASS[name])(**args)
+    size = model.stem.img_size  # the size it is built for, as create_model would record it
+    model.pretrained_cfg = {**timm.models.get_pretrained_cfg(arch).to_dict(), "architecture": arch,
+                            "input_size": (args.get("in_chans", 3), *size)}
+    return model
+
+
+def timm_class(name: str, args: dict[str, Any], folder: Path) -> nn.Module:
+    model = getattr(timm.models, BY_CLASS[name])(**args)
+    model.load_state_dict(load_file(folder / "model.safetensors"))
+    return model
+
+
 def timm_folder(name: str, arch: str, args: dict[str, Any], second: tuple[int, int] | None) -> None:
     folder = OUT / name
-    ref = perturb(timm.create_model(arch, pretrained=False, **args))
+    ref = perturb(by_class(name, arch, args) if name in BY_CLASS else timm.create_model(arch, pretrained=False, **args))
     save_for_hf(ref, folder, model_args=args, safe_serialization=True)
     if name in SIZE_IN_PRETRAINED_CFG:
         cfg = json.loads((folder / "config.json").read_text())
         size = cfg["model_args"].pop("img_size")
         cfg["pretrained_cfg"]["input_size"] = [3, *(size if isinstance(size, list) else (size, size))]
         (folder / "config.json").write_text(json.dumps(cfg, indent=2))
-    back = timm.create_model(f"local-dir:{folder}", pretrained=True).eval()  # timm reads its own folder back
+    back = (timm.create_model(f"local-dir:{folder}", pretrained=True) if name not in BY_CLASS else  # timm reads its
+            timm_class(name, args, folder)).eval()  # own folder back
     x = torch.randn(BATCH, 3, *getattr(ref, "patch_embed", getattr(ref, "stem", None)).img_size)  # Mixer: stem
     with torch.no_grad():
         assert torch.equal(back(x), ref(x)), f"{name}: timm does not read back its own folder"

@@ -241,7 +241,8 @@ def beit_cases() -> list[TimmCase]:
 
 
 def family_cases() -> list[TimmCase]:
-    """The ViT paper's ResNetV2 hybrids (stem only, R26, R50 at stride 16 and 32), at their size and another."""
+    """The ViT paper's ResNetV2 hybrids (stem only, R26, R50 at stride 16 and 32), at their size and another;
+    MLP-Mixer at its own size (the token MLP fixes it)."""
     h = dict(embed_dim=48, depth=2, num_heads=3, num_classes=5)
     cases = []
     r_ti = "vit_tiny_r_s16_p8_224"
@@ -253,6 +254,11 @@ def family_cases() -> list[TimmCase]:
         cases.append(TimmCase(f"{name} dynamic -> 80x56", arch, dict(args, dynamic_img_size=True), input_size=(80, 56)))
     cases.append(TimmCase("vit_small_r26_s32_224 load img_size=96", "vit_small_r26_s32_224", dict(h, img_size=64),
                           load=dict(img_size=96)))
+    # MLP-Mixer: timm's names fix width and depth; the input size, the MLP ratios and the head are free
+    for arch, args in (("mixer_s16_224", dict(img_size=64, mlp_ratio=(0.5, 0.5), num_classes=5)),
+                       ("mixer_b32_224", dict(img_size=96, mlp_ratio=(1.0, 0.25), num_classes=0)),
+                       ("mixer_s32_224", dict(img_size=224, num_classes=7, stem_norm=True))):
+        cases.append(TimmCase(f"{arch} {args['img_size']}", arch, args))
     return cases
 
 

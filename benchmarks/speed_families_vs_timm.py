@@ -30,6 +30,8 @@ CASES = {
     "R26+ViT-S/32 hybrid at 128 (vit_small_r26_s32_224)": ("vit_small_r26_s32_224", dict(img_size=128), 8),
     "R50+ViT-B/16 hybrid, 4 blocks, at 128 (vit_base_r50_s16_224)": ("vit_base_r50_s16_224",
                                                                       dict(img_size=128, depth=4), 4),
+    "MLP-Mixer S/16 (mixer_s16_224)": ("mixer_s16_224", {}, 8),
+    "MLP-Mixer B/32 (mixer_b32_224)": ("mixer_b32_224", {}, 8),
 }
 
 

@@ -68,6 +68,8 @@ FAMILIES = (
     Family("hybrid_resnetv2", "vit_tiny_r_s16_p8_224", dict(img_size=32, patch_size=1, embed_dim=32, depth=2,
                                                            num_heads=2, num_classes=10), ("mhsa",) * 2,
            timm=True, hf=False),
+    Family("mixer", "mixer_s16_224", dict(img_size=32, patch_size=4, num_blocks=2, embed_dim=32, num_classes=10), (),
+           timm=True, hf=False),
     Family("cct", "cct_7_3x2_32", dict(embed_dim=32, depth=2, num_heads=2, tokenizer_width=8), ("mhsa",) * 2,
            timm=False, hf=False),
     Family("deit3", "deit3_small_patch16_224", dict(img_size=32, patch_size=4, embed_dim=32, depth=2, num_heads=2,

@@ -63,8 +63,9 @@ def test_timm_folder_round_trip(tmp_path, family):
     assert {"input_size", "mean", "std", "interpolation", "crop_pct", "num_classes", "first_conv",
             "classifier"} <= cfg["pretrained_cfg"].keys()
     assert "distilled" not in cfg["model_args"] and "norm_eps" not in cfg["model_args"]
-    assert cfg["architecture"].startswith({"deit": "deit_", "convit": "convit_", "cait": "cait_", "deit3": "deit3_",
-                                           "beit": "beit_", "beit_shared": "beit_"}.get(family, "vit_"))
+    prefixes = {"deit": "deit_", "convit": "convit_", "cait": "cait_", "deit3": "deit3_", "beit": "beit_",
+                "beit_shared": "beit_", "mixer": "mixer_"}
+    assert cfg["architecture"].startswith(prefixes.get(family, "vit_"))
     keys = load_file(folder / "model.safetensors").keys()
     if family == "cait":  # timm's LayerScale names in CaiT
         assert "blocks.0.gamma_1" in keys and "blocks_token_only.0.gamma_2" in keys

@@ -194,7 +194,7 @@ def test_every_family_has_timms_head_api(family):
         assert model(x).shape == (2, model.num_features)
     tables = {n for n in ("pos_embed", "cls_token", "dist_token", "reg_token")
               if isinstance(getattr(model, n, None), torch.nn.Parameter)}
-    assert tables <= model.no_weight_decay() and (tables or family in ("resnet", "airbench"))  # the CNNs have none
+    assert tables <= model.no_weight_decay() and (tables or family in ("resnet", "airbench", "mixer"))  # none there
     with pytest.raises(ValueError, match="accepted"):
         model.reset_classifier(3, global_pool="median")
 

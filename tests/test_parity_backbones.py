@@ -22,7 +22,7 @@ EXPECTED = {"timm_deit3", "timm_dinov2", "timm_dinov2_reg4", "timm_vit_reg4_gap"
             "timm_siglip_no_head", "hf_dinov2", "hf_dinov2_registers", "hf_clip_vision", "hf_clip_vision_projection",
             "hf_siglip_vision", "hf_dinov2_classifier", "hf_dinov2_registers_classifier",
             "timm_beit", "timm_beitv2_token", "timm_beit_shared_abs", "hf_beit_classifier", "hf_beit_shared",
-            "hf_data2vec_vision", "timm_vit_r_s16_p8"}
+            "hf_data2vec_vision", "timm_vit_r_s16_p8", "timm_mixer"}
 DYNAMIC = sorted(p.parent.name for p in BACKBONES.glob("*/io_dynamic.safetensors"))
 TOL = 1e-4
 

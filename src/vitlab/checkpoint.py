@@ -43,8 +43,9 @@ def current_args(model: nn.Module) -> dict[str, Any]:
     args = dict(getattr(model, "model_args", {}))
     args["num_classes"] = model.num_classes
     embed = getattr(model, "patch_embed", None)
-    if embed is not None:
-        args["img_size"] = list(embed.img_size)
+    if embed is not None:  # an int stays one while it says the same
+        same = isinstance(args.get("img_size"), int) and (args["img_size"],) * 2 == tuple(embed.img_size)
+        args["img_size"] = args["img_size"] if same else list(embed.img_size)
     return args
 
 

@@ -224,6 +224,28 @@ def plot_embedding_filters(components: torch.Tensor, variance: torch.Tensor | No
     return fig
 
 
+def plot_token_mixing(maps: Sequence[np.ndarray], row_labels: Sequence[str],
+                      title: str = "Token-mixing weights (first layer of the token MLP)") -> Figure:
+    """One row per block: that block's (units, gh, gw) token-mixing weights as maps, each scaled to its own range."""
+    cols = max(len(m) for m in maps)
+    fig = new_figure(1.2 * cols + 1.0, 1.25 * len(maps) + 0.8)
+    axes = fig.subplots(len(maps), cols, squeeze=False)
+    for row, (units, label) in enumerate(zip(maps, row_labels)):
+        for j, ax in enumerate(axes[row]):
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if j >= len(units):
+                ax.axis("off")
+                continue
+            w = units[j]
+            lim = float(np.abs(w).max()) or 1.0
+            ax.imshow(w, cmap="coolwarm", vmin=-lim, vmax=lim, interpolation="nearest")
+            if j == 0:
+                ax.set_ylabel(label, fontsize=8)
+    fig.suptitle(f"{title}\n(each panel one hidden unit over the patch grid; blue negative, red positive)", fontsize=10)
+    return fig
+
+
 def plot_convit_gates(gates: torch.Tensor, positional_distance: torch.Tensor | None = None,
                       title: str = "ConViT gates") -> Figure:
     """Heat-map of sigmoid(gating_param) per GPSA layer and head; with distances, each head's positional reach."""

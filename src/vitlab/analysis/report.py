@@ -21,7 +21,7 @@ from .distance import distance_layer_names, mean_attention_distance
 from .explain import explain, explanation_methods, method_key
 from .faithfulness import faithfulness
 from .interactive import EXPLORER_CSS
-from .sections import SECTIONS
+from .sections import ATTENTION_FREE_SECTIONS, ATTENTION_ONLY, SECTIONS
 
 
 @dataclass
@@ -43,11 +43,11 @@ def model_header(model: nn.Module, class_names: Sequence[str] | None) -> list[tu
     cfg = getattr(model, "pretrained_cfg", None) or {}
     size = cfg.get("input_size")
     params = sum(p.numel() for p in model.parameters())
-    modules = attention_modules(model)
+    modules = [] if getattr(model, "no_attention", "") else attention_modules(model)
     counts: dict[str, int] = {}
     for _, kind, _ in modules:
         counts[kind] = counts.get(kind, 0) + 1
-    kinds = ", ".join(f"{n} {kind}" for kind, n in counts.items())
+    kinds = ", ".join(f"{n} {kind}" for kind, n in counts.items()) or "none"
     classes = str(getattr(model, "num_classes", "?"))
     if class_names:
         shown = ", ".join(map(str, class_names[:12])) + (", ..." if len(class_names) > 12 else "")
@@ -178,6 +178,9 @@ class Inspection:
     @cached_property
     def _first_pass(self) -> tuple[torch.Tensor, list]:
         """The shown images' logits and attention maps, from one forward pass."""
+        if getattr(self.model, "no_attention", ""):  # nothing to capture
+            with torch.no_grad():
+                return self.model.eval()(self.images), []
         with torch.no_grad(), capture_attention(self.model) as maps:
             logits = self.model(self.images)  # (B, classes)
         return logits, maps
@@ -272,18 +275,24 @@ def inspect_model(model: nn.Module, images: torch.Tensor, out_dir: str | Path, *
     shown labels, else the model's own prediction) the set the faithfulness scores are measured on.
     objective: a pre-training run's objective around ``model`` (vitlab.pretrain.load_objective), whose section
     draws what it learnt; the sections that read class scores are then skipped.
-    Returns the path of report.html. A model without attention (ResNet) raises ValueError.
+    Returns the path of report.html. A model without attention (ResNet) raises ValueError; a token model that says
+    why it has none (MLP-Mixer's ``no_attention``) gets the sections that need no attention, and a note.
     The report is SECTIONS in order (see sections.py).
     """
-    attention_modules(model)  # fails early, and clearly, for a CNN
+    no_attention = getattr(model, "no_attention", "")
+    if not no_attention:
+        attention_modules(model)  # fails early, and clearly, for a CNN
     r = Inspection(model, images, Path(out_dir), image_names=image_names, labels=labels, class_names=class_names,
                    distance_images=distance_images, faithfulness_images=faithfulness_images,
                    faithfulness_labels=faithfulness_labels, head_fusion=head_fusion, discard_ratio=discard_ratio,
                    batch_size=batch_size, max_head_figures=max_head_figures, curve_steps=curve_steps,
                    sanity_images=sanity_images, importance_images=importance_images, explorer_images=explorer_images,
                    objective=objective)
-    with progress_bar(total=len(SECTIONS), desc="inspect", unit="section") as bar:  # with its ETA
-        for section in SECTIONS:
+    if no_attention:
+        r.note(f"{ATTENTION_ONLY}: skipped, {no_attention}.")
+    sections = ATTENTION_FREE_SECTIONS if no_attention else SECTIONS
+    with progress_bar(total=len(sections), desc="inspect", unit="section") as bar:  # with its ETA
+        for section in sections:
             bar.set_postfix_str(section.__name__, refresh=False)
             section(r)
             bar.update()

@@ -371,5 +371,30 @@ def explorer(r: Inspection) -> None:
     r.explorer = explorer_html(data)
 
 
+TOKEN_MIXING = (
+    "The attention maps of an MLP-Mixer (Tolstikhin et al. 2021, Fig. 5): each panel is one hidden unit of the "
+    "first token-mixing layer of a block (rows: blocks {blocks}), its weights over the {gh}x{gw} patch grid "
+    "(blue negative, red positive, scaled per panel). What attention decides per image, the Mixer learns once "
+    "for every image: trained models show local, blob- and stripe-like fields in the first blocks and wider ones "
+    "later; random weights show noise.")
+
+
+def token_mixing(r: Inspection) -> None:
+    """MLP-Mixer's token-mixing weights drawn as maps over the patch grid (its paper's Fig. 5)."""
+    if not hasattr(r.model, "token_mixing_weights"):
+        r.note("Token-mixing weights: skipped, the model mixes its tokens with attention (not an MLP-Mixer).")
+        return
+    depth = len(r.model.blocks)
+    blocks = sorted({0, depth // 2, depth - 1})
+    maps = [r.model.token_mixing_weights(b)[:8].float().cpu().numpy() for b in blocks]
+    gh, gw = maps[0].shape[1:]
+    r.figure(plots.plot_token_mixing(maps, [f"block {b}" for b in blocks]), "token_mixing.png",
+             "Token-mixing weights", TOKEN_MIXING.format(blocks=", ".join(map(str, blocks)), gh=gh, gw=gw))
+
+
+# what a model without attention skips (one note names them); the sections it gets instead
+ATTENTION_ONLY = ("Attention per head, rollout, relevance and the other explanation maps, faithfulness, the "
+                  "randomisation check, attention distance, head importance and the explorer")
+ATTENTION_FREE_SECTIONS = (patch_grid, token_mixing, position_embedding, embedding_filters)
 SECTIONS = (patch_grid, pretraining, attention_heads, explanations, faithfulness, randomisation, attention_distance,
             importance, position_embedding, embedding_filters, convit, cait_class_attention, explorer)

@@ -111,7 +111,8 @@ def _run(args: argparse.Namespace, out: Path) -> int:
     objective = _pretraining_objective(args.model)  # a pre-training run: its encoder, and its own section
     model = load(args.model).to(device) if objective is None else objective.to(device).encoder
     try:
-        attention_modules(model)
+        if not getattr(model, "no_attention", ""):
+            attention_modules(model)
     except ValueError as e:
         raise ValueError(f"{args.model}: {e}") from None
     cfg = model.pretrained_cfg

@@ -56,6 +56,8 @@ class Model(nn.Module):
                                       "tokenizer_kernel", "tokenizer_width", "backbone_widths", "layers",
                                       "backbone_layers", "mlp_ratio_token_only", "scale")
     pair_args: tuple[str, ...] = ("img_size", "patch_size")  # an int, or (height, width)
+    no_attention: str = ""  # why a token model has no attention to analyse (MLP-Mixer), where it has none
+    fixed_size: str = ""  # why the model takes its own input size only (MLP-Mixer), where it does
 
     def no_weight_decay(self) -> set[str]:
         return set(self.no_weight_decay_names)

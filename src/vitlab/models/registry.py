@@ -17,6 +17,7 @@ from .cait import Cait
 from .cct import CompactTransformer
 from .convit import ConVit
 from .hybrid import HybridVisionTransformer
+from .mixer import MlpMixer
 from .resnet import ResNet
 from .resnetv2 import ResNetV2VisionTransformer
 from .vit import TIMM_PRESETS, VisionTransformer
@@ -94,6 +95,11 @@ for _name, (_layers, _patch, _dim, _depth, _heads) in {
         if f"vit_{_name}_{_img}" in ResNetV2VisionTransformer.timm_names:
             register(f"vit_{_name}_{_img}", ResNetV2VisionTransformer, INCEPTION_MEAN, INCEPTION_STD, img_size=_img,
                      patch_size=_patch, embed_dim=_dim, depth=_depth, num_heads=_heads, backbone_layers=_layers)
+# MLP-Mixer (timm's names): token-mixing MLPs in place of attention
+for _size, (_dim, _blocks) in {"s": (512, 8), "b": (768, 12), "l": (1024, 24)}.items():
+    for _patch in (16, 32):
+        register(f"mixer_{_size}{_patch}_224", MlpMixer, INCEPTION_MEAN, INCEPTION_STD, patch_size=_patch,
+                 num_blocks=_blocks, embed_dim=_dim)
 # ResNets (teachers)
 register("resnet18", ResNet, layers=(2, 2, 2, 2), stem="imagenet", img_size=224)
 register("resnet34", ResNet, layers=(3, 4, 6, 3), stem="imagenet", img_size=224)
@@ -132,6 +138,8 @@ register("vit_nano_r18_32", HybridVisionTransformer, CIFAR_MEAN, CIFAR_STD, **_C
          backbone_stem="cifar")
 register("vit_nano_r5_s4_32", ResNetV2VisionTransformer, CIFAR_MEAN, CIFAR_STD, **_CIFAR,  # BiT stem + 1 block: 8x8
          embed_dim=128, depth=4, num_heads=4, patch_size=1, backbone_layers=(1,))
+register("mixer_nano_patch4_32", MlpMixer, CIFAR_MEAN, CIFAR_STD, **_CIFAR, patch_size=4, num_blocks=4,
+         embed_dim=128)  # vit_nano_patch4_32's grid and width, attention replaced by the token MLP
 register("resnet18_32", ResNet, CIFAR_MEAN, CIFAR_STD, **_CIFAR, layers=(2, 2, 2, 2), stem="cifar")
 register("resnet10_32", ResNet, CIFAR_MEAN, CIFAR_STD, **_CIFAR, layers=(1, 1, 1, 1), stem="cifar")
 # The speed-run CNN (airbench) and the hybrid that tokenizes with its whitening stem and conv groups

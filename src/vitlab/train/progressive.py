@@ -27,8 +27,12 @@ def progressive_size(progress: float, full: tuple[int, int], start_scale: float,
 def any_size(model: nn.Module) -> dict[nn.Module, bool]:
     """Let a model take inputs of other sizes (dynamic_img_size on every module that has it).
 
-    Returns the previous flags; ``restore_size_flags`` puts them back.
+    Returns the previous flags; ``restore_size_flags`` puts them back. A model that cannot (``fixed_size``)
+    raises ValueError saying why.
     """
+    if getattr(model, "fixed_size", ""):
+        raise ValueError(f"{getattr(model, 'arch', None) or type(model).__name__} takes one input size only "
+                         f"({model.fixed_size}): train it without progressive resizing (--progressive-scale 1)")
     flags = {m: m.dynamic_img_size for m in model.modules() if isinstance(getattr(m, "dynamic_img_size", None), bool)}
     for m in flags:
         m.dynamic_img_size = True
