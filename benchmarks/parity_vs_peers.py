@@ -259,6 +259,13 @@ def family_cases() -> list[TimmCase]:
                        ("mixer_b32_224", dict(img_size=96, mlp_ratio=(1.0, 0.25), num_classes=0)),
                        ("mixer_s32_224", dict(img_size=224, num_classes=7, stem_norm=True))):
         cases.append(TimmCase(f"{arch} {args['img_size']}", arch, args))
+    # plain-ViT names vitlab gained from the name walk (models/vit_presets.py), small, with their own options
+    v = dict(SMALL, num_heads=3)
+    for arch in ("flexivit_small", "eva_large_patch14_196", "vit_base_patch16_224_miil",
+                 "vit_so150m2_patch16_reg1_gap_256", "vit_huge_patch14_clip_336", "vit_base_patch16_radio_v3",
+                 "vit_base_patch14_reg1_tipsv2",
+                 "deit_base_distilled_patch16_384"):
+        cases.append(TimmCase(arch, arch, dict(v, mlp_ratio=34 / 13) if "so150m2" in arch else v))
     return cases
 
 

@@ -22,17 +22,41 @@ def is_timm_config(cfg: dict[str, Any]) -> bool:
     return "architecture" in cfg and cfg.get("library") != "vitlab"
 
 
-_RESNET_D_HYBRID = re.compile(r"_resnet\d+d_")  # vit_small_resnet26d_224: timm's own ResNet-D as the backbone
+# timm names of models vitlab does not compute, and the piece each lacks (first match wins)
+MISSING_PIECES = (
+    (r"^beit3_", "BEiT-3's extra LayerNorms inside attention and MLP (scale_attn_norm, scale_mlp_norm)"),
+    (r"^beit", "BEiT's relative position bias (timm's Beit class)"),
+    (r"^eva02_", "EVA02's rotary position embedding, SwiGLU MLP and sub-LayerNorm (timm's Eva class)"),
+    (r"^eva_giant", "EVA's attention with separate q and v biases (timm's Eva class)"),
+    (r"_rope_|_pe_(core|lang|spatial)_|_sapiens2$|_dinov3|_lingbot$",
+     "rotary position embedding (timm's Eva class: RoPE ViT, Perception Encoder, DINOv3, Sapiens2)"),
+    (r"_s?relpos_", "relative position bias (timm's VisionTransformerRelPos)"),
+    (r"_(18x2|pwee|dpwee|xp)_",
+     "parallel attention and MLP branches (timm's ParallelThingsBlock / ParallelScalingBlock)"),
+    (r"_rpn_", "residual post-norm blocks (timm's ResPostBlock)"),
+    (r"_(dwee|dlittle)_", "differential attention (timm's DiffAttention)"),
+    (r"_giant_patch14_(dinov2|reg4_dinov2|reg1_tipsv2)$", "the SwiGLU MLP (timm's GluMlp as mlp_layer)"),
+    (r"_resnet\d+d_", "a ViT on timm's ResNet-D backbone"),
+    (r"_mci_", "MobileCLIP's convolutional stem (timm's ConvStem)"),
+    (r"_patch14_siglip(_gap)?_384$", "an input size not divisible by the patch: 384 over 14-pixel patches (timm crops "
+                                     "to 378; load the _378 name)"),
+)
+
+
+def missing_piece(name: str) -> str:
+    """What vitlab lacks to compute the timm model ``name`` ('' when the name says nothing vitlab knows of)."""
+    return next((piece for pattern, piece in MISSING_PIECES if re.search(pattern, name)), "")
 
 
 def model_args(cfg: dict[str, Any]) -> tuple[str, dict[str, Any], dict[str, Any]]:
     """(vitlab name, its arguments, preprocessing) from a timm config.json."""
     name = cfg["architecture"]
     if name not in list_models(name):
-        what = " (a ViT on timm's ResNet-D backbone)" if _RESNET_D_HYBRID.search(name) else ""
+        piece = missing_piece(name)
+        what = f": vitlab lacks {piece}" if piece else " is not one vitlab implements"
         families = sorted({n.split("_")[0] for n in list_models()})
-        raise ValueError(f"timm architecture {name!r}{what} is not one vitlab implements; it reads timm's "
-                         f"{', '.join(families)} names (`vitlab models` lists them)")
+        raise ValueError(f"timm architecture {name!r}{what}; it reads timm's {', '.join(families)} names "
+                         "(`vitlab models` lists them)")
     args = {k: v for k, v in (cfg.get("model_args") or {}).items() if v is not None}  # timm: None is the default
     for key in ("num_classes", "global_pool"):
         if key in cfg and key not in args:

@@ -22,6 +22,7 @@ from .layers import (
     resample_abs_pos_embed,
     sincos_2d_pos_embed,
 )
+from .vit_presets import MORE_TIMM_PRESETS
 
 POS_EMBEDS = ("learn", "sincos", "none")
 # token_avg: the class token and the mean patch token side by side (transformers' Dinov2ForImageClassification)
@@ -82,7 +83,7 @@ def timm_presets() -> dict[str, dict]:
     return out
 
 
-TIMM_PRESETS = timm_presets()
+TIMM_PRESETS = {**timm_presets(), **MORE_TIMM_PRESETS}
 CLIP_NORM_EPS = 1e-5
 
 
