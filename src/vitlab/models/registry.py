@@ -238,7 +238,7 @@ def _arg_problem(cls: type[nn.Module], name: str, value: Any, default: Any) -> s
     if isinstance(default, str):
         return None if isinstance(value, str) else "text"
     if isinstance(default, tuple):
-        if not isinstance(value, (list, tuple)) or not value:
+        if not isinstance(value, (list, tuple)) or not (value or name in getattr(cls, "empty_args", ())):
             return "a list of numbers"
         kind = type(default[0]) if default else int
         if any(_number_problem(name, v, kind, positive) for v in value):

@@ -188,6 +188,7 @@ class ResNetV2VisionTransformer(VisionTransformer):
     timm_names = frozenset(f"vit_{n}" for n in ("tiny_r_s16_p8_224", "tiny_r_s16_p8_384", "small_r26_s32_224",
                                                 "small_r26_s32_384", "base_r26_s32_224", "base_r50_s16_224",
                                                 "base_r50_s16_384", "large_r50_s32_224", "large_r50_s32_384"))
+    empty_args = ("backbone_layers",)  # no stages: the stem alone (R+ViT-Ti)
     hf_model_type = None
     no_hf = ("a ViT on a ResNetV2 (transformers' ViTHybrid was deprecated and is gone from transformers 5; "
              "export to timm)")
