@@ -19,6 +19,7 @@ from torch import nn
 from .atomic import atomic_path, atomic_write_json
 from .checkpoint import CONFIG, WEIGHTS, current_args, load
 from .interop import hf, timm
+from .interop.onnx import export_onnx
 from .models.registry import check_model, get_spec
 
 FORMATS = ("onnx", "timm", "hf")
@@ -73,6 +74,5 @@ def export(model: nn.Module | str | os.PathLike, to: str, out: str | os.PathLike
     check_model(model, "export")
     model = model.eval()
     if to == "onnx":
-        from .interop.onnx import export_onnx
         return export_onnx(model, Path(out), check=check)
     return export_timm(model, out) if to == "timm" else export_hf(model, out)
