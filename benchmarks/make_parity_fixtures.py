@@ -63,6 +63,15 @@ TIMM = {
     "timm_vit_r_s16_p8": ("vit_tiny_r_s16_p8_224", dict(TINY, img_size=32, patch_size=2, num_classes=5), (48, 40)),
     "timm_mixer": ("mixer_b16_224", dict(img_size=16, patch_size=4, num_blocks=2, embed_dim=16, num_classes=5,
                                          mlp_ratio=(0.5, 2.0)), None),  # the token MLP fixes the grid: one size
+    "timm_eva02": ("eva02_tiny_patch14_224", dict(TINY, img_size=16, patch_size=4, num_classes=5), (24, 20)),
+    "timm_eva02_subln": ("eva02_base_patch14_224", dict(TINY, img_size=16, patch_size=4, num_classes=5,
+                                                        scale_attn_inner=True), (20, 28)),
+    "timm_vit_rope_axial": ("vit_small_patch16_rope_224", dict(TINY, img_size=16, patch_size=4, num_classes=5),
+                            (24, 20)),
+    "timm_vit_rope_mixed_ape": ("vit_small_patch16_rope_mixed_ape_224", dict(TINY, img_size=16, patch_size=4,
+                                                                              num_classes=5), (24, 20)),
+    "timm_vit_rope_reg_gap": ("vit_medium_patch16_rope_reg1_gap_256", dict(TINY, img_size=16, patch_size=4,
+                                                                            num_classes=5), (20, 24)),
 }
 # the size only in pretrained_cfg.input_size, as older timm exports write it
 SIZE_IN_PRETRAINED_CFG = {"timm_dinov2"}

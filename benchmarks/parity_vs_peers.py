@@ -194,6 +194,7 @@ def timm_cases() -> list[TimmCase]:
         *backbone_cases(),
         *beit_cases(),
         *family_cases(),
+        *eva_cases(),
     ]
 
 
@@ -267,6 +268,30 @@ def family_cases() -> list[TimmCase]:
                  "deit_base_distilled_patch16_384"):
         cases.append(TimmCase(arch, arch, dict(v, mlp_ratio=34 / 13) if "so150m2" in arch else v))
     return cases
+
+
+def eva_cases() -> list[TimmCase]:
+    """EVA02 (axial RoPE, SwiGLU, sub-LayerNorm) and the RoPE ViTs (axial, mixed, with an absolute embedding)."""
+    e = dict(SMALL, num_classes=5)
+    cases = []
+    for arch in ("eva02_tiny_patch14_224", "eva02_base_patch14_224", "vit_small_patch16_rope_224",
+                 "vit_base_patch16_rope_224", "vit_small_patch16_rope_ape_224", "vit_small_patch16_rope_mixed_224",
+                 "vit_small_patch16_rope_mixed_ape_224", "vit_medium_patch16_rope_reg1_gap_256",
+                 "vit_mediumd_patch16_rope_reg1_gap_256", "vit_betwixt_patch16_rope_reg4_gap_256"):
+        cases.append(TimmCase(arch, arch, e))
+        cases.append(TimmCase(f"{arch} dynamic -> 48x40", arch, dict(e, dynamic_img_size=True), input_size=(48, 40)))
+    return cases + [
+        TimmCase("eva02 scale_attn_inner", "eva02_base_patch14_224", dict(e, scale_attn_inner=True)),
+        TimmCase("eva02 token pooling", "eva02_tiny_patch14_224", dict(e, global_pool="token")),
+        TimmCase("eva02 no rope, abs pos", "eva02_tiny_patch14_224", dict(e, use_rot_pos_emb=False)),
+        TimmCase("eva02 img(32,48) ref(4,6)", "eva02_tiny_patch14_224", dict(e, img_size=(32, 48),
+                                                                             ref_feat_shape=(4, 6))),
+        TimmCase("eva qkv_bias=False qk_norm", "eva02_tiny_patch14_224", dict(e, qkv_bias=False, qk_norm=True)),
+        TimmCase("rope init_values=0.5 pre-norm", "vit_small_patch16_rope_224",
+                 dict(e, init_values=0.5, use_pre_transformer_norm=True)),
+        TimmCase("rope grid offset 0.5 ij", "vit_small_patch16_rope_224",
+                 dict(e, rope_grid_offset=0.5, rope_grid_indexing="ij")),
+    ]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -64,14 +64,14 @@ def test_timm_folder_round_trip(tmp_path, family):
             "classifier"} <= cfg["pretrained_cfg"].keys()
     assert "distilled" not in cfg["model_args"] and "norm_eps" not in cfg["model_args"]
     prefixes = {"deit": "deit_", "convit": "convit_", "cait": "cait_", "deit3": "deit3_", "beit": "beit_",
-                "beit_shared": "beit_", "mixer": "mixer_"}
+                "beit_shared": "beit_", "mixer": "mixer_", "eva02": "eva02_"}
     assert cfg["architecture"].startswith(prefixes.get(family, "vit_"))
     keys = load_file(folder / "model.safetensors").keys()
     if family == "cait":  # timm's LayerScale names in CaiT
         assert "blocks.0.gamma_1" in keys and "blocks_token_only.0.gamma_2" in keys
     if family.startswith("beit"):  # and in BEiT, with its query and value biases
         assert {"blocks.0.gamma_1", "blocks.1.gamma_2", "blocks.0.attn.q_bias", "blocks.0.attn.v_bias"} <= keys
-    if family in ("cait", "beit", "beit_shared"):
+    if family in ("cait", "beit", "beit_shared", "eva02", "rope_mixed"):  # and in EVA's blocks
         assert not any(".ls1." in k for k in keys)
     back = vitlab.load(folder)
     assert logits_close(model, back, batch(model))

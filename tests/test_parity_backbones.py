@@ -22,7 +22,8 @@ EXPECTED = {"timm_deit3", "timm_dinov2", "timm_dinov2_reg4", "timm_vit_reg4_gap"
             "timm_siglip_no_head", "hf_dinov2", "hf_dinov2_registers", "hf_clip_vision", "hf_clip_vision_projection",
             "hf_siglip_vision", "hf_dinov2_classifier", "hf_dinov2_registers_classifier",
             "timm_beit", "timm_beitv2_token", "timm_beit_shared_abs", "hf_beit_classifier", "hf_beit_shared",
-            "hf_data2vec_vision", "timm_vit_r_s16_p8", "timm_mixer"}
+            "hf_data2vec_vision", "timm_vit_r_s16_p8", "timm_mixer", "timm_eva02", "timm_eva02_subln",
+            "timm_vit_rope_axial", "timm_vit_rope_mixed_ape", "timm_vit_rope_reg_gap"}
 DYNAMIC = sorted(p.parent.name for p in BACKBONES.glob("*/io_dynamic.safetensors"))
 TOL = 1e-4
 

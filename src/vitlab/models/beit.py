@@ -11,7 +11,6 @@ takes them (the tables resampled bilinearly, the absolute position embedding bic
 """
 from __future__ import annotations
 
-import math
 from functools import partial
 
 import torch
@@ -25,7 +24,7 @@ from .layers import (
     PatchEmbed,
     drop_path_rates,
     get_act_layer,
-    init_weights_vit,
+    init_weights_rescaled,
     resample_abs_pos_embed,
     to_2tuple,
 )
@@ -184,18 +183,7 @@ class Beit(Model):
         self.init_weights(head_init_scale)
 
     def init_weights(self, head_init_scale: float) -> None:
-        """timm's: truncated normal, each block's output projections scaled by 1/sqrt(2 (layer + 1)), a small head."""
-        self.apply(init_weights_vit)
-        for p in (self.pos_embed, self.cls_token):
-            if p is not None:
-                nn.init.trunc_normal_(p, std=0.02)
-        with torch.no_grad():
-            for i, blk in enumerate(self.blocks):
-                blk.attn.proj.weight.div_(math.sqrt(2.0 * (i + 1)))
-                blk.mlp.fc2.weight.div_(math.sqrt(2.0 * (i + 1)))
-            if head_init_scale and isinstance(self.head, nn.Linear):
-                self.head.weight.mul_(head_init_scale)
-                self.head.bias.mul_(head_init_scale)
+        init_weights_rescaled(self, head_init_scale)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """(B, C, H, W) images -> (B, 1 + N, D) tokens after the final norm."""

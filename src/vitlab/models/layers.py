@@ -145,19 +145,59 @@ class Attention(nn.Module):
 
 
 class Mlp(nn.Module):
-    """fc1 -> activation -> dropout -> fc2 -> dropout."""
+    """fc1 -> activation -> dropout -> (norm, EVA02's sub-LayerNorm) -> fc2 -> dropout."""
 
-    def __init__(self, in_features, hidden_features=None, act_layer=nn.GELU, drop=0.0, bias=True):
+    def __init__(self, in_features, hidden_features=None, act_layer=nn.GELU, drop=0.0, bias=True, norm_layer=None):
         super().__init__()
         hidden_features = hidden_features or in_features
         self.fc1 = nn.Linear(in_features, hidden_features, bias=bias)
         self.act = act_layer()
         self.drop1 = nn.Dropout(drop)
+        self.norm = norm_layer(hidden_features) if norm_layer is not None else nn.Identity()
         self.fc2 = nn.Linear(hidden_features, in_features, bias=bias)
         self.drop2 = nn.Dropout(drop)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.drop2(self.fc2(self.drop1(self.act(self.fc1(x)))))
+        return self.drop2(self.fc2(self.norm(self.drop1(self.act(self.fc1(x))))))
+
+
+class SwiGLU(nn.Module):
+    """silu(gate) * x -> dropout -> (norm) -> fc2 -> dropout: EVA02's gated MLP (timm's SwiGLU, ``fc1_g`` and
+    ``fc1_x``), or with ``packed=True`` one fc1 whose first half is the gate (timm's GluMlp, gate first)."""
+
+    def __init__(self, in_features, hidden_features, drop=0.0, norm_layer=None, packed=False):
+        super().__init__()
+        self.packed = packed
+        if packed:
+            self.fc1 = nn.Linear(in_features, 2 * hidden_features)
+        else:
+            self.fc1_g = nn.Linear(in_features, hidden_features)
+            self.fc1_x = nn.Linear(in_features, hidden_features)
+        self.act = nn.SiLU()
+        self.drop1 = nn.Dropout(drop)
+        self.norm = norm_layer(hidden_features) if norm_layer is not None else nn.Identity()
+        self.fc2 = nn.Linear(hidden_features, in_features)
+        self.drop2 = nn.Dropout(drop)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, x = self.fc1(x).chunk(2, dim=-1) if self.packed else (self.fc1_g(x), self.fc1_x(x))
+        return self.drop2(self.fc2(self.norm(self.drop1(self.act(gate) * x))))
+
+
+def init_weights_rescaled(model: nn.Module, head_init_scale: float) -> None:
+    """BEiT's and EVA's init (timm's): truncated normal weights and tokens, each block's output projections
+    (``attn.proj``, ``mlp.fc2``) divided by sqrt(2 (layer + 1)), the head scaled by ``head_init_scale``."""
+    model.apply(init_weights_vit)
+    for name in ("pos_embed", "cls_token", "reg_token"):
+        if getattr(model, name, None) is not None:
+            nn.init.trunc_normal_(getattr(model, name), std=0.02)
+    with torch.no_grad():
+        for i, blk in enumerate(model.blocks):
+            blk.attn.proj.weight.div_(math.sqrt(2.0 * (i + 1)))
+            blk.mlp.fc2.weight.div_(math.sqrt(2.0 * (i + 1)))
+        if head_init_scale and isinstance(model.head, nn.Linear):
+            model.head.weight.mul_(head_init_scale)
+            model.head.bias.mul_(head_init_scale)
 
 
 def mlp_hidden(dim: int, mlp_ratio: float) -> int:

@@ -16,6 +16,7 @@ from .beit import Beit
 from .cait import Cait
 from .cct import CompactTransformer
 from .convit import ConVit
+from .eva import Eva
 from .hybrid import HybridVisionTransformer
 from .mixer import MlpMixer
 from .resnet import ResNet
@@ -78,6 +79,33 @@ for _img in (224, 384, 512):
 for _size, (_dim, _depth, _heads) in (("base", (768, 12, 12)), ("large", (1024, 24, 16))):
     register(f"beitv2_{_size}_patch16_224", Beit, **_BEIT, embed_dim=_dim, depth=_depth, num_heads=_heads,
              init_values=1e-5)
+# EVA02 (timm's names): axial RoPE rescaled to the 16x16 pre-training grid, SwiGLU (sub-LayerNorm from base up)
+_EVA02 = {"tiny": (192, 12, 3, (224, 336)), "small": (384, 12, 6, (224, 336)), "base": (768, 12, 12, (224, 448)),
+          "large": (1024, 24, 16, (224, 448))}
+for _size, (_dim, _depth, _heads, _imgs) in _EVA02.items():
+    _big = dict(qkv_fused=False, scale_mlp=True) if _size in ("base", "large") else {}
+    for _img in _imgs:
+        register(f"eva02_{_size}_patch14_{_img}", Eva, CLIP_MEAN, CLIP_STD, img_size=_img, patch_size=14,
+                 embed_dim=_dim, depth=_depth, num_heads=_heads, mlp_ratio=4 * 2 / 3, swiglu_mlp=True,
+                 use_rot_pos_emb=True, ref_feat_shape=(16, 16), **_big)
+# RoPE ViTs (Heo et al. 2024, timm's names): axial (temperature 100) or mixed RoPE, optionally an absolute embedding
+for _size, (_dim, _depth, _heads) in (("small", (384, 12, 6)), ("base", (768, 12, 12)), ("large", (1024, 24, 16))):
+    for _kind, _rope in (("", dict(rope_temperature=100.0)), ("_mixed", dict(rope_temperature=10.0,
+                                                                                rope_type="mixed"))):
+        for _ape, _pos in (("", dict(use_abs_pos_emb=False)), ("_ape", dict(no_embed_class=True))):
+            register(f"vit_{_size}_patch16_rope{_kind}{_ape}_224", Eva, patch_size=16, embed_dim=_dim, depth=_depth,
+                     num_heads=_heads, attn_type="rope", init_values=1e-5, global_pool="token",
+                     use_rot_pos_emb=True, rope_grid_indexing="xy", **_rope, **_pos,
+                     **({"use_fc_norm": False} if (_size, _kind, _ape) == ("base", "", "") else {}))
+# timm's SBB RoPE ViTs: registers, no class token, average pooling, EVA's axial RoPE
+for _name, (_dim, _depth, _heads, _regs, _bias, _mean_std) in {
+        "vit_medium_patch16_rope_reg1_gap_256": (512, 12, 8, 1, True, (INCEPTION_MEAN, INCEPTION_STD)),
+        "vit_mediumd_patch16_rope_reg1_gap_256": (512, 20, 8, 1, False, (INCEPTION_MEAN, INCEPTION_STD)),
+        "vit_betwixt_patch16_rope_reg4_gap_256": (640, 12, 10, 4, True, (CLIP_MEAN, CLIP_STD)),
+        "vit_base_patch16_rope_reg1_gap_256": (768, 12, 12, 1, True, (INCEPTION_MEAN, INCEPTION_STD))}.items():
+    register(_name, Eva, *_mean_std, img_size=256, patch_size=16, embed_dim=_dim, depth=_depth, num_heads=_heads,
+             qkv_bias=_bias, init_values=1e-5, class_token=False, num_reg_tokens=_regs, use_rot_pos_emb=True,
+             use_abs_pos_emb=False, ref_feat_shape=(16, 16))
 # ConViT (embed_dim is per head)
 for _name, _heads in (("tiny", 4), ("small", 9), ("base", 16)):
     register(f"convit_{_name}", ConVit, local_up_to_layer=10, locality_strength=1.0, embed_dim=48, num_heads=_heads)
