@@ -292,6 +292,7 @@ def eva_cases() -> list[TimmCase]:
         TimmCase("rope grid offset 0.5 ij", "vit_small_patch16_rope_224",
                  dict(e, rope_grid_offset=0.5, rope_grid_indexing="ij")),
         TimmCase("eva02 load img_size=48", "eva02_tiny_patch14_224", e, load=dict(img_size=48)),
+        TimmCase("eva_giant_patch14_224", "eva_giant_patch14_224", dict(e, mlp_ratio=4.0)),
         TimmCase("rope mixed ape load img_size=(48,40)", "vit_small_patch16_rope_mixed_ape_224", e,
                  load=dict(img_size=(48, 40))),
     ]

@@ -129,7 +129,8 @@ class Eva(Model):
                            + [f"vit_{s}_patch16_rope{k}_224" for s in ("small", "base", "large")
                               for k in ("", "_ape", "_mixed", "_mixed_ape")]
                            + [f"vit_{s}_patch16_rope_reg1_gap_256" for s in ("medium", "mediumd", "base")]
-                           + ["vit_betwixt_patch16_rope_reg4_gap_256"])
+                           + ["vit_betwixt_patch16_rope_reg4_gap_256"]
+                           + [f"eva_giant_patch14_{i}" for i in (224, 336, 560)])
     # the base name's defaults of the arguments vitlab may leave None (ref_feat_shape, init_values) are None too
     timm_spec = TimmSpec("Eva", EVA_ARGS, "eva_giant_patch14_224", fixed={"norm_eps": 1e-6, "act_layer": "gelu"},
                          layer_scale_as_gamma=True)

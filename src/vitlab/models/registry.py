@@ -88,6 +88,11 @@ for _size, (_dim, _depth, _heads, _imgs) in _EVA02.items():
         register(f"eva02_{_size}_patch14_{_img}", Eva, CLIP_MEAN, CLIP_STD, img_size=_img, patch_size=14,
                  embed_dim=_dim, depth=_depth, num_heads=_heads, mlp_ratio=4 * 2 / 3, swiglu_mlp=True,
                  use_rot_pos_emb=True, ref_feat_shape=(16, 16), **_big)
+# EVA-g (the first EVA): timm's Eva class without RoPE, an absolute position embedding, mean pooling
+for _img, _mean_std in ((224, (CLIP_MEAN, CLIP_STD)), (336, (CLIP_MEAN, CLIP_STD)),
+                       (560, (IMAGENET_MEAN, IMAGENET_STD))):
+    register(f"eva_giant_patch14_{_img}", Eva, *_mean_std, img_size=_img, patch_size=14, embed_dim=1408, depth=40,
+             num_heads=16, mlp_ratio=6144 / 1408)
 # RoPE ViTs (Heo et al. 2024, timm's names): axial (temperature 100) or mixed RoPE, optionally an absolute embedding
 for _size, (_dim, _depth, _heads) in (("small", (384, 12, 6)), ("base", (768, 12, 12)), ("large", (1024, 24, 16))):
     for _kind, _rope in (("", dict(rope_temperature=100.0)), ("_mixed", dict(rope_temperature=10.0,
