@@ -184,6 +184,9 @@ def published_processor(model_type: str, size: int) -> tuple[dict[str, Any], str
         "siglip_vision_model": ({"size": {"height": size, "width": size}, "resample": 3, "image_mean": HALF,
                                  "image_std": HALF}, "google/siglip-*: SiglipImageProcessor"),
     }
+    published["beit"] = ({"size": {"height": size, "width": size}, "resample": 3, "image_mean": HALF,
+                          "image_std": HALF}, "microsoft/beit-*: BeitImageProcessor")
+    published["data2vec-vision"] = (published["beit"][0], "facebook/data2vec-vision-*: BeitImageProcessor")
     published["dinov2_with_registers"] = published["dinov2"]
     cfg, where = published[model_type]
     return {"do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True, **cfg}, where
