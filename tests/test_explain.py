@@ -263,9 +263,18 @@ def test_faithfulness_on_a_model(tmp_path):
         assert len(m["positive_accuracy"]) == 10 and m["positive_accuracy"][0] == pytest.approx(intact)
         assert m["positive_auc"] == pytest.approx(_trapz(m["positive_accuracy"], PERTURBATION_STEPS))
         assert m["negative_auc"] == pytest.approx(_trapz(m["negative_accuracy"], PERTURBATION_STEPS))
+        for road in ("road_morf", "road_lerf"):
+            assert m[f"{road}_accuracy"][0] == pytest.approx(intact)
+            assert m[f"{road}_auc"] == pytest.approx(_trapz(m[f"{road}_accuracy"], PERTURBATION_STEPS))
         xs = p["deletion_insertion"]["x"]
         assert 0 <= m["deletion_auc"] <= 1 and 0 <= m["insertion_auc"] <= 1
         assert len(m["deletion_curve"]) == len(xs) == 9
+    assert r["methods"]["random"]["road_morf_auc"] == r["methods"]["random"]["road_lerf_auc"]
+    agree = r["rank_agreement"]
+    assert agree["methods"] == list(r["methods"]) and len(agree["metrics"]) == 6
+    for matrix in (agree["spearman"], agree["kendall"]):
+        assert all(matrix[i][i] == pytest.approx(1.0) for i in range(6)) and all(-1 <= v <= 1 for row in matrix
+                                                                                for v in row)
     assert len(r["images"]) == 3
     one = r["images"][0]["methods"]["relevance"]
     assert one["deletion_auc"] == pytest.approx(_trapz(one["deletion_curve"], p["deletion_insertion"]["x"]))

@@ -26,6 +26,7 @@ from torch import nn
 from ..progress import progress_bar
 from .capture import attention_modules
 from .explain import explain, explanation_methods, method_key, method_label
+from .road import NOISE, noisy_linear_imputation
 
 BASELINES = ("black", "mean", "blur")
 PERTURBATION_STEPS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
@@ -129,6 +130,79 @@ def perturbation_hits(model: nn.Module, images: torch.Tensor, order: torch.Tenso
     return _logits(model, perturbed, chunk).argmax(dim=-1) == labels.view(1, -1)
 
 
+@torch.no_grad()
+def road_hits(model: nn.Module, images: torch.Tensor, order: torch.Tensor, labels: torch.Tensor,
+              fractions: Sequence[float], grid_size: tuple[int, int], noise: float = NOISE,
+              generator: torch.Generator | None = None, chunk: int = 256) -> torch.Tensor:
+    """(len(fractions), B) bool: is the top-1 prediction right after ROAD's noisy linear imputation of the first
+    floor(f * N) patches of order (Rong et al. 2022)."""
+    N = order.shape[1]
+    perturbed = [noisy_linear_imputation(images, patch_mask(order, int(f * N), grid_size, images.shape[-2:]), noise,
+                                         generator) for f in fractions]
+    return _logits(model, perturbed, chunk).argmax(dim=-1) == labels.view(1, -1)
+
+
+# faithfulness.json's scores, each with whether higher is better
+METRICS = {"deletion_auc": False, "insertion_auc": True, "positive_auc": False, "negative_auc": True,
+           "road_morf_auc": False, "road_lerf_auc": True}
+
+
+def _ranks(values: Sequence[float]) -> list[float]:
+    """Ranks from 1 (ties get their mean rank)."""
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    ranks = [0.0] * len(values)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            ranks[order[k]] = (i + j) / 2 + 1
+        i = j + 1
+    return ranks
+
+
+def spearman(a: Sequence[float], b: Sequence[float]) -> float:
+    """Spearman's rank correlation (Pearson's on the ranks; ties get mean ranks); 0 if either is constant."""
+    ra, rb = torch.tensor(_ranks(a), dtype=torch.float64), torch.tensor(_ranks(b), dtype=torch.float64)
+    ra, rb = ra - ra.mean(), rb - rb.mean()
+    den = float(ra.norm() * rb.norm())
+    return float((ra * rb).sum()) / den if den > 0 else 0.0
+
+
+def kendall(a: Sequence[float], b: Sequence[float]) -> float:
+    """Kendall's tau-b over every pair."""
+    conc = disc = ties_a = ties_b = 0
+    for i in range(len(a)):
+        for j in range(i + 1, len(a)):
+            da, db = (a[i] > a[j]) - (a[i] < a[j]), (b[i] > b[j]) - (b[i] < b[j])
+            if da == 0 and db == 0:
+                continue
+            if da == 0:
+                ties_a += 1
+            elif db == 0:
+                ties_b += 1
+            elif da == db:
+                conc += 1
+            else:
+                disc += 1
+    den = ((conc + disc + ties_a) * (conc + disc + ties_b)) ** 0.5
+    return (conc - disc) / den if den > 0 else 0.0
+
+
+def rank_agreement(results: dict[str, dict]) -> dict:
+    """Do the metrics order the methods alike? Per pair of METRICS, Spearman's and Kendall's correlation between
+    the methods' scores (each oriented so that higher is better), over every method and the random order."""
+    keys = list(results)
+    metrics = [m for m in METRICS if all(m in results[k] for k in keys)]
+    scores = {m: [results[k][m] if METRICS[m] else -results[k][m] for k in keys] for m in metrics}
+    return {"methods": keys, "metrics": metrics,
+            "spearman": [[spearman(scores[a], scores[b]) for b in metrics] for a in metrics],
+            "kendall": [[kendall(scores[a], scores[b]) for b in metrics] for a in metrics],
+            "about": "per pair of metrics, the rank correlation of the methods' scores, each oriented so that "
+                     "higher is better"}
+
+
 def _protocol(total: int, grid: tuple[int, int], counts: list[int], fractions: list[float], deletion_baseline: str,
               insertion_baseline: str, sigma: float, perturbation_baseline: str, with_labels: bool, seed: int,
               head_fusion: str, discard_ratio: float) -> dict:
@@ -152,7 +226,17 @@ def _protocol(total: int, grid: tuple[int, int], counts: list[int], fractions: l
             "positive": "most relevant removed first (lower AUC is better)",
             "negative": "least relevant removed first (higher AUC is better)",
             "auc": "trapezoid rule over the fractions (unperturbed point included), accuracy in %"},
-        "random": f"a random patch order per image (seed {seed}); positive = negative",
+        "road": {
+            "reference": "Rong, Leemann, Borisov, Kasneci & Kasneci 2022 (ICML), ROAD",
+            "fractions": fractions, "patches_removed": [int(f * N) for f in fractions],
+            "removed_value": "noisy linear imputation: each removed pixel the mean of its 8 neighbours (direct "
+                             "1/6, diagonal 1/12, renormalised at the border), one sparse linear system, plus "
+                             f"N(0, {NOISE}^2) on the normalised image",
+            "morf": "most relevant removed first (lower AUC is better)",
+            "lerf": "least relevant removed first (higher AUC is better)",
+            "accuracy_against": "true labels" if with_labels else "the intact prediction",
+            "auc": "trapezoid rule over the fractions (unperturbed point included), accuracy in %"},
+        "random": f"a random patch order per image (seed {seed}); positive = negative, MoRF = LeRF",
         "head_fusion": head_fusion, "discard_ratio": discard_ratio}
 
 
@@ -171,28 +255,28 @@ def _check_arguments(images: torch.Tensor, batch_size: int, perturbation_steps: 
 
 
 def _accumulate(acc: dict, dele: torch.Tensor, ins: torch.Tensor, d_auc: torch.Tensor, i_auc: torch.Tensor,
-                pos: torch.Tensor, neg: torch.Tensor) -> None:
-    """Add a batch's AUCs, curves and perturbation hits of one method to its running sums."""
+                hits: dict[str, torch.Tensor]) -> None:
+    """Add a batch's AUCs, curves and removal-test hits (positive, negative, ROAD) of one method to its sums."""
     acc["deletion"] += float(d_auc.sum())
     acc["insertion"] += float(i_auc.sum())
     acc["deletion_curve"] = acc.get("deletion_curve", 0) + dele.double().sum(0)
     acc["insertion_curve"] = acc.get("insertion_curve", 0) + ins.double().sum(0)
-    acc["positive_hits"] = acc.get("positive_hits", 0) + pos.sum(1)
-    acc["negative_hits"] = acc.get("negative_hits", 0) + neg.sum(1)
+    for name, h in hits.items():
+        acc[name] = acc.get(name, 0) + h.double().sum(1)
 
 
 def _mean_result(key: str, acc: dict, total: int, fractions: Sequence[float]) -> dict:
-    """One method's mean AUCs, curves and perturbation accuracies over the ``total`` images."""
-    pos_acc = (acc["positive_hits"] / total * 100).tolist()
-    neg_acc = (acc["negative_hits"] / total * 100).tolist()
-    return {
+    """One method's mean AUCs, curves and removal-test accuracies over the ``total`` images."""
+    result = {
         "label": method_label(key),
         "deletion_auc": acc["deletion"] / total, "insertion_auc": acc["insertion"] / total,
-        "positive_auc": float(trapezoid(fractions, torch.tensor(pos_acc))),
-        "negative_auc": float(trapezoid(fractions, torch.tensor(neg_acc))),
         "deletion_curve": (acc["deletion_curve"] / total).tolist(),
-        "insertion_curve": (acc["insertion_curve"] / total).tolist(),
-        "positive_accuracy": pos_acc, "negative_accuracy": neg_acc}
+        "insertion_curve": (acc["insertion_curve"] / total).tolist()}
+    for name in ("positive", "negative", "road_morf", "road_lerf"):
+        accuracy = (acc[name] / total * 100).tolist()
+        result[f"{name}_auc"] = float(trapezoid(fractions, torch.tensor(accuracy)))
+        result[f"{name}_accuracy"] = accuracy
+    return result
 
 
 def faithfulness(model: nn.Module, images: torch.Tensor, labels: torch.Tensor | Sequence[int] | None = None, *,
@@ -224,9 +308,10 @@ def faithfulness(model: nn.Module, images: torch.Tensor, labels: torch.Tensor | 
     model.eval()
     fractions = list(perturbation_steps) if 0.0 in perturbation_steps else [0.0, *perturbation_steps]
     generator = torch.Generator().manual_seed(seed)
+    noise_gen = torch.Generator().manual_seed(seed + 1)  # ROAD's imputation noise
     chunk = max(4 * batch_size, 64)  # images per forward pass of the perturbed copies
     keys = [method_key(m, t) for m, t in methods] + ["random"]
-    sums = {k: {"deletion": 0.0, "insertion": 0.0, "positive": 0.0, "negative": 0.0} for k in keys}
+    sums = {k: {"deletion": 0.0, "insertion": 0.0} for k in keys}
     starts = list(range(0, len(images), batch_size))
     show = len(starts) > 1 if progress is None else progress
     per_image: list[dict] = []
@@ -255,10 +340,9 @@ def faithfulness(model: nn.Module, images: torch.Tensor, labels: torch.Tensor | 
             for key, order in orders.items():
                 dele, ins = deletion_insertion(model, x, order, pred, counts, grid, deleted, inserted_into, chunk)
                 d_auc, i_auc = trapezoid(xs, dele), trapezoid(xs, ins)
-                pos = perturbation_hits(model, x, order, y, fractions, grid, removed, chunk).double()  # (S, B)
-                neg = pos if key == "random" else \
-                    perturbation_hits(model, x, order.flip(1), y, fractions, grid, removed, chunk).double()
-                _accumulate(sums[key], dele, ins, d_auc, i_auc, pos, neg)
+                hits = _removal_hits(model, x, order, y, fractions, grid, removed, noise_gen, chunk,
+                                     both=key != "random")
+                _accumulate(sums[key], dele, ins, d_auc, i_auc, hits)
                 for i in range(B):
                     batch_images[i][key] = {"deletion_auc": float(d_auc[i]), "insertion_auc": float(i_auc[i]),
                                             "deletion_curve": dele[i].tolist(), "insertion_curve": ins[i].tolist()}
@@ -273,4 +357,18 @@ def faithfulness(model: nn.Module, images: torch.Tensor, labels: torch.Tensor | 
     results = {key: _mean_result(key, sums[key], total, fractions) for key in keys}
     protocol = _protocol(total, grid, counts, fractions, deletion_baseline, insertion_baseline, sigma,
                          perturbation_baseline, labels is not None, seed, head_fusion, discard_ratio)
-    return {"protocol": protocol, "methods": results, "images": per_image}
+    return {"protocol": protocol, "methods": results, "rank_agreement": rank_agreement(results), "images": per_image}
+
+
+def _removal_hits(model: nn.Module, x: torch.Tensor, order: torch.Tensor, y: torch.Tensor, fractions: list[float],
+                  grid: tuple[int, int], removed: torch.Tensor, noise_gen: torch.Generator, chunk: int,
+                  both: bool = True) -> dict[str, torch.Tensor]:
+    """Top-1 hits (S, B) of the positive / negative perturbation test and of ROAD's MoRF / LeRF for one order;
+    without both (a random order), the reversed order's are the same as the order's."""
+    hits = {"positive": perturbation_hits(model, x, order, y, fractions, grid, removed, chunk),
+            "road_morf": road_hits(model, x, order, y, fractions, grid, NOISE, noise_gen, chunk)}
+    hits["negative"] = perturbation_hits(model, x, order.flip(1), y, fractions, grid, removed, chunk) if both \
+        else hits["positive"]
+    hits["road_lerf"] = road_hits(model, x, order.flip(1), y, fractions, grid, NOISE, noise_gen, chunk) if both \
+        else hits["road_morf"]
+    return hits

@@ -20,6 +20,7 @@ from .capture import attention_modules
 from .distance import convit_gates, gpsa_positional_attention, positional_attention_distance
 from .embeddings import filter_components, position_similarity
 from .explain import REGISTRY, explain, method_key, method_label
+from .faithfulness import METRICS
 from .interactive import explorer_data, explorer_html
 from .pretraining import mae_reconstructions, mpp_predictions
 from .sanity import head_importance, parameter_randomisation
@@ -193,7 +194,10 @@ FAITHFULNESS = (
     "first; a faithful map gives a low deletion and a high insertion area. Positive/negative perturbation (Chefer "
     "et al. 2021): top-1 accuracy ({accuracy_against}) after blacking out 10%..90% of the patches, the most "
     "(positive: lower is better) or least (negative: higher is better) relevant first; AUC by the trapezoid rule "
-    "with the unperturbed point. The dashed line is a random patch order. Every parameter is in faithfulness.json.")
+    "with the unperturbed point. ROAD (Rong et al. 2022): the same accuracy with the removed patches filled by "
+    "noisy linear imputation (each pixel the weighted mean of its neighbours, plus a little noise), which leaves "
+    "no mask shape to read; MoRF (most relevant first: lower is better) and LeRF (least relevant first: higher is "
+    "better). The dashed line is a random patch order. Every parameter is in faithfulness.json.")
 
 
 def faithfulness_table(result: dict) -> str:
@@ -201,9 +205,11 @@ def faithfulness_table(result: dict) -> str:
     e = html.escape
     rows = "\n".join(
         f"<tr><td>{e(m['label'])}</td><td>{m['deletion_auc']:.3f}</td><td>{m['insertion_auc']:.3f}</td>"
-        f"<td>{m['positive_auc']:.2f}</td><td>{m['negative_auc']:.2f}</td></tr>" for m in result["methods"].values())
+        f"<td>{m['positive_auc']:.2f}</td><td>{m['negative_auc']:.2f}</td>"
+        f"<td>{m['road_morf_auc']:.2f}</td><td>{m['road_lerf_auc']:.2f}</td></tr>" for m in result["methods"].values())
     return ("<table><tr><th>method</th><th>deletion AUC &darr;</th><th>insertion AUC &uarr;</th>"
-            "<th>positive perturbation AUC &darr;</th><th>negative perturbation AUC &uarr;</th></tr>"
+            "<th>positive perturbation AUC &darr;</th><th>negative perturbation AUC &uarr;</th>"
+            "<th>ROAD MoRF AUC &darr;</th><th>ROAD LeRF AUC &uarr;</th></tr>"
             f"{rows}</table>")
 
 
@@ -213,8 +219,7 @@ def faithfulness(r: Inspection) -> None:
         return
     faith = r.faith
     atomic_write_bytes(r.out / "faithfulness.json", (json.dumps(faith, indent=1) + "\n").encode("utf-8"))
-    r.summary["faithfulness"] = {k: {m: v[m] for m in ("deletion_auc", "insertion_auc", "positive_auc",
-                                                        "negative_auc")} for k, v in faith["methods"].items()}
+    r.summary["faithfulness"] = {k: {m: v[m] for m in METRICS} for k, v in faith["methods"].items()}
     proto = faith["protocol"]
     r.figure(plots.plot_faithfulness(faith), "faithfulness.png", "Faithfulness",
              FAITHFULNESS.format(images=proto["images"], **proto["deletion_insertion"],
