@@ -145,20 +145,35 @@ EXPLORER_JS = r"""
     }
     return out;
   }
-  function queryRow(blk, data, head) {  // the chosen query; what it is, in words
+  function queryRow(blk, data, head) {  // the chosen query; what it is, in words; its row (null: a mean)
     const P = blk.keys - N;
     if (blk.queries === 1) return [row(blk, data, head, 0), blk.kind === "attn_pool" ?
-      "the pooling head's learned query (its only query)" : "the class token (the only query of class attention)"];
+      "the pooling head's learned query (its only query)" : "the class token (the only query of class attention)", 0];
     if (state.query === "cls" || state.query === "dist") {
       const t = blk.prefix.indexOf(state.query);
       const name = state.query === "cls" ? "the class token" : "the distillation token";
-      if (t >= 0) return [row(blk, data, head, t), name];
+      if (t >= 0) return [row(blk, data, head, t), name, t];
       const out = new Float32Array(N);  // no such token in this block: the mean over the patch queries
       for (let q = 0; q < N; q++) row(blk, data, head, P + q).forEach((v, j) => { out[j] += v / N; });
-      return [out, "the mean of the patch queries (no " + state.query + " token in this block)"];
+      return [out, "the mean of the patch queries (no " + state.query + " token in this block)", null];
     }
     const p = Number(state.query);
-    return [row(blk, data, head, P + p), "patch (" + Math.floor(p / GW) + ", " + (p % GW) + ")"];
+    return [row(blk, data, head, P + p), "patch (" + Math.floor(p / GW) + ", " + (p % GW) + ")", P + p];
+  }
+  function prefixShares(blk, data, head, query) {  // in words: the query's attention on each non-patch token
+    const P = blk.keys - N, K = blk.keys;
+    if (query === null || P === 0) return "";
+    const heads = head === "mean" ? [...Array(blk.heads).keys()] : [Number(head)];
+    const share = new Float32Array(P);
+    for (const h of heads) {
+      const r = h * blk.queries + query;
+      for (let j = 0; j < P; j++) share[j] += level(data.q, r * K + j) * data.top[r] / heads.length;
+    }
+    let reg = 0;
+    const names = blk.prefix.map((t) => (t === "reg" ? "register " + reg++ : t === "cls" ? "class token" :
+      t === "dist" ? "distillation token" : t));
+    return " Its attention on the tokens that are no patch: " +
+      names.map((t, j) => t + " " + (100 * share[j]).toFixed(1) + "%").join(", ") + ".";
   }
   function draw(canvas, values, marker) {
     const ctx = canvas.getContext("2d"), img = $("x-img-" + state.image);
@@ -185,13 +200,14 @@ EXPLORER_JS = r"""
   async function render() {
     const blk = D.blocks[state.layer], data = (await attention(state.image))[state.layer];
     const head = state.head === "mean" || Number(state.head) < blk.heads ? state.head : "mean";
-    const [values, what] = queryRow(blk, data, head);
+    const [values, what, query] = queryRow(blk, data, head);
     const canvas = $("x-attention");
     draw(canvas, values, /^\d+$/.test(state.query) ? Number(state.query) : null);
     Object.assign(canvas.dataset, { image: state.image, layer: state.layer, head: head, query: state.query });
     $("x-attention-info").textContent = blk.name + " (" + blk.kind + "), " +
       (head === "mean" ? "mean of " + blk.heads + " heads" : "head " + head) + ": attention of " + what +
-      " to the patches, scaled to its maximum. Click a patch to make it the query.";
+      " to the patches, scaled to its maximum." + prefixShares(blk, data, head, query) +
+      " Click a patch to make it the query.";
     const m = D.methods[state.method];
     if (m) {
       const v = b64(m.maps[state.image]);
@@ -203,7 +219,8 @@ EXPLORER_JS = r"""
         s.insertion_auc.toFixed(3) + ".";
       if (t) text += " Over the set: deletion " + t.deletion_auc.toFixed(3) + ", insertion " +
         t.insertion_auc.toFixed(3) + ", positive perturbation " + t.positive_auc.toFixed(1) + ", negative " +
-        t.negative_auc.toFixed(1) + ".";
+        t.negative_auc.toFixed(1) + (t.road_morf_auc === undefined ? "" : ", ROAD MoRF " +
+        t.road_morf_auc.toFixed(1) + ", LeRF " + t.road_lerf_auc.toFixed(1)) + ".";
       $("x-method-info").textContent = text;
     }
     $("x-caption").textContent = D.images[state.image].caption;
