@@ -137,9 +137,9 @@ def road_hits(model: nn.Module, images: torch.Tensor, order: torch.Tensor, label
     """(len(fractions), B) bool: is the top-1 prediction right after ROAD's noisy linear imputation of the first
     floor(f * N) patches of order (Rong et al. 2022)."""
     N = order.shape[1]
-    perturbed = [noisy_linear_imputation(images, patch_mask(order, int(f * N), grid_size, images.shape[-2:]), noise,
-                                         generator) for f in fractions]
-    return _logits(model, perturbed, chunk).argmax(dim=-1) == labels.view(1, -1)
+    masks = torch.cat([patch_mask(order, int(f * N), grid_size, images.shape[-2:]) for f in fractions])
+    filled = noisy_linear_imputation(images.repeat(len(fractions), 1, 1, 1), masks, noise, generator)  # one solve
+    return _logits(model, filled.chunk(len(fractions)), chunk).argmax(dim=-1) == labels.view(1, -1)
 
 
 # faithfulness.json's scores, each with whether higher is better
