@@ -172,4 +172,5 @@ def attnlrp(model: nn.Module, images: torch.Tensor, target_class: int | Sequence
     gh, gw = model.patch_embed.grid_size
     cells = F.adaptive_avg_pool2d(relevance.float().sum(dim=1, keepdim=True), (gh, gw)).flatten(1)  # (B, N)
     lo, hi = cells.amin(dim=1, keepdim=True), cells.amax(dim=1, keepdim=True)
-    return ((cells - lo) / (hi - lo).clamp_min(1e-12)).reshape(-1, gh, gw)
+    span = hi - lo  # relevance may be tiny (a near-zero logit), so no absolute floor: only a constant map is 0
+    return torch.where(span > 0, (cells - lo) / torch.where(span > 0, span, 1.0), 0.0).reshape(-1, gh, gw)
