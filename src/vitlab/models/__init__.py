@@ -14,6 +14,6 @@ from .resnet import ResNet
 from .resnetv2 import ResNetV2VisionTransformer
 from .vit import VisionTransformer
 
-__all__ = ["AirBench", "AirBenchHybrid", "Beit", "Cait", "CompactTransformer", "ConVit", "Eva", "HybridVisionTransformer",
-           "MlpMixer", "ResNet", "ResNetV2VisionTransformer", "VisionTransformer",
+__all__ = ["AirBench", "AirBenchHybrid", "Beit", "Cait", "CompactTransformer", "ConVit", "Eva",
+           "HybridVisionTransformer", "MlpMixer", "ResNet", "ResNetV2VisionTransformer", "VisionTransformer",
            "create_model", "list_models"]

@@ -94,9 +94,11 @@ def check_checkpoint(out: Path, ckpt: dict[str, Any], identity: dict[str, Any] |
                          "copied in from another run): the folder's files disagree; accepted: a run folder as "
                          "vitlab train wrote it")
     if ckpt.get("run_id") != identity.get("run_id"):
-        raise ValueError(f"{ckpt_path} belongs to another run (run {ckpt.get('run_id') or 'unknown'}), not to the "
-                         f"run {identity.get('run_id')} of {run_json}: it was copied in; accepted: the run's own "
-                         "checkpoint")
+        theirs, mine = (ckpt.get("recipe") or {}).get("model"), config.get("model")
+        weights = f" and holds the weights of {theirs}, not of {mine}" if theirs and mine and theirs != mine else ""
+        raise ValueError(f"{ckpt_path} belongs to another run (run {ckpt.get('run_id') or 'unknown'}){weights}, not "
+                         f"to the run {identity.get('run_id')} of {run_json}: it was copied in; accepted: a "
+                         "checkpoint of this run")
     recorded, now = ckpt.get("recipe") or {}, recipe_record(config)
     if now.get("model") is None:  # a recipe given without a model name (--init names it): the one the run wrote
         now["model"] = recorded.get("model")
