@@ -43,6 +43,8 @@ def _small_input_args(name):
     if args.get("img_size", 224) <= 32 or "layers" in args:
         return {"num_classes": 7} if "layers" in args else {}
     stride = args.get("patch_size") or 16
+    if "backbone_layers" in args:  # ResNetV2 hybrids: the projection's kernel sits on the backbone's reduced map
+        stride *= 2 ** (2 + max(len(args["backbone_layers"]) - 1, 0))
     if name in TIMM_PRESETS:  # today's backbones: their options at two blocks of 8 channels per head
         return {"img_size": 2 * stride, "num_classes": 7, "depth": 2, "embed_dim": 8 * args["num_heads"]}
     return {"img_size": 2 * stride, "num_classes": 7}
