@@ -103,6 +103,9 @@ HF = {
     "hf_data2vec_vision": ("Data2VecVisionForImageClassification", "Data2VecVisionConfig",
                            dict(HF_TINY, intermediate_size=32, use_relative_position_bias=True, use_mean_pooling=False,
                                 num_labels=5), (20, 28)),
+    "hf_vit_msn": ("ViTMSNForImageClassification", "ViTMSNConfig", dict(HF_TINY, intermediate_size=32, num_labels=5),
+                   None),
+    "hf_vit_mae": ("ViTMAEModel", "ViTMAEConfig", dict(HF_TINY, intermediate_size=32, mask_ratio=0.0), None),
 }
 
 
@@ -162,6 +165,10 @@ def hf_folder(name: str, cls: str, config_cls: str, config: dict[str, Any], seco
     back = model_cls.from_pretrained(folder).eval()
 
     def outputs(x: torch.Tensor, **kw: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        if cls == "ViTMAEModel":  # every patch kept in order: mask_ratio 0 and ascending noise (no shuffle)
+            noise = torch.arange(ref.embeddings.patch_embeddings.num_patches, dtype=x.dtype).expand(len(x), -1)
+            out = ref(pixel_values=x, noise=noise, **kw).last_hidden_state
+            return out[:, 0], out
         if cls.endswith("ForImageClassification"):  # the classifier on the pooled tokens
             return ref(pixel_values=x, **kw).logits, ref.base_model(pixel_values=x, **kw).last_hidden_state
         out = ref(pixel_values=x, **kw)
@@ -171,7 +178,10 @@ def hf_folder(name: str, cls: str, config_cls: str, config: dict[str, Any], seco
     x = torch.randn(BATCH, 3, config["image_size"], config["image_size"])
     with torch.no_grad():
         index = 0 if cls.endswith(("Projection", "Classification")) else 1
-        assert torch.equal(outputs(x)[0], back(pixel_values=x)[index]), name
+        if cls != "ViTMAEModel":  # MAE without its noise draws a fresh shuffle each call
+            assert torch.equal(outputs(x)[0], back(pixel_values=x)[index]), name
+        else:
+            assert all(torch.equal(a, b) for a, b in zip(ref.state_dict().values(), back.state_dict().values())), name
         write_io(folder / "io.safetensors", x, *outputs(x))
         if second:  # BEiT resamples its absolute position embedding only when asked to
             kw = {"interpolate_pos_encoding": True} if cls.startswith(("Beit", "Data2Vec")) else {}

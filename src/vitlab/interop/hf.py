@@ -33,12 +33,28 @@ HF_MODEL_TYPES = {
     "clip_vision_model": ({"CLIPVisionModel": "base", "CLIPVisionModelWithProjection": "projection"},
                           "vision_model", "CLIPVisionModel"),
     "siglip_vision_model": ({"SiglipVisionModel": "base"}, "vision_model", "SiglipVisionModel"),
+    # plain ViTs under the ViT's key names: MSN's encoder, MAE's encoder (its decoder is left out; with every patch
+    # kept in order, as mask_ratio 0 and ascending noise give, transformers' ViTMAEModel is this ViT)
+    "vit_msn": ({"ViTMSNForImageClassification": "vit", "ViTMSNModel": "base"}, "vit", "ViTMSNModel"),
+    "vit_mae": ({"ViTMAEModel": "base", "ViTMAEForPreTraining": "base"}, "vit", "ViTMAEModel"),
     **{t: ({a: "classifier" if head else "base" for a, head in archs.items()}, prefix, next(iter(archs)))
        for t, (archs, prefix) in hf_beit.MODEL_TYPES.items()},
 }
 # model_types of the ViT family vitlab does not read, and why
-HF_NOT_READ = {"vit-hybrid": "ViTHybrid (a ViT on a BiT ResNet) left transformers in version 5; load timm's folder "
-                             "of the same model (vit_base_r50_s16_384) instead"}
+HF_NOT_READ = {
+    "vit-hybrid": "ViTHybrid (a ViT on a BiT ResNet) left transformers in version 5; load timm's folder "
+                  "of the same model (vit_base_r50_s16_384) instead",
+    "dinov3_vit": "vitlab lacks a key map for transformers' DINOv3 (rotary position embedding, register tokens)",
+    "siglip2_vision_model": "vitlab lacks SigLIP 2's NaFlex patch embedding (a linear layer on flattened patches "
+                            "at a variable resolution)",
+    "ijepa": "vitlab lacks a key map for transformers' I-JEPA encoder (no class token)",
+    "aimv2_vision_model": "vitlab lacks AIMv2's RMSNorm and SwiGLU MLP",
+    "metaclip_2_vision_model": "vitlab lacks a key map for transformers' MetaCLIP 2 image tower",
+    "vitdet": "vitlab lacks ViTDet's windowed attention with relative position bias",
+}
+PLAIN_VIT_TYPES = ("vit", "deit", "vit_msn", "vit_mae")  # the ViT's key names (layernorm_before, attention.attention)
+# no preprocessor_config.json is published with these model_types' checkpoints that vitlab could name as its source
+UNPUBLISHED = ("vit_msn", "vit_mae")
 HF_ARCHITECTURES = {a: role for archs, _, _ in HF_MODEL_TYPES.values() for a, role in archs.items()}
 
 
@@ -68,7 +84,7 @@ def architecture(cfg: dict[str, Any]) -> tuple[str, str]:
 
 def _family_args(cfg: dict[str, Any], model_type: str, role: str, dim: int) -> dict[str, Any]:
     """The arguments each model_type fixes: DINOv2's LayerScale and registers, CLIP's pre-norm, SigLIP's head."""
-    if model_type in ("vit", "deit"):
+    if model_type in PLAIN_VIT_TYPES:
         return dict(qkv_bias=bool(_get(cfg, "qkv_bias", True)), distilled=role == "distilled",
                     reg_tokens=1 if (model_type == "deit" and role != "distilled") else 0)
     if model_type.startswith("dinov2"):
@@ -106,7 +122,7 @@ def model_args(cfg: dict[str, Any]) -> tuple[type[VisionTransformer | Beit], dic
     id2label = cfg.get("id2label") or {}
     num_classes = _num_classes(cfg, role)
     img, patch = _get(cfg, "image_size", 224), _get(cfg, "patch_size", 16)
-    default_eps = (1e-12 if model_type in ("vit", "deit", *hf_beit.MODEL_TYPES) else
+    default_eps = (1e-12 if model_type in ("vit", "deit", "vit_mae", *hf_beit.MODEL_TYPES) else
                    1e-5 if model_type == "clip_vision_model" else 1e-6)
     args = dict(
         img_size=tuple(img) if isinstance(img, (list, tuple)) else int(img),
@@ -202,7 +218,7 @@ def preprocessing(folder: Path, model_cfg: dict[str, Any] | None = None) -> dict
     """
     path = Path(folder) / PREPROCESSOR
     if not path.is_file():
-        if not model_cfg or model_cfg.get("model_type") not in HF_MODEL_TYPES:
+        if not model_cfg or model_cfg.get("model_type") not in HF_MODEL_TYPES or model_cfg["model_type"] in UNPUBLISHED:
             return {}
         image = _get(model_cfg, "image_size", 224)
         cfg, where = published_processor(model_cfg["model_type"], int(image[0] if isinstance(image, list) else image))
@@ -353,7 +369,7 @@ def convert_state_dict(state: dict[str, torch.Tensor], cfg: dict[str, Any]) -> d
         return hf_beit.convert_state_dict(state, model_type, bool(cfg.get("use_mean_pooling", True)))
     distilled = HF_ARCHITECTURES[arch] == "distilled"
     prefix = HF_MODEL_TYPES[model_type][1] + "."
-    layer_keys = (_LAYER_KEYS if model_type in ("vit", "deit") else
+    layer_keys = (_LAYER_KEYS if model_type in PLAIN_VIT_TYPES else
                   _DINOV2_LAYER_KEYS if model_type.startswith("dinov2") else _CLIP_LAYER_KEYS)
     out: dict[str, torch.Tensor] = {}
     qkv: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
@@ -364,7 +380,7 @@ def convert_state_dict(state: dict[str, torch.Tensor], cfg: dict[str, Any]) -> d
             out[f"{_HEADS[head]}.{rest}"] = v
             continue
         k = key.removeprefix(prefix)
-        if k.startswith(IGNORED):
+        if k.startswith(IGNORED) or (model_type == "vit_mae" and k.startswith("decoder.")):  # MAE's pixel decoder
             continue
         m = _LAYER.match(k)
         if m is None:
