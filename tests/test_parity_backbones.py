@@ -23,7 +23,8 @@ EXPECTED = {"timm_deit3", "timm_dinov2", "timm_dinov2_reg4", "timm_vit_reg4_gap"
             "hf_siglip_vision", "hf_dinov2_classifier", "hf_dinov2_registers_classifier",
             "timm_beit", "timm_beitv2_token", "timm_beit_shared_abs", "hf_beit_classifier", "hf_beit_shared",
             "hf_data2vec_vision", "timm_vit_r_s16_p8", "timm_mixer", "timm_eva02", "timm_eva02_subln",
-            "timm_vit_rope_axial", "timm_vit_rope_mixed_ape", "timm_vit_rope_reg_gap", "hf_vit_msn", "hf_vit_mae"}
+            "timm_vit_rope_axial", "timm_vit_rope_mixed_ape", "timm_vit_rope_reg_gap", "hf_vit_msn", "hf_vit_mae",
+            "timm_vit_parallel"}
 DYNAMIC = sorted(p.parent.name for p in BACKBONES.glob("*/io_dynamic.safetensors"))
 TOL = 1e-4
 
@@ -180,3 +181,19 @@ def test_inspect_reads_the_backbones(tmp_path, name):
         return
     faith = json.loads((out / "faithfulness.json").read_text())
     assert {"raw_attention", "rollout", "relevance"} <= set(faith["methods"])
+
+
+def test_parallel_blocks_are_timms_and_refused_by_transformers(tmp_path):
+    """vit_*_18x2_224: two attention branches then two MLP branches per block, under timm's keys; transformers'
+    ViT classes hold sequential blocks only, so an HF export is refused in one line."""
+    from vitlab.export import export
+
+    model = vitlab.load(BACKBONES / "timm_vit_parallel")
+    assert model.num_parallel == 2 and "parallel" in model.family
+    assert {"blocks.1.attns.1.norm.weight", "blocks.1.attns.1.ls.gamma", "blocks.1.ffns.0.mlp.fc2.bias"} <= set(
+        model.state_dict())
+    with pytest.raises(ValueError) as e:
+        export(model, "hf", tmp_path / "hf")
+    assert "parallel blocks" in str(e.value) and "\n" not in str(e.value)
+    with pytest.raises(ValueError, match="num_parallel 0"):
+        vitlab.create_model("vit_small_patch16_18x2_224", num_parallel=0)

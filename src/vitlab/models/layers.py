@@ -6,6 +6,7 @@ Submodule and parameter names follow timm (``patch_embed.proj``, ``attn.qkv``, `
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
 import torch
@@ -270,6 +271,35 @@ class Block(nn.Module):
         x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x))))
         x = x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
         return x
+
+
+class ParallelThingsBlock(nn.Module):
+    """Parallel pre-norm blocks (Touvron et al. 2022, "Three things everyone should know about Vision
+    Transformers"): ``num_parallel`` attention branches summed onto x, then as many MLP branches. timm's keys:
+    ``attns.i.{norm,attn,ls}``, ``ffns.i.{norm,mlp,ls}``; the arguments are Block's."""
+
+    def __init__(self, dim, num_heads, mlp_ratio=4.0, qkv_bias=False, proj_drop=0.0, attn_drop=0.0,
+                 init_values=None, drop_path=0.0, act_layer=nn.GELU, norm_layer=nn.LayerNorm,
+                 attn_layer: Callable[..., nn.Module] = Attention, proj_bias=True, num_parallel=2, **attn_kwargs):
+        super().__init__()
+        self.num_parallel = num_parallel
+
+        def branch(name: str, inner: nn.Module) -> nn.Sequential:
+            return nn.Sequential(OrderedDict([
+                ("norm", norm_layer(dim)), (name, inner),
+                ("ls", LayerScale(dim, init_values) if init_values else nn.Identity()),
+                ("drop_path", DropPath(drop_path) if drop_path > 0.0 else nn.Identity())]))
+
+        self.attns = nn.ModuleList([branch("attn", attn_layer(dim, num_heads=num_heads, qkv_bias=qkv_bias,
+                                                              attn_drop=attn_drop, proj_drop=proj_drop, **attn_kwargs))
+                                    for _ in range(num_parallel)])
+        self.ffns = nn.ModuleList([branch("mlp", Mlp(dim, mlp_hidden(dim, mlp_ratio), act_layer=act_layer,
+                                                     drop=proj_drop, bias=proj_bias))
+                                   for _ in range(num_parallel)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + torch.stack([branch(x) for branch in self.attns]).sum(dim=0)
+        return x + torch.stack([branch(x) for branch in self.ffns]).sum(dim=0)
 
 
 class AttentionPoolLatent(nn.Module):

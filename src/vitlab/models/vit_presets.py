@@ -2,10 +2,15 @@
 
 Each builds exactly timm's tensors (the same names and shapes, checked against timm's own models when the
 table was written); CLIP's LayerNorm eps 1e-5 is ``norm_eps``. Names whose blocks, attention or norms vitlab
-lacks (parallel blocks, residual post-norm, RMSNorm, SwiGLU, differential attention) are not here: loading them
+lacks (residual post-norm, RMSNorm, SwiGLU, differential attention) are not here: loading them
 says which piece is missing (interop/timm.py).
 """
 MORE_TIMM_PRESETS = {
+    # parallel blocks: two attention branches, then two MLP branches, per block (timm's ParallelThingsBlock)
+    "vit_small_patch16_18x2_224": dict(patch_size=16, embed_dim=384, depth=18, num_heads=6, init_values=1e-5,
+                                       num_parallel=2),
+    "vit_base_patch16_18x2_224": dict(patch_size=16, embed_dim=768, depth=18, num_heads=12, init_values=1e-5,
+                                      num_parallel=2),
     "deit_base_patch16_384": dict(img_size=384, patch_size=16, embed_dim=768, depth=12, num_heads=12),
     "deit_base_distilled_patch16_384": dict(img_size=384, patch_size=16, embed_dim=768, depth=12, num_heads=12,
                                             distilled=True),
