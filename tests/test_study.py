@@ -38,7 +38,7 @@ SLOW_STUDIES = ("pretrain",)  # over a minute in quick mode: tested on their own
 def quick(tmp_path_factory):
     """Every study but the slow ones once in quick mode (digits, one epoch at 16x16 per run), all in one folder."""
     out = tmp_path_factory.mktemp("studies")
-    results = {name: run_study(name, out=out, quick=True, log=lambda s: None) for name in STUDIES
+    results = {name: run_study(name, out=out, quick=True, seeds=(0,), log=lambda s: None) for name in STUDIES
                if name not in SLOW_STUDIES}
     return out, results
 
@@ -50,6 +50,8 @@ def check_written(out: Path, name: str, result: dict) -> None:
     table = (out / f"{name}.md").read_text()
     saved = json.loads((out / f"{name}.json").read_text())
     assert saved["answer"] == result["answer"] and saved["answer"] in table
+    assert f"**Verdict: {result['verdict']}.**" in table and result["verdict"] == "not separated"  # one seed
+    assert study.paper and f"The paper: {study.paper}." in table
     probes = [r["label"] for r in saved["rows"] if r["group"] == "linear probe"]
     assert [r["label"] for r in saved["rows"]] == [a.label for a in study.arms if not a.pretraining] + probes
     for row in saved["rows"]:
@@ -67,11 +69,11 @@ def test_every_study_writes_its_table_figure_and_answer(quick):
 def test_data_scale_trains_on_nested_stratified_shares(quick):
     out, results = quick
     rows = {r["label"]: r for r in results["data-scale"]["rows"]}
-    sizes = [rows[f"ViT {p}%"]["train_images"] for p in (5, 10, 25, 50, 100)]
+    sizes = [rows[f"ViT {p}%"]["train_images"] for p in (10, 25, 50, 100)]
     # quick mode trains on a fifth of each arm's share of the 1,437 training digits
-    assert sizes == sorted(sizes) and len(set(sizes)) == 5
-    assert all(abs(n - 0.2 * f * 1437) <= 10 for n, f in zip(sizes, (0.05, 0.1, 0.25, 0.5, 1.0)))
-    assert rows["ResNet 5%"]["train_images"] == rows["ConViT 5%"]["train_images"] == sizes[0]
+    assert sizes == sorted(sizes) and len(set(sizes)) == 4
+    assert all(abs(n - 0.2 * f * 1437) <= 10 for n, f in zip(sizes, (0.1, 0.25, 0.5, 1.0)))
+    assert rows["ResNet 10%"]["train_images"] == rows["ConViT 10%"]["train_images"] == sizes[0]
 
 
 def test_studies_share_runs_and_a_rerun_trains_nothing(quick):
@@ -84,24 +86,28 @@ def test_studies_share_runs_and_a_rerun_trains_nothing(quick):
         next(r["runs"] for r in results["data-scale"]["rows"] if r["label"] == "ViT 100%")
     before = {p: p.stat().st_mtime_ns for p in (out / "runs").glob("*/summary.json")}
     said = []
-    run_study("distill", out=out, quick=True, log=said.append)
-    assert "4 runs, 4 done, 0 to train" in said[0]
-    # every run trained once: pos-embed 3, data-scale 4 more ViT + 5 ResNet + 5 ConViT, the two hybrids, and the
-    # distillation's 3 students (its teacher is data-scale's ResNet on the whole set: the same recipe)
-    assert len(list((out / "runs").glob("*/summary.json"))) == 3 + 4 + 5 + 5 + 2 + 3
+    run_study("distill", out=out, quick=True, seeds=(0,), log=said.append)
+    assert "5 runs, 5 done, 0 to train" in said[0]
+    # every run trained once: pos-embed 3, data-scale 3 more ViT + 4 ResNet + 4 ConViT, the two hybrids, and the
+    # distillation's teacher (airbench) and 4 students
+    assert len(list((out / "runs").glob("*/summary.json"))) == 3 + 3 + 4 + 4 + 2 + 5
     assert before == {p: p.stat().st_mtime_ns for p in (out / "runs").glob("*/summary.json")}
 
 
 def test_distill_reports_both_heads_and_trains_the_teacher_first(quick):
     out, results = quick
     rows = {r["label"]: r for r in results["distill"]["rows"]}
-    assert rows["teacher (ResNet)"]["teacher"] and rows["teacher (ResNet)"]["cls_mean"] is None
+    from vitlab.runs.format import read_config
+    teacher = rows["teacher (airbench CNN)"]
+    assert teacher["teacher"] and teacher["cls_mean"] is None
+    config = read_config(Path(teacher["runs"][0]))  # airbench's own recipe, twice a student's budget
+    assert config["model"] == "airbench_32" and config["optimizer"] == "sgd" and config["epochs"] == 2
     for arm in ("no teacher", "soft", "hard"):
         assert 0 <= rows[arm]["cls_mean"] <= 1 and 0 <= rows[arm]["dist_mean"] <= 1
-    teacher_folder = rows["teacher (ResNet)"]["runs"][0]
-    for arm in ("soft", "hard"):
+    assert rows["hard, class token only"]["cls_mean"] is None  # a student without the distillation token
+    for arm in ("soft", "hard", "hard, class token only"):
         summary = json.loads((Path(rows[arm]["runs"][0]) / "summary.json").read_text())
-        assert summary["teacher"] == teacher_folder and summary["distill"] == arm
+        assert summary["teacher"] == teacher["runs"][0] and summary["distill"] == arm.split(",")[0]
 
 
 @pytest.mark.slow  # about two minutes on two cores
@@ -112,32 +118,42 @@ def test_pretrain_fine_tunes_from_its_pretraining_runs_and_probes_their_encoders
     out = tmp_path / "studies"
     shutil.copytree(quick[0], out)  # beside the other studies' runs, which it shares
     said = []
-    result = run_study("pretrain", out=out, quick=True, log=said.append)
-    assert "8 runs, 2 done, 6 to train" in said[0]  # the scratch arms are data-scale's ViT 10% and 100%
+    result = run_study("pretrain", out=out, quick=True, seeds=(0,), log=said.append)
+    # 4 pre-training runs (MAE, MPP at 1x and 3x); per label share: scratch 1x (data-scale's ViT), the 4
+    # fine-tuned arms and scratch at the same total time (2x, 4x)
+    assert "18 runs, 2 done, 16 to train" in said[0]
     check_written(out, "pretrain", result)
     results = quick[1]
     rows = {r["label"]: r for r in result["rows"]}
-    pre = {r["method"]: r for r in result["pretraining"]}
-    assert set(pre) == {"mae", "mpp"} and all(r["epochs"] == 1 and r["test_loss"] > 0 for r in pre.values())
+    pre = {(r["method"], r["epochs"]): r for r in result["pretraining"]}
+    assert set(pre) == {("mae", 1), ("mae", 3), ("mpp", 1), ("mpp", 3)} and all(r["test_loss"] > 0
+                                                                             for r in pre.values())
     for method, name in (("mae", "MAE"), ("mpp", "MPP")):
-        run = Path(pre[method]["run"])
-        assert read_summary(run).pretrain == method and (run / "pretrain.safetensors").is_file()
-        for share in ("10%", "100%"):
-            (folder,) = rows[f"{name}, {share} labels"]["runs"]
-            assert read_config(Path(folder))["init"] == str(run)  # fine-tuned from the study's pre-training run
-    scale = {r["label"]: [Path(f).name for f in r["runs"]] for r in results["data-scale"]["rows"]}
+        for scale in (1, 3):
+            run = Path(pre[method, scale]["run"])
+            assert read_summary(run).pretrain == method and (run / "pretrain.safetensors").is_file()
+            for share in ("10%", "100%"):
+                (folder,) = rows[f"{name} {scale}x, {share} labels"]["runs"]
+                assert read_config(Path(folder))["init"] == str(run)  # fine-tuned from that pre-training run
+                assert read_config(Path(folder))["epochs"] == 1
+    for share in ("10%", "100%"):
+        for total in (2, 4):  # scratch for the same total time as pre-training + fine-tuning
+            (folder,) = rows[f"no pre-training, {total}x, {share} labels"]["runs"]
+            assert read_config(Path(folder))["epochs"] == total
+    scale_rows = {r["label"]: [Path(f).name for f in r["runs"]] for r in results["data-scale"]["rows"]}
     for share in ("10%", "100%"):  # shared, not trained again
-        assert [Path(f).name for f in rows[f"no pre-training, {share} labels"]["runs"]] == scale[f"ViT {share}"]
-    for encoder in ("MAE", "MPP", "random encoder"):
+        assert [Path(f).name for f in rows[f"no pre-training, 1x, {share} labels"]["runs"]] == \
+            scale_rows[f"ViT {share}"]
+    for encoder in ("MAE 1x", "MAE 3x", "MPP 1x", "MPP 3x", "random encoder"):
         few, every = rows[probe_label(encoder, 0.1)], rows[probe_label(encoder, 1.0)]
-        assert few["train_images"] < every["train_images"] == rows["no pre-training, 100% labels"]["train_images"]
+        assert few["train_images"] < every["train_images"] == rows["no pre-training, 1x, 100% labels"]["train_images"]
         assert 0 <= every["knn"] <= 1 and few["knn"] is None
     table = (out / "pretrain.md").read_text()
-    assert "MAE pre-training: 1 epoch(s)" in table and "Weighted k-NN" in table
-    assert len(list((out / "features").glob("features-*.safetensors"))) == 3 * 2  # train and test, per encoder
+    assert "MAE pre-training, 3x: 3 epoch(s)" in table and "Weighted k-NN" in table
+    assert len(list((out / "features").glob("features-*.safetensors"))) == 5 * 2  # train and test, per encoder
     said = []
-    again = run_study("pretrain", out=out, quick=True, log=said.append)
-    assert "8 runs, 8 done, 0 to train" in said[0] and again["rows"] == result["rows"]
+    again = run_study("pretrain", out=out, quick=True, seeds=(0,), log=said.append)
+    assert "18 runs, 18 done, 0 to train" in said[0] and again["rows"] == result["rows"]
 
 
 def test_an_unfinished_arm_is_finished_from_its_checkpoint(quick, tmp_path):
@@ -148,7 +164,7 @@ def test_an_unfinished_arm_is_finished_from_its_checkpoint(quick, tmp_path):
     old = json.loads((arm / "summary.json").read_text())
     (arm / "summary.json").unlink()  # as if killed after the last epoch's checkpoint
     said = []
-    result = run_study("hybrid", out=copy, quick=True, log=said.append)
+    result = run_study("hybrid", out=copy, quick=True, seeds=(0,), log=said.append)
     assert "3 runs, 2 done, 1 to train" in said[0]
     new = json.loads((arm / "summary.json").read_text())
     assert new["top1"] == old["top1"] == result["rows"][0]["top1_mean"]
@@ -161,7 +177,7 @@ def test_a_folder_of_another_budget_is_refused(quick):
 
 
 def test_parallel_arms_run_in_child_processes(tmp_path):
-    result = run_study("hybrid", out=tmp_path, quick=True, jobs=2, log=lambda s: None)
+    result = run_study("hybrid", out=tmp_path, quick=True, jobs=2, seeds=(0,), log=lambda s: None)
     assert len(result["rows"]) == 3 and result["runs_at_a_time"] == 2 and result["threads_per_run"] >= 1
     for row in result["rows"]:
         folder = Path(row["runs"][0])
@@ -230,3 +246,62 @@ def test_probe_rows_judge_a_pretrained_and_a_random_encoder_on_nested_label_shar
     assert len(list((tmp_path / "features").glob("*.safetensors"))) == 2 * 2  # train and test, per encoder
     assert probe_rows({"MAE pre-training": tmp_path / "mae"}, (0.1, 1.0), "digits", None, 1.0, None,
                       tmp_path / "features", threads=1, log=lambda s: None) == rows  # read back from the cache
+
+
+def _rows(values: dict[str, list[float]]) -> list[dict]:
+    """Aggregated rows (report.aggregate's keys that the verdicts read) from per-seed top-1 values."""
+    import statistics
+    return [{"label": k, "group": "", "top1": dict(enumerate(v)), "top1_mean": statistics.fmean(v),
+             "top1_std": statistics.stdev(v) if len(v) > 1 else None} for k, v in values.items()]
+
+
+def test_a_verdict_reads_each_difference_against_twice_its_spread():
+    from vitlab.studies.claims import contrast, separated, verdict
+    rows = _rows({"a": [0.60, 0.62, 0.64], "b": [0.50, 0.52, 0.54], "c": [0.59, 0.63, 0.67]})
+    value, spread = contrast(rows, {"a": 1, "b": -1})
+    assert value == pytest.approx(0.10) and spread == pytest.approx((2 * 0.02 ** 2) ** 0.5)
+    assert separated(value, spread) == 1 and separated(-value, spread) == -1
+    assert separated(*contrast(rows, {"a": 1, "c": -1})) == 0  # 1 point apart, spreads of 2 and 4
+    assert separated(0.3, None) == 0  # one seed: no spread to read a difference against
+    assert verdict([1, 1], [0]) == "agrees" and verdict([1, 0], [0]) == "not separated"
+    assert verdict([1, -1], []) == "disagrees" and verdict([1], [1]) == "disagrees"
+
+
+def test_pos_embed_verdicts_follow_the_paper_s_two_parts():
+    pos = STUDIES["pos-embed"].answer
+    alike = {"learned 1D": [0.60, 0.61, 0.62], "fixed 2D sin-cos": [0.605, 0.615, 0.625]}
+    assert pos(_rows({**alike, "none": [0.50, 0.51, 0.52]}))[0] == "agrees"
+    assert pos(_rows({**alike, "none": [0.59, 0.60, 0.63]}))[0] == "not separated"
+    verdict, text = pos(_rows({**alike, "fixed 2D sin-cos": [0.70, 0.71, 0.72], "none": [0.50, 0.51, 0.52]}))
+    assert verdict == "disagrees" and "learned 1D vs fixed 2D sin-cos: -10.0 +/- 1.4 points (separated)" in text
+
+
+def test_data_scale_verdict_reads_the_cnn_s_lead_and_its_trend():
+    def rows(lead_small, lead_large):
+        out = []
+        for group, lead in (("ViT", (0, 0)), ("ResNet", (lead_small, lead_large))):
+            for n, extra in zip((100, 1000), lead):
+                out += _rows({f"{group} {n}": [0.5 + extra, 0.51 + extra, 0.52 + extra]})
+                out[-1].update(group=group, train_images=n)
+        return out
+    answer = STUDIES["data-scale"].answer
+    assert answer(rows(0.10, 0.01))[0] == "agrees"  # ahead on little data, the lead closes
+    assert answer(rows(0.10, 0.10))[0] == "not separated"  # ahead, but no trend
+    assert answer(rows(-0.10, 0.0))[0] == "disagrees"  # the ViT ahead on little data
+
+
+def test_every_study_fits_ninety_minutes_with_two_jobs_and_three_seeds():
+    from vitlab.studies.runner import RUN_OVERHEAD, planned_minutes
+    for name, study in STUDIES.items():
+        assert planned_minutes(study, study.minutes, (0, 1, 2), 2) <= 90, name
+    # the plan lays runs on the slots: 3 seeds of 3 arms on 2 slots are 5 rounds
+    assert planned_minutes(STUDIES["pos-embed"], 10, (0, 1, 2), 2) == pytest.approx(5 * (10 + RUN_OVERHEAD))
+
+
+def test_two_seeds_give_each_arm_a_mean_and_std(tmp_path):
+    result = run_study("hybrid", out=tmp_path, quick=True, seeds=(0, 1), log=lambda s: None)
+    for row in result["rows"]:
+        values = list(row["top1"].values())
+        assert len(values) == 2 and row["top1_std"] == pytest.approx(abs(values[0] - values[1]) / 2 ** 0.5)
+    assert result["verdict"] in ("agrees", "disagrees", "not separated")
+    assert " +/- " in (tmp_path / "hybrid.md").read_text()

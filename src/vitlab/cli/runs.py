@@ -22,9 +22,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     st.add_argument("name", nargs="?", help="pos-embed, data-scale, hybrid, distill, locality or pretrain (--list)")
     st.add_argument("--list", action="store_true", help="list the studies and their claims")
     add_option(st, "data", default="cifar10", help="data set (a .tar.gz or folder works)")
-    st.add_argument("--budget", type=float, default=5.0, help="minutes of training per run (default 5)")
+    st.add_argument("--budget", type=float, default=None,
+                    help="minutes of training per run on the whole training set (default: the study's own, which "
+                    "fits 90 minutes with --jobs 2 and three seeds on a 2-core CPU; --list shows it)")
     add_option(st, "epochs", default=None, help="epochs per run instead of a time budget")
-    st.add_argument("--seeds", default="0", help="seeds, comma-separated (default 0)")
+    st.add_argument("--seeds", default="0,1,2", help="seeds, comma-separated (default 0,1,2: a verdict needs a "
+                    "spread, at least two)")
     st.add_argument("--jobs", type=int, default=1, help="runs trained side by side, each on cores/jobs threads")
     add_option(st, "threads", help="CPU threads per run (default: cores / jobs)")
     st.add_argument("--out", default="studies", help="folder for the runs and the results (default studies)")
@@ -49,13 +52,13 @@ def run_study(args: argparse.Namespace) -> int:
     from ..studies import STUDIES, run_study
     if args.list or not args.name:
         for name, s in STUDIES.items():
-            print(f"{name:<11} {s.claim} ({s.source})")
+            print(f"{name:<11} {s.minutes:g} min per run  {s.claim} ({s.source})")
         return 0 if args.list else 2
     try:
         seeds = [int(s) for s in args.seeds.split(",")]
     except ValueError:
         raise ValueError(f"--seeds {args.seeds!r} is not valid; accepted: integers >= 0 separated by commas, "
-                         "e.g. 0,1") from None
+                         "e.g. 0,1,2") from None
     with claim_folder(args.out, "study"):
         result = run_study(args.name, out=args.out, data=args.data, budget=args.budget, epochs=args.epochs,
                            seeds=seeds, jobs=args.jobs, threads=args.threads, quick=args.quick,

@@ -15,7 +15,7 @@ from ..data.views import stratified_subset
 from ..models.registry import create_model
 from ..probe import extract_features, knn_classify, linear_probe
 from ..runs.format import read_summary
-from .claims import RANDOM_ENCODER, VIT, probe_label
+from .claims import RANDOM_ENCODER, VIT, encoder_name, probe_label
 
 KNN_K = 20
 
@@ -33,7 +33,7 @@ def pretraining_rows(runs: dict[str, Path]) -> list[dict[str, Any]]:
 
 def _encoders(runs: dict[str, Path], size: tuple[int, int], in_chans: int) -> dict[str, torch.nn.Module]:
     """name -> frozen encoder: each pre-training run's, and the same architecture untrained (seed 0)."""
-    encoders = {label.removesuffix(" pre-training"): checkpoint.load(folder) for label, folder in runs.items()}
+    encoders = {encoder_name(label): checkpoint.load(folder) for label, folder in runs.items()}
     with torch.random.fork_rng():
         torch.manual_seed(0)
         encoders[RANDOM_ENCODER] = create_model(VIT, num_classes=0, img_size=size, in_chans=in_chans)
@@ -52,7 +52,7 @@ def probe_rows(runs: dict[str, Path], fractions: Sequence[float], data: str, img
     train, test = bundle.train, bundle.test
     threads_before = torch.get_num_threads()
     torch.set_num_threads(threads)
-    rows = []
+    rows, folders = [], {encoder_name(label): folder for label, folder in runs.items()}
     widest = stratified_subset(train.labels, max(fractions) * share)  # the shares nest: features of these only
     labels = train.labels[widest]
     try:
@@ -69,7 +69,7 @@ def probe_rows(runs: dict[str, Path], fractions: Sequence[float], data: str, img
                     pred = knn_classify(train_f[keep], labels[keep], test_f, k=KNN_K, num_classes=len(bundle.classes))
                     knn = float((pred == test.labels).double().mean())
                 rows.append(_row(probe_label(name, f), name, int(keep.sum()), probe.test_accuracy, knn,
-                                 runs.get(f"{name} pre-training")))
+                                 folders.get(name)))
     finally:
         torch.set_num_threads(threads_before)
     return rows
@@ -78,6 +78,6 @@ def probe_rows(runs: dict[str, Path], fractions: Sequence[float], data: str, img
 def _row(label: str, group: str, n: int, top1: float, knn: float | None, run: Path | None) -> dict[str, Any]:
     """A probe in the study's row format (report.aggregate's keys)."""
     return {"label": label, "group": "linear probe", "encoder": group, "teacher": False, "model": VIT,
-            "parameters": None, "train_images": n, "top1": {0: top1}, "top1_mean": top1, "top1_spread": None,
+            "parameters": None, "train_images": n, "top1": {0: top1}, "top1_mean": top1, "top1_std": None,
             "cls_mean": None, "dist_mean": None, "epochs": None, "images_per_second": None, "knn": knn,
             "runs": [str(run)] if run else []}

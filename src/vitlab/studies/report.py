@@ -22,7 +22,8 @@ def write_report(result: dict[str, Any], study: Study, out: Path) -> None:
 
 
 def aggregate(study: Study, plan: list[tuple[Arm, int, Recipe]]) -> list[dict[str, Any]]:
-    """One row per arm: its seeds' top-1 (and heads), their mean, training images, epochs, img/s. Pre-training
+    """One row per arm: its seeds' top-1 (and heads), their mean and standard deviation (sample, over seeds; None
+    with one seed), training images, epochs, img/s, its place on a line figure. Pre-training
     arms have no top-1: they are reported by their probes (probe.py)."""
     rows = []
     for arm in study.arms:
@@ -44,7 +45,8 @@ def aggregate(study: Study, plan: list[tuple[Arm, int, Recipe]]) -> list[dict[st
         rows.append({"label": arm.label, "group": arm.group, "teacher": arm.teacher,
                      "model": arm.values.get("model"), "parameters": params, "train_images": n_train,
                      "top1": seeds, "top1_mean": statistics.fmean(seeds.values()),
-                     "top1_spread": (max(seeds.values()) - min(seeds.values())) if len(seeds) > 1 else None,
+                     "top1_std": statistics.stdev(seeds.values()) if len(seeds) > 1 else None,
+                     "x": arm.x, "panel": arm.panel,
                      "cls_mean": statistics.fmean(heads["cls"]) if heads["cls"] else None,
                      "dist_mean": statistics.fmean(heads["dist"]) if heads["dist"] else None,
                      "epochs": statistics.fmean(e for e in epochs if e is not None) if any(epochs) else None,
@@ -57,20 +59,25 @@ def _pct(v: float | None) -> str:
     return "" if v is None else f"{100 * v:.2f}"
 
 
+def _mean_std(r: dict[str, Any]) -> str:
+    return _pct(r["top1_mean"]) + ("" if r.get("top1_std") is None else f" +/- {100 * r['top1_std']:.2f}")
+
+
 def format_markdown(result: dict[str, Any], study: Study) -> str:
     seeds = result["seeds"]
-    head = ["arm", "model", "train images", *[f"top-1 seed {s}" for s in seeds], "mean top-1"]
+    head = ["arm", "model", "train images", *[f"top-1 seed {s}" for s in seeds], "top-1 mean +/- std"]
     if study.heads:
         head += ["class head", "distillation head"]
     head += ["epochs", "img/s"]
     lines = [f"# study: {result['study']}", "", f"Claim ({result['source']}): {study.claim}", "",
+             f"The paper: {result['paper']}.", "",
              f"Budget: {result['budget']} on {result['data']}, {result['threads_per_run']} thread(s) per run, "
              f"{result['runs_at_a_time']} run(s) at a time.", "",
              "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for r in result["rows"]:
         cells = [r["label"], r["model"] or "", f"{r['train_images']:,}" if r["train_images"] else "",
-                 *[_pct(r["top1"].get(s, r["top1"].get(str(s)))) for s in seeds], _pct(r["top1_mean"])]
-        if r["teacher"]:
+                 *[_pct(r["top1"].get(s, r["top1"].get(str(s)))) for s in seeds], _mean_std(r)]
+        if r["teacher"] or len(r["top1"]) == 1 and len(seeds) > 1:  # one run: the teacher, a probe
             cells[3:3 + len(seeds)] = [_pct(next(iter(r["top1"].values())))] + [""] * (len(seeds) - 1)
         if study.heads:
             cells += [_pct(r["cls_mean"]), _pct(r["dist_mean"])]
@@ -78,7 +85,10 @@ def format_markdown(result: dict[str, Any], study: Study) -> str:
                   f"{r['images_per_second']:.0f}" if r["images_per_second"] else ""]
         lines.append("| " + " | ".join(cells) + " |")
     lines += _pretraining_lines(result)
-    lines += ["", f"Measured: {result['answer']}"]
+    lines += ["", f"**Verdict: {result['verdict']}.** Measured: {result['answer']}",
+              "", "A difference is separated when it is at least twice its spread: the standard deviation over "
+              "seeds of one seed's difference, sqrt(std_a^2 + std_b^2); agrees: every part of the claim separated "
+              "the paper's way; disagrees: a part separated the other way; not separated: otherwise."]
     lines += ["", *result["notes"]] if result["notes"] else []
     return "\n".join(lines) + "\n"
 
@@ -94,35 +104,78 @@ def _pretraining_lines(result: dict[str, Any]) -> list[str]:
 
 
 def plot_study(result: dict[str, Any], study: Study, path: Path) -> Path:
-    """Bars (one per arm, a dot per seed) or lines (top-1 against training images, one per group)."""
-    rows = [r for r in result["rows"] if not r["teacher"]]
+    """Bars (one per arm, a dot per seed, the standard deviation as an error bar), or lines (top-1 against the x
+    axis, one per group, a panel per share of the labels) with, where the study names two groups, their gap."""
+    rows = [r for r in result["rows"] if not r["teacher"] and r["group"] != "linear probe"]
+    if study.x:
+        panels = list(dict.fromkeys(r["panel"] for r in rows))
+        fig = new_figure(5.5 * (len(panels) + bool(study.gap)), 4.5)
+        axes = fig.subplots(1, len(panels) + bool(study.gap), squeeze=False)[0]
+        for ax, panel in zip(axes, panels):
+            _lines(ax, [r for r in rows if r["panel"] == panel], result, study)
+            ax.set_title(panel or "test top-1", fontsize=10)
+        if study.gap:
+            _gap_lines(axes[-1], rows, study.gap)
+        fig.suptitle(f"{result['study']}: {result['budget']} on {Path(str(result['data'])).name}")
+        return save(fig, path)
     fig = new_figure(7.5 if len(rows) <= 6 else 0.75 * len(rows) + 2, 4.5 if len(rows) <= 6 else 6)
     ax = fig.subplots()
-    if study.x:
-        for group in dict.fromkeys(r["group"] for r in rows):
-            mine = sorted((r for r in rows if r["group"] == group), key=lambda r: r["train_images"])
-            xs = [r["train_images"] for r in mine]
-            line, = ax.plot(xs, [100 * r["top1_mean"] for r in mine], marker="o", label=group)
-            for r in mine:
-                ax.scatter([r["train_images"]] * len(r["top1"]), [100 * v for v in r["top1"].values()],
-                           s=10, color=line.get_color(), alpha=0.5)
-        ax.set_xscale("log")
-        ax.set(xlabel="training images", ylabel="test top-1 (%)")
-        ax.legend()
-    else:
-        labels = [r["label"] for r in rows]
-        ax.bar(range(len(rows)), [100 * r["top1_mean"] for r in rows], color="#8fb3d9")
-        for i, r in enumerate(rows):
-            ax.scatter([i] * len(r["top1"]), [100 * v for v in r["top1"].values()], color="k", s=12, zorder=3)
-            ax.annotate(f"{100 * r['top1_mean']:.1f}", (i, 100 * r["top1_mean"]), ha="center", va="bottom",
-                        fontsize=9, xytext=(0, 3), textcoords="offset points")
-        if len(rows) > 6:
-            ax.set_xticks(range(len(rows)), labels, rotation=35, ha="right", fontsize=8)
-        else:
-            ax.set_xticks(range(len(rows)), labels, rotation=15)
-        ax.set(ylabel="test top-1 (%)")
-        low = min(100 * min(r["top1"].values()) for r in rows)
-        ax.set_ylim(max(0.0, low - 10), None)
+    _bars(ax, rows)
     ax.set_title(f"{result['study']}: {result['budget']} on {Path(str(result['data'])).name}")
-    ax.grid(alpha=0.3)
     return save(fig, path)
+
+
+def _x(r: dict[str, Any], result: dict[str, Any]) -> float:
+    """A row's place on the line figure: its x in budgets times the per-run budget, else its training images."""
+    return r["x"] * result["per_run"] if r.get("x") is not None else r["train_images"]
+
+
+def _lines(ax, rows: list[dict[str, Any]], result: dict[str, Any], study: Study) -> None:
+    """Top-1 against x, one line per group; a group's line starts from the x = 0 rows of other groups (pretrain:
+    the scratch run every curve starts from)."""
+    origin = [r for r in rows if r.get("x") == 0]
+    for group in dict.fromkeys(r["group"] for r in rows if r.get("x") != 0):
+        mine = sorted(origin + [r for r in rows if r["group"] == group], key=lambda r: _x(r, result))
+        xs = [_x(r, result) for r in mine]
+        line = ax.errorbar(xs, [100 * r["top1_mean"] for r in mine], yerr=[100 * (r["top1_std"] or 0) for r in mine],
+                           marker="o", capsize=3, label=group)
+        for r in mine:
+            ax.scatter([_x(r, result)] * len(r["top1"]), [100 * v for v in r["top1"].values()], s=10,
+                       color=line.lines[0].get_color(), alpha=0.5)
+    if study.x == "training images":
+        ax.set_xscale("log")
+    unit = "" if study.x == "training images" else f" ({result['unit']})"
+    ax.set(xlabel=f"{study.x}{unit}", ylabel="test top-1 (%)")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+
+
+def _gap_lines(ax, rows: list[dict[str, Any]], gap: tuple[str, str]) -> None:
+    """Group a minus group b against training images, +/- sqrt(std_a^2 + std_b^2)."""
+    a, b = ({r["train_images"]: r for r in rows if r["group"] == g} for g in gap)
+    xs = sorted(set(a) & set(b))
+    diff = [100 * (a[n]["top1_mean"] - b[n]["top1_mean"]) for n in xs]
+    err = [100 * ((a[n]["top1_std"] or 0) ** 2 + (b[n]["top1_std"] or 0) ** 2) ** 0.5 for n in xs]
+    ax.errorbar(xs, diff, yerr=err, marker="o", capsize=3, color="k")
+    ax.axhline(0, color="grey", lw=1)
+    ax.set_xscale("log")
+    ax.set(xlabel="training images", ylabel=f"{gap[0]} minus {gap[1]} (points)", title=f"{gap[0]} minus {gap[1]}")
+    ax.grid(alpha=0.3)
+
+
+def _bars(ax, rows: list[dict[str, Any]]) -> None:
+    labels = [r["label"] for r in rows]
+    ax.bar(range(len(rows)), [100 * r["top1_mean"] for r in rows], color="#8fb3d9",
+           yerr=[100 * (r["top1_std"] or 0) for r in rows], capsize=4)
+    for i, r in enumerate(rows):
+        ax.scatter([i] * len(r["top1"]), [100 * v for v in r["top1"].values()], color="k", s=12, zorder=3)
+        ax.annotate(f"{100 * r['top1_mean']:.1f}", (i, 100 * r["top1_mean"]), ha="center", va="bottom",
+                    fontsize=9, xytext=(8, 3), textcoords="offset points")
+    if len(rows) > 6:
+        ax.set_xticks(range(len(rows)), labels, rotation=35, ha="right", fontsize=8)
+    else:
+        ax.set_xticks(range(len(rows)), labels, rotation=15)
+    ax.set(ylabel="test top-1 (%)")
+    low = min(100 * min(r["top1"].values()) for r in rows)
+    ax.set_ylim(max(0.0, low - 10), None)
+    ax.grid(alpha=0.3)

@@ -13,6 +13,7 @@ one epoch at 16x16).
 """
 from __future__ import annotations
 
+import math
 import os
 import re
 import subprocess
@@ -28,13 +29,29 @@ from ..progress import Progress
 from ..runs.format import has_config, is_finished, read_config
 from ..train.recipe import Recipe, load_recipe
 from ..train.trainer import train
-from .claims import PRETRAIN_BASE_KEYS, PRETRAINED, QUICK, QUICK_SHARE, STUDIES, TEACHER, Arm, base_values
+from .claims import (
+    BASE_RECIPE,
+    OWN_RECIPE_OVERRIDES,
+    OWN_RECIPE_SKIP,
+    PRETRAIN_BASE_KEYS,
+    PRETRAINED,
+    QUICK,
+    QUICK_SHARE,
+    SEEDS,
+    STUDIES,
+    TEACHER,
+    Arm,
+    Study,
+    base_values,
+    recipe_values,
+)
 from .probe import pretraining_rows, probe_rows
 from .report import aggregate, write_report
 
 
-def _slug(values: dict[str, Any], seed: int) -> str:
-    """A run folder name from an arm's values: model, then every other changed value, then the seed."""
+def _slug(values: dict[str, Any], seed: int, scale: float = 1.0) -> str:
+    """A run folder name from an arm's values: model, then every other changed value, the budget's scale when not
+    1, then the seed."""
     parts = [str(values.get("model", "default"))]
     for key in sorted(values):
         if key in ("model", "teacher"):
@@ -44,6 +61,7 @@ def _slug(values: dict[str, Any], seed: int) -> str:
             parts += [f"{k}={v}" for k, v in sorted(value.items())]
         else:
             parts.append(f"{key}={value}")
+    parts += [f"budget={scale:g}x"] if scale != 1 else []
     text = "-".join(parts + [f"seed{seed}"])
     return re.sub(r"[^A-Za-z0-9_.=+-]+", "", text.replace(", ", "_").replace(" ", ""))
 
@@ -51,12 +69,16 @@ def _slug(values: dict[str, Any], seed: int) -> str:
 def arm_recipe(arm: Arm, seed: int, out: Path, common: dict[str, Any], teacher_run: Path | None,
                share: float = 1.0, base: dict[str, Any] | None = None,
                pretrained: dict[str, Path] | None = None) -> Recipe:
-    """The recipe of one arm and seed: the base values, the study's common values, then the arm's; ``pretrained``
-    maps a pre-training method to the study's run of it (what ``init: pretrained:METHOD`` stands for)."""
+    """The recipe of one arm and seed: the base values (or the arm's own recipe's), the study's common values with
+    the budget scaled to the arm, then the arm's; ``pretrained`` maps 'METHOD:SCALE' to the study's pre-training
+    run (what ``init: pretrained:METHOD:SCALE`` stands for)."""
     base = base_values() if base is None else base
     if arm.pretraining:  # the optimiser's values only: the augmentation is pre-training's own (random resized crops)
         base = {k: v for k, v in base.items() if k in PRETRAIN_BASE_KEYS}
-    values = {**base, **common, **arm.values, "seed": seed}
+    if arm.recipe:  # a teacher's own recipe, under the study's budget
+        own = recipe_values(BASE_RECIPE.parent / arm.recipe)
+        base = {**{k: v for k, v in own.items() if k not in OWN_RECIPE_SKIP}, **OWN_RECIPE_OVERRIDES}
+    values = {**base, **scaled_budget(common, arm), **arm.values, "seed": seed}
     if share < 1:
         values["train_fraction"] = values.get("train_fraction", 1.0) * share
     if values.get("teacher") == TEACHER:
@@ -65,6 +87,37 @@ def arm_recipe(arm: Arm, seed: int, out: Path, common: dict[str, Any], teacher_r
     if isinstance(init, str) and init.startswith(PRETRAINED):
         values["init"] = str((pretrained or {})[init.removeprefix(PRETRAINED)])
     return load_recipe(None, out=str(out), **values)
+
+
+def scaled_budget(common: dict[str, Any], arm: Arm) -> dict[str, Any]:
+    """The study's common values with the budget scaled to the arm: minutes by scale x time_share, epochs by scale
+    (rounded up)."""
+    out = dict(common)
+    if out.get("time_budget"):
+        out["time_budget"] = round(out["time_budget"] * arm.scale * arm.time_share, 4)
+    elif out.get("epochs") and arm.scale != 1:
+        out["epochs"] = math.ceil(out["epochs"] * arm.scale)
+    return out
+
+
+RUN_OVERHEAD = 0.75  # minutes a run costs besides its training budget: start, data, the final evaluation
+
+
+def planned_minutes(study: Study, minutes: float, seeds: Sequence[int], jobs: int) -> float:
+    """Wall-clock minutes of the whole study from nothing: its runs' budgets (plus RUN_OVERHEAD each) laid in order
+    on ``jobs`` slots, the teacher and pre-training runs first."""
+    first, rest = [], []
+    for arm in study.arms:
+        n = 1 if arm.teacher or arm.pretraining else len(seeds)
+        (first if arm.teacher or arm.pretraining else rest).extend([minutes * arm.scale * arm.time_share
+                                                                    + RUN_OVERHEAD] * n)
+    total = 0.0
+    for batch in (first, rest):
+        slots = [0.0] * jobs
+        for t in batch:
+            slots[slots.index(min(slots))] += t
+        total += max(slots)
+    return total
 
 
 _SAME = ("model", "model_args", "data", "img_size", "train_fraction", "time_budget", "epochs", "seed", "distill",
@@ -178,42 +231,54 @@ def _train_arms(jobs: list[tuple[str, Recipe]], parallel: int, log: Callable[[st
         raise RuntimeError("study arm(s) failed: " + "; ".join(failed))
 
 
-def run_study(name: str, out: str | os.PathLike = "studies", data: str = "cifar10", budget: float | None = 5.0,
-              epochs: int | None = None, seeds: Sequence[int] = (0,), jobs: int = 1, threads: int | None = None,
+def _common(study: Study, data: str, budget: float | None, epochs: int | None, quick: bool) -> dict[str, Any]:
+    """The values every arm of the study shares: the data and the per-run budget (quick: digits, one epoch)."""
+    if quick:
+        return dict(QUICK)
+    if epochs is not None:
+        return {"data": data, "epochs": epochs, "time_budget": None}
+    return {"data": data, "time_budget": study.minutes if budget is None else budget}
+
+
+def _plan(study: Study, runs: Path, common: dict[str, Any], seeds: Sequence[int],
+          quick: bool) -> list[tuple[Arm, int, Recipe]]:
+    """Every (arm, seed, recipe) of the study; one teacher and one run per pre-training arm (seed 0)."""
+    base = base_values()
+    folder = {id(a): lambda seed, a=a: runs / _slug(a.values, seed, a.scale) for a in study.arms}
+    teacher = next((folder[id(a)](0) for a in study.arms if a.teacher), None)
+    pretrained = {f"{a.values['pretrain']}:{a.scale:g}": folder[id(a)](0) for a in study.arms if a.pretraining}
+    plan = []
+    for arm in study.arms:
+        for seed in ([0] if arm.teacher or arm.pretraining else seeds):
+            recipe = arm_recipe(arm, seed, folder[id(arm)](seed), common, teacher,
+                                share=QUICK_SHARE if quick else 1.0, base=base, pretrained=pretrained)
+            _check_same(Path(recipe.out), recipe)
+            plan.append((arm, seed, recipe))
+    return plan
+
+
+def run_study(name: str, out: str | os.PathLike = "studies", data: str = "cifar10", budget: float | None = None,
+              epochs: int | None = None, seeds: Sequence[int] = SEEDS, jobs: int = 1, threads: int | None = None,
               quick: bool = False, cache_dir: str | None = None, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Train what is missing of study ``name`` and write its table, figure and JSON; returns the JSON."""
+    """Train what is missing of study ``name`` and write its table, figure and JSON; returns the JSON. ``budget``:
+    minutes per run (default: the study's own, which fits 90 minutes with two jobs and three seeds)."""
     if name not in STUDIES:
         raise ValueError(f"no study {name!r}; accepted: {', '.join(STUDIES)}")
     if jobs < 1:
         raise ValueError(f"jobs={jobs!r} is not valid; accepted: an integer >= 1")
     if not seeds or any(not isinstance(s, int) or s < 0 for s in seeds):
-        raise ValueError(f"seeds={list(seeds)!r} is not valid; accepted: integers >= 0, e.g. 0,1")
-    study = STUDIES[name]
-    out = Path(out)
+        raise ValueError(f"seeds={list(seeds)!r} is not valid; accepted: integers >= 0, e.g. 0,1,2")
     if threads is not None and threads < 1:
         raise ValueError(f"threads={threads!r} is not valid; accepted: an integer >= 1")
+    study, out = STUDIES[name], Path(out)
     threads = threads or max(1, (os.cpu_count() or 1) // jobs)
-    if quick:
-        common = dict(QUICK)
-    elif epochs is not None:
-        common = {"data": data, "epochs": epochs, "time_budget": None}
-    else:
-        common = {"data": data, "time_budget": budget}
-    common.update(threads=threads, cache_dir=cache_dir)
-    runs, base = out / "runs", base_values()
-    teacher_arms = [a for a in study.arms if a.teacher]
-    teacher_run = runs / _slug(teacher_arms[0].values, 0) if teacher_arms else None
-    pretrained = {a.values["pretrain"]: runs / _slug(a.values, 0) for a in study.arms if a.pretraining}
-    plan: list[tuple[Arm, int, Recipe]] = []
-    for arm in study.arms:
-        for seed in ([0] if arm.teacher or arm.pretraining else seeds):  # one teacher, one pre-training each
-            recipe = arm_recipe(arm, seed, runs / _slug(arm.values, seed), common, teacher_run,
-                                share=QUICK_SHARE if quick else 1.0, base=base, pretrained=pretrained)
-            _check_same(Path(recipe.out), recipe)
-            plan.append((arm, seed, recipe))
+    common = {**_common(study, data, budget, epochs, quick), "threads": threads, "cache_dir": cache_dir}
+    plan = _plan(study, out / "runs", common, seeds, quick)
     todo = [(a, s, r) for a, s, r in plan if not is_finished(Path(r.out))]
+    minutes = common.get("time_budget")
     log(f"study {name}: {len(plan)} runs, {len(plan) - len(todo)} done, {len(todo)} to train "
-        + (f"({jobs} at a time, {threads} thread(s) each)" if todo else ""))
+        + (f"({jobs} at a time, {threads} thread(s) each)" if todo else "")
+        + (f"; about {planned_minutes(study, minutes, seeds, jobs):.0f} minutes from nothing" if minutes else ""))
     with Progress(total=len(plan), initial=len(plan) - len(todo), unit="run", desc=f"study {name}") as bar:
         # the teacher before its students, the pre-training runs before the arms that start from them
         first = [(f"{a.label} seed {s}", r) for a, s, r in todo if a.teacher or a.pretraining]
@@ -229,13 +294,14 @@ def run_study(name: str, out: str | os.PathLike = "studies", data: str = "cifar1
                            QUICK_SHARE if quick else 1.0, cache_dir, out / "features", threads, log)
     if pre_runs:
         extra["pretraining"] = pretraining_rows(pre_runs)
-    result = {"study": name, "claim": study.claim, "source": study.source,
+    verdict, answer = study.answer(rows)
+    result = {"study": name, "claim": study.claim, "source": study.source, "paper": study.paper,
               "budget": f"quick (digits, {100 * QUICK_SHARE:g}% of the images, 1 epoch at 16x16)" if quick else
-              (f"{epochs} epochs" if epochs is not None else f"{budget:g} min per run"),
+              (f"{epochs} epochs" if epochs is not None else f"{minutes:g} min per run"),
+              "unit": "epochs" if quick or epochs is not None else "minutes",
+              "per_run": common["epochs"] if quick or epochs is not None else minutes,
               "data": common["data"], "seeds": list(seeds), "threads_per_run": threads, "runs_at_a_time": jobs,
-              "recipe": {**base, **{k: v for k, v in common.items() if k not in ("cache_dir",)}},
-              "rows": rows, "answer": study.answer(rows), "notes": study.notes, **extra}
+              "recipe": {**base_values(), **{k: v for k, v in common.items() if k not in ("cache_dir",)}},
+              "rows": rows, "verdict": verdict, "answer": answer, "notes": study.notes, **extra}
     write_report(result, study, out)
     return result
-
-
