@@ -160,7 +160,7 @@ def test_an_unfinished_arm_is_finished_from_its_checkpoint(quick, tmp_path):
     out, _ = quick
     copy = tmp_path / "studies"
     shutil.copytree(out, copy)
-    arm = next((copy / "runs").glob("vit_nano_patch4_32-seed0"))
+    arm = next((copy / "runs").glob("vit_nano_patch4_32-1ep-seed0"))
     old = json.loads((arm / "summary.json").read_text())
     (arm / "summary.json").unlink()  # as if killed after the last epoch's checkpoint
     said = []
@@ -305,3 +305,18 @@ def test_two_seeds_give_each_arm_a_mean_and_std(tmp_path):
         assert len(values) == 2 and row["top1_std"] == pytest.approx(abs(values[0] - values[1]) / 2 ** 0.5)
     assert result["verdict"] in ("agrees", "disagrees", "not separated")
     assert " +/- " in (tmp_path / "hybrid.md").read_text()
+
+
+def test_studies_share_a_run_only_at_the_same_budget(tmp_path):
+    from vitlab.studies.runner import _common, _plan
+
+    def folders(name):
+        common = {**_common(STUDIES[name], "cifar10", None, None, False), "threads": 1, "cache_dir": None}
+        return {a.label: Path(r.out).name for a, _, r in _plan(STUDIES[name], tmp_path, common, (0,), False)}
+    pos, hybrid, scale, locality = (folders(n) for n in ("pos-embed", "hybrid", "data-scale", "locality"))
+    assert pos["learned 1D"] == hybrid["patch tokens"] == "vit_nano_patch4_32-16min-seed0"
+    assert scale["ViT 100%"] == locality["DeiT 100%"] == "vit_nano_patch4_32-8.5min-seed0"
+    assert scale["ViT 10%"] == "vit_nano_patch4_32-train_fraction=0.1-0.85min-seed0"  # as many epochs as 100%
+    pretrain = folders("pretrain")
+    assert pretrain["no pre-training, 1x, 10% labels"] not in scale.values()
+    assert pretrain["MAE pre-training, 3x"] == "vit_nano_patch4_32-pretrain=mae-4.5min-seed0"

@@ -49,9 +49,9 @@ from .probe import pretraining_rows, probe_rows
 from .report import aggregate, write_report
 
 
-def _slug(values: dict[str, Any], seed: int, scale: float = 1.0) -> str:
-    """A run folder name from an arm's values: model, then every other changed value, the budget's scale when not
-    1, then the seed."""
+def _slug(values: dict[str, Any], seed: int, budget: str = "") -> str:
+    """A run folder name from an arm's values: model, then every other changed value, the budget ('16min', '1ep':
+    studies share a run only at the same budget), then the seed."""
     parts = [str(values.get("model", "default"))]
     for key in sorted(values):
         if key in ("model", "teacher"):
@@ -61,7 +61,7 @@ def _slug(values: dict[str, Any], seed: int, scale: float = 1.0) -> str:
             parts += [f"{k}={v}" for k, v in sorted(value.items())]
         else:
             parts.append(f"{key}={value}")
-    parts += [f"budget={scale:g}x"] if scale != 1 else []
+    parts += [budget] if budget else []
     text = "-".join(parts + [f"seed{seed}"])
     return re.sub(r"[^A-Za-z0-9_.=+-]+", "", text.replace(", ", "_").replace(" ", ""))
 
@@ -98,6 +98,11 @@ def scaled_budget(common: dict[str, Any], arm: Arm) -> dict[str, Any]:
     elif out.get("epochs") and arm.scale != 1:
         out["epochs"] = math.ceil(out["epochs"] * arm.scale)
     return out
+
+
+def budget_tag(values: dict[str, Any]) -> str:
+    """A run's budget in its folder name: '8.5min' or '2ep'."""
+    return f"{values['time_budget']:g}min" if values.get("time_budget") else f"{values['epochs']}ep"
 
 
 RUN_OVERHEAD = 0.75  # minutes a run costs besides its training budget: start, data, the final evaluation
@@ -244,7 +249,8 @@ def _plan(study: Study, runs: Path, common: dict[str, Any], seeds: Sequence[int]
           quick: bool) -> list[tuple[Arm, int, Recipe]]:
     """Every (arm, seed, recipe) of the study; one teacher and one run per pre-training arm (seed 0)."""
     base = base_values()
-    folder = {id(a): lambda seed, a=a: runs / _slug(a.values, seed, a.scale) for a in study.arms}
+    folder = {id(a): lambda seed, a=a: runs / _slug(a.values, seed, budget_tag(scaled_budget(common, a)))
+              for a in study.arms}
     teacher = next((folder[id(a)](0) for a in study.arms if a.teacher), None)
     pretrained = {f"{a.values['pretrain']}:{a.scale:g}": folder[id(a)](0) for a in study.arms if a.pretraining}
     plan = []
