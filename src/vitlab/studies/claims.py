@@ -218,7 +218,7 @@ def pretrain_label(name: str, scale: float) -> str:
 
 def encoder_name(label: str) -> str:
     """A pre-training arm's encoder as the probes name it: 'MAE pre-training, 3x' -> 'MAE 3x'."""
-    return label.replace(" pre-training,", "")
+    return label.replace(" pre-training,", "").removesuffix(" pre-training")
 
 
 def _finetune_label(name: str, scale: float, fraction: float) -> str:
