@@ -292,6 +292,24 @@ def test_data_scale_verdict_reads_the_cnn_s_lead_and_its_trend():
     assert answer(rows(-0.10, 0.0))[0] == "disagrees"  # the ViT ahead on little data
 
 
+def test_hybrid_verdict_reads_both_hybrids_against_patch_tokens():
+    hybrid = STUDIES["hybrid"].answer
+    patch, cnn, bit = (a.label for a in STUDIES["hybrid"].arms)
+    low, high = [0.50, 0.51, 0.52], [0.60, 0.61, 0.62]
+    verdict, text = hybrid(_rows({patch: low, cnn: low, bit: high}))
+    assert verdict == "agrees" and f"{bit} vs {patch}: +10.0" in text and f"{cnn} vs {patch}: +0.0" in text
+    assert hybrid(_rows({patch: low, cnn: [0.49, 0.52, 0.53], bit: low}))[0] == "not separated"
+    assert hybrid(_rows({patch: high, cnn: low, bit: low}))[0] == "disagrees"
+
+
+def test_quick_arms_crop_with_the_quick_padding():
+    from vitlab.studies.claims import QUICK
+    from vitlab.studies.runner import arm_recipe
+    for arm in STUDIES["distill"].arms:  # the base recipe's crop, and the teacher's own
+        augment = arm_recipe(arm, 0, Path("unused"), dict(QUICK), Path("teacher")).augment
+        assert (augment.crop, augment.padding) == ("pad", QUICK["padding"]), arm.label
+
+
 def test_every_study_fits_ninety_minutes_with_two_jobs_and_three_seeds():
     from vitlab.studies.runner import RUN_OVERHEAD, planned_minutes
     for name, study in STUDIES.items():

@@ -28,6 +28,10 @@ PRETRAIN_BASE_KEYS = ("batch_size", "lr", "min_lr", "warmup", "weight_decay", "c
 # A teacher trains with its own recipe's values but these, which the study sets (its inputs keep their size).
 OWN_RECIPE_SKIP = ("data", "epochs", "time_budget", "eval_every", "tta", "tta_translate", "compile", "out")
 OWN_RECIPE_OVERRIDES: dict[str, Any] = {"eval_every": 10_000, "budget_counts": "training"}
+# --quick: a smoke run at 16x16. The arms keep the base recipe's crop ('pad', or the teacher's own recipe's), which
+# the digits' defaults (no crop) do not override, so the padding below is live: shifts of up to 1 pixel on 16x16
+# images, a quarter of a 4-pixel patch (the base's 4 would move whole patches at this size). Pre-training arms crop
+# with rrc, where it does nothing.
 QUICK: dict[str, Any] = dict(data="digits", img_size=16, epochs=1, time_budget=None, batch_size=32, padding=1,
                              hflip=False, precision="fp32")
 QUICK_SHARE = 0.2  # --quick trains every arm on a fifth of its training images (data-scale: 2% to 20%)
