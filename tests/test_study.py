@@ -172,10 +172,11 @@ def test_an_unfinished_arm_is_finished_from_its_checkpoint(quick, tmp_path):
     assert new["top1"] == old["top1"] == result["rows"][0]["top1_mean"]
 
 
-def test_a_folder_of_another_budget_is_refused(quick):
-    out, _ = quick
-    with pytest.raises(ValueError, match="holds another run .*epochs: 1 there, 2 now.*another --out"):
-        run_study("hybrid", out=out, epochs=2, data="digits", log=lambda s: None)
+def test_a_folder_of_the_same_name_holding_another_run_is_refused(quick):
+    out, _ = quick  # the quick runs' folders name one epoch, as a full-size one-epoch run's do
+    with pytest.raises(ValueError, match=r"-1ep-seed0 holds another run \(img_size: 16 there, None now, "
+                                         r"train_fraction: 0.2 there, 1.0 now.*another --out"):
+        run_study("hybrid", out=out, epochs=1, data="digits", seeds=(0,), log=lambda s: None)
 
 
 def test_parallel_arms_run_in_child_processes(tmp_path):
