@@ -187,6 +187,20 @@ def test_parallel_arms_run_in_child_processes(tmp_path):
         assert (folder.parent / (folder.name + ".log")).is_file() and not list(folder.parent.glob("*.lock"))
 
 
+def test_parallel_students_start_once_their_teacher_has_finished(tmp_path):
+    started = []  # (run, whether the teacher had finished when it started)
+
+    def log(line):
+        if line.startswith("training "):
+            done = any((tmp_path / "runs").glob("airbench_32*/summary.json"))
+            started.append((line.split(" -> ")[0].removeprefix("training "), done))
+
+    run_study("distill", out=tmp_path, quick=True, jobs=2, seeds=(0,), log=log)
+    # the run without a teacher trains beside the teacher; the students start after it
+    assert started[:2] == [("teacher (airbench CNN) seed 0", False), ("no teacher seed 0", False)]
+    assert len(started) == 5 and all(done for _, done in started[2:])
+
+
 def test_cli_lists_studies_and_names_a_wrong_one(capsys):
     assert main(["study", "--list"]) == 0
     listed = capsys.readouterr().out
@@ -341,3 +355,29 @@ def test_studies_share_a_run_only_at_the_same_budget(tmp_path):
     pretrain = folders("pretrain")
     assert pretrain["no pre-training, 1x, 10% labels"] not in scale.values()
     assert pretrain["MAE pre-training, 3x"] == "vit_nano_patch4_32-pretrain=mae-4.5min-seed0"
+
+
+def test_a_free_slot_takes_a_run_that_does_not_wait_for_the_teacher(tmp_path):
+    from types import SimpleNamespace
+
+    from vitlab.studies.runner import next_ready
+    runs = tmp_path / "runs"
+    teacher, outside = runs / "teacher-seed0", tmp_path / "my-teacher"
+    student = SimpleNamespace(out=str(runs / "student-seed0"), teacher=str(teacher), init=None)
+    alone = SimpleNamespace(out=str(runs / "alone-seed0"), teacher=None, init=None)
+    assert next_ready([student, alone]) == 1  # the teacher has not finished: the run without one goes first
+    assert next_ready([student]) is None
+    (teacher).mkdir(parents=True)
+    (teacher / "summary.json").write_text("{}")
+    assert next_ready([student, alone]) == 0
+    # a teacher that is no run of the study (a model folder of the user's) is not waited for
+    assert next_ready([SimpleNamespace(out=str(runs / "s"), teacher=str(outside), init=None)]) == 0
+
+
+def test_the_distillation_plan_trains_students_without_a_teacher_beside_it():
+    from vitlab.studies.runner import RUN_OVERHEAD, planned_minutes
+    run, teacher = 10 + RUN_OVERHEAD, 2 * 10 + RUN_OVERHEAD
+    # the teacher on one slot; beside it the three runs without a teacher (two of them before it ends), then the
+    # nine students: the slots end at 64.5 + 10.75, not at the teacher's 20.75 plus six runs of two slots
+    assert planned_minutes(STUDIES["distill"], 10, (0, 1, 2), 2) == pytest.approx(7 * run)
+    assert 7 * run < teacher + 6 * run

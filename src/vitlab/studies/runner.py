@@ -108,21 +108,36 @@ def budget_tag(values: dict[str, Any]) -> str:
 RUN_OVERHEAD = 0.75  # minutes a run costs besides its training budget: start, data, the final evaluation
 
 
+def _depends(arm: Arm) -> bool:
+    """Whether the arm starts from another run of its study: the teacher's students, the pre-trained encoders'
+    fine-tuning runs."""
+    init = arm.values.get("init")
+    return arm.values.get("teacher") == TEACHER or (isinstance(init, str) and init.startswith(PRETRAINED))
+
+
 def planned_minutes(study: Study, minutes: float, seeds: Sequence[int], jobs: int) -> float:
-    """Wall-clock minutes of the whole study from nothing: its runs' budgets (plus RUN_OVERHEAD each) laid in order
-    on ``jobs`` slots, the teacher and pre-training runs first."""
+    """Wall-clock minutes of the whole study from nothing: its runs' budgets (plus RUN_OVERHEAD each) laid on
+    ``jobs`` slots as the runner lays them: the teacher and pre-training runs first, each free slot taking the first
+    run whose teacher or encoder has finished (counted as once all of them have)."""
     first, rest = [], []
     for arm in study.arms:
         n = 1 if arm.teacher or arm.pretraining else len(seeds)
-        (first if arm.teacher or arm.pretraining else rest).extend([minutes * arm.scale * arm.time_share
-                                                                    + RUN_OVERHEAD] * n)
-    total = 0.0
-    for batch in (first, rest):
-        slots = [0.0] * jobs
-        for t in batch:
-            slots[slots.index(min(slots))] += t
-        total += max(slots)
-    return total
+        run = (minutes * arm.scale * arm.time_share + RUN_OVERHEAD, _depends(arm))
+        (first if arm.teacher or arm.pretraining else rest).extend([run] * n)
+    slots = [0.0] * jobs
+    for t, _ in first:
+        slots[slots.index(min(slots))] += t
+    ready_at = max(slots) if first else 0.0  # the runs that depend on the first ones start after the last of them
+    pending = list(rest)
+    while pending:
+        i = slots.index(min(slots))
+        now = slots[i]
+        k = next((k for k, (_, dep) in enumerate(pending) if not dep or ready_at <= now), None)
+        if k is None:  # nothing can start yet: this slot waits for the first runs
+            slots[i] = ready_at
+            continue
+        slots[i] = now + pending.pop(k)[0]
+    return max(slots)
 
 
 _SAME = ("model", "model_args", "data", "img_size", "train_fraction", "time_budget", "epochs", "seed", "distill",
@@ -206,8 +221,8 @@ def _train_arms(jobs: list[tuple[str, Recipe]], parallel: int, log: Callable[[st
     running: list[tuple[str, Path, subprocess.Popen, Any]] = []  # name, run folder, child, its log's handle
     failed = []
     while pending or running:
-        while pending and len(running) < parallel:
-            name, recipe = pending.pop(0)
+        while len(running) < parallel and (k := next_ready([r for _, r in pending])) is not None:
+            name, recipe = pending.pop(k)
             folder = Path(recipe.out)
             folder.parent.mkdir(parents=True, exist_ok=True)
             if not _claim(folder, log):  # finished meanwhile by another study
@@ -232,8 +247,22 @@ def _train_arms(jobs: list[tuple[str, Recipe]], parallel: int, log: Callable[[st
             if proc.returncode != 0:
                 tail = logfile.read_text().strip().splitlines()[-1:] if logfile.is_file() else []
                 failed.append(f"{name} (exit {proc.returncode}: {tail[0] if tail else 'no output'}; log {logfile})")
+        if pending and not running and next_ready([r for _, r in pending]) is None:  # their teacher failed
+            failed += [f"{name} (not trained: the run it starts from did not finish)" for name, _ in pending]
+            pending.clear()
     if failed:
         raise RuntimeError("study arm(s) failed: " + "; ".join(failed))
+
+
+def next_ready(recipes: Sequence[Recipe]) -> int | None:
+    """The index of the first recipe whose teacher and init, where they are runs of the study (folders beside its
+    own), have finished; None when every one still waits."""
+    for k, recipe in enumerate(recipes):
+        runs = Path(recipe.out).parent
+        needs = [Path(p) for p in (recipe.teacher, recipe.init) if p and Path(p).parent == runs]
+        if all(is_finished(p) for p in needs):
+            return k
+    return None
 
 
 def _common(study: Study, data: str, budget: float | None, epochs: int | None, quick: bool) -> dict[str, Any]:
@@ -287,11 +316,11 @@ def run_study(name: str, out: str | os.PathLike = "studies", data: str = "cifar1
         + (f"; about {planned_minutes(study, minutes, seeds, jobs):.0f} minutes from nothing" if minutes else ""))
     with Progress(total=len(plan), initial=len(plan) - len(todo), unit="run", desc=f"study {name}") as bar:
         # the teacher before its students, the pre-training runs before the arms that start from them
+        # (a free slot takes the first run that does not wait for one of them)
         first = [(f"{a.label} seed {s}", r) for a, s, r in todo if a.teacher or a.pretraining]
         rest = [(f"{a.label} seed {s}", r) for a, s, r in todo if not (a.teacher or a.pretraining)]
-        for batch in (first, rest):
-            if batch:
-                _train_arms(batch, jobs, log, bar)
+        if todo:
+            _train_arms(first + rest, jobs, log, bar)
 
     rows, extra = aggregate(study, plan), {}
     pre_runs = {a.label: Path(r.out) for a, _, r in plan if a.pretraining}
