@@ -7,6 +7,16 @@ first reached 80, 85, 90, 93 and 94% test top-1, and its final top-1, with the C
 is what speed runs time: the run's clock from its first step, evaluations not counted (``--budget-counts
 training``); the wall time of each arm is longer by its evaluations.
 
+Every figure is printed beside the box's calibration: airbench_32's bare training step (forward, backward, SGD on
+random 32x32 images, channels-last, the arms' thread count), in training images a second. Times are also given in
+CNN-epochs, the time this box's CNN step takes for 50,000 images, so that runs on boxes twice as fast or slow read
+alike. ``--calibrate-steps 0`` skips it.
+
+``distilled`` is the hybrid with a distillation token, hard-distilled from the ``cnn`` arm's finished model (the
+teacher trained once and reused; its forward pass on every batch is inside the student's budget). ``--total MIN``
+gives it the time the teacher's training left of MIN (MIN minus the ``cnn`` arm's training minutes), so that its
+row compares with a CNN trained for MIN minutes alone: DeiT's student against its teacher at equal total time.
+
 ``--ablations`` trains the hybrid under the budget once as it is and once without each piece of the speed run,
 evaluated at the end only (one view), then evaluates the whole recipe's model again with mirror and with mirror +
 translate test-time augmentation, and prints each piece's gain. The whole recipe also runs with another seed: the
@@ -15,6 +25,7 @@ difference between the two is the noise the gains are read against. The eight ar
 
     python benchmarks/cifar10_speedrun.py --budget 30 [--data ../shared/data/cifar10-jpg.tar.gz] [--out runs/speedrun]
     python benchmarks/cifar10_speedrun.py --ablations --budget 4 --jobs 2 --threads 1 --out runs/speedrun-ablations
+    python benchmarks/cifar10_speedrun.py --arms cnn,distilled --budget 30 --total 60 --out runs/speedrun
     python benchmarks/cifar10_speedrun.py --table-only --out runs/speedrun   # tabulate finished runs again
 
 Any other option goes to every ``vitlab train`` (e.g. ``--threads 2``, ``--tta-translate 0`` for mirror TTA only).
@@ -22,17 +33,25 @@ Any other option goes to every ``vitlab train`` (e.g. ``--threads 2``, ``--tta-t
 from __future__ import annotations
 
 import argparse
+import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
+import vitlab
 from vitlab.runs.format import is_finished, read_history, read_summary
 
 ROOT = Path(__file__).resolve().parents[1]
-ARMS = {"cnn": ROOT / "recipes/cifar10_airbench.yaml", "hybrid": ROOT / "recipes/cifar10_hybrid_speedrun.yaml"}
+ARMS = {"cnn": ROOT / "recipes/cifar10_airbench.yaml", "hybrid": ROOT / "recipes/cifar10_hybrid_speedrun.yaml",
+        "distilled": ROOT / "recipes/cifar10_hybrid_speedrun.yaml"}
+TEACHER_ARM = "cnn"  # the distilled arm's teacher: the CNN arm's finished run
+DISTILLED = ["--model-arg", "distilled=true", "--model-arg", "class_token=true", "--model-arg", "global_pool=token",
+             "--distill", "hard"]  # + --teacher OUT/cnn; DeiT reads the class and distillation tokens
+CIFAR10_TRAIN = 50_000  # images in a CNN-epoch
 THRESHOLDS = (0.80, 0.85, 0.90, 0.93, 0.94)
 # the hybrid without one piece of the speed run at a time: (row label, vitlab train options)
 ABLATIONS = {
@@ -50,20 +69,51 @@ ONE_VIEW = ["--no-tta", "--tta-translate", "0", "--eval-every", "100000"]
 
 
 def machine() -> str:
-    """The CPU's model name and its AVX-512 / AMX flags, and the GPU when torch sees one."""
-    name, flags = "unknown CPU", set()
+    """The CPU's model name, family and model numbers (a bare "AMD EPYC" names no generation) and its AVX-512 / AMX
+    flags, and the GPU when torch sees one."""
+    info, flags = {}, set()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             key, _, value = line.partition(":")
-            if key.strip() == "model name" and name == "unknown CPU":
-                name = value.strip()
-            elif key.strip() == "flags" and not flags:
+            key = key.strip()
+            if key in ("model name", "cpu family", "model") and key not in info:
+                info[key] = value.strip()
+            elif key == "flags" and not flags:
                 flags = set(value.split())
     except OSError:
         pass
-    isa = ", ".join(f"{f} {'yes' if f in flags else 'no'}" for f in ("avx2", "avx512f", "amx_tile"))
+    name = info.get("model name", "unknown CPU")
+    if "cpu family" in info:
+        name += f" (family {info['cpu family']}, model {info.get('model', '?')})"
+    isa = ", ".join(f"{f} {'yes' if f in flags else 'no'}" for f in ("avx2", "avx512f", "avx512_vp2intersect",
+                                                                    "amx_tile"))
     gpu = f"; GPU {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ""
     return f"{name} ({isa}), {torch.get_num_threads()} threads{gpu}"
+
+
+def calibrate(steps: int = 5, batch: int = 512, clock=time.perf_counter) -> float:
+    """This box's calibration: airbench_32's training images per second, the median of ``steps`` bare steps
+    (forward, backward, Nesterov SGD) on random 32x32 images, channels-last, at torch's current thread count, after
+    one step not counted."""
+    torch.manual_seed(0)
+    model = vitlab.create_model("airbench_32").to(memory_format=torch.channels_last).train()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.85, nesterov=True)
+    x = torch.randn(batch, 3, 32, 32).contiguous(memory_format=torch.channels_last)
+    y = torch.randint(0, 10, (batch,))
+    seconds = []
+    for _ in range(steps + 1):
+        t0 = clock()
+        loss = F.cross_entropy(model(x), y, label_smoothing=0.2)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        seconds.append(clock() - t0)
+    return batch / statistics.median(seconds[1:])
+
+
+def cnn_epochs(seconds: float, calibration: float | None) -> float | None:
+    """A time in CNN-epochs: how many epochs of CIFAR-10 this box's CNN step trains in it."""
+    return None if calibration is None else seconds * calibration / CIFAR10_TRAIN
 
 
 def arm_command(recipe: Path, out: Path, data: str, budget: float, extra: list[str]) -> list[str]:
@@ -87,29 +137,57 @@ def run_arms(commands: dict[str, list[str]], jobs: int) -> None:
                   f"{(time.perf_counter() - t0) / 60:.1f} min of wall time", flush=True)
 
 
-def fmt_time(seconds: float | None) -> str:
-    return "-" if seconds is None else f"{seconds / 60:.1f} min"
+def fmt_time(seconds: float | None, calibration: float | None = None) -> str:
+    """Minutes, and CNN-epochs in brackets where the box is calibrated."""
+    if seconds is None:
+        return "-"
+    ep = cnn_epochs(seconds, calibration)
+    return f"{seconds / 60:.1f} min" + ("" if ep is None else f" ({ep:.1f})")
 
 
-def arm_row(name: str, folder: Path) -> list[str]:
-    """One table row: the model, epochs, img/s, time to each threshold, final top-1."""
+def arm_row(name: str, folder: Path, calibration: float | None = None, before: float = 0.0) -> list[str]:
+    """One table row: the model, epochs, img/s, time to each threshold, final top-1, training time. ``before``:
+    training seconds spent before this run began (the distilled arm's teacher), added to every time."""
     if not is_finished(folder):
         return [name, "(not finished)"] + [""] * (len(THRESHOLDS) + 4)
     rows, summary = read_history(folder), read_summary(folder)
     reached = []
     for t in THRESHOLDS:
         hit = next((r.elapsed_seconds for r in rows if r.test_top1 is not None and r.test_top1 >= t), None)
-        reached.append(fmt_time(hit))
+        reached.append(fmt_time(None if hit is None else before + hit, calibration))
     epochs = summary.steps / rows[0].step if len(rows) > 1 else summary.epochs  # the last epoch may be cut short
     return [name, summary.model, f"{epochs:.1f}", f"{summary.images_per_second:.0f}", *reached,
-            f"{100 * summary.top1:.2f}%", fmt_time(summary.train_seconds)]
+            f"{100 * summary.top1:.2f}%", fmt_time(before + summary.train_seconds, calibration)]
 
 
-def table(out: Path, arms: list[str]) -> str:
-    head = ["arm", "model", "epochs", "img/s", *[f"to {100 * t:.0f}%" for t in THRESHOLDS], "final top-1", "trained"]
+def teacher_seconds(out: Path) -> float:
+    """The training seconds of the distilled arm's teacher (the cnn arm), 0 when it has not finished."""
+    folder = out / TEACHER_ARM
+    return read_summary(folder).train_seconds if is_finished(folder) else 0.0
+
+
+def table(out: Path, arms: list[str], calibration: float | None = None) -> str:
+    """The time-to-accuracy table; the distilled arm's times include its teacher's training."""
+    unit = " (CNN-epochs)" if calibration else ""
+    head = ["arm", "model", "epochs", "img/s", *[f"to {100 * t:.0f}%{unit}" for t in THRESHOLDS], "final top-1",
+            f"trained{unit}"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(arm_row(a, out / a)) + " |" for a in arms]
+    for a in arms:
+        before = teacher_seconds(out) if a == "distilled" else 0.0
+        label = f"{a} (+ its teacher's {before / 60:.1f} min)" if before else a
+        lines.append("| " + " | ".join(arm_row(label, out / a, calibration, before)) + " |")
     return "\n".join(lines)
+
+
+def student_budget(out: Path, budget: float, total: float | None) -> float:
+    """The distilled arm's budget in minutes: ``budget``, or what the teacher's training left of ``total``."""
+    if total is None:
+        return budget
+    left = total - teacher_seconds(out) / 60
+    if left <= 0:
+        raise SystemExit(f"--total {total:g} min leaves the distilled student no time after its teacher's "
+                         f"{teacher_seconds(out) / 60:.1f} min; accepted: a --total above the cnn arm's time")
+    return left
 
 
 def ablation_table(out: Path, tta: dict[str, float | None]) -> str:
@@ -150,22 +228,42 @@ def main() -> None:
     ap.add_argument("--ablations", action="store_true", help="the hybrid without each piece of the speed run")
     ap.add_argument("--jobs", type=int, default=1, help="arms trained side by side (give --threads too; default 1)")
     ap.add_argument("--table-only", action="store_true", help="tabulate the run folders under --out, train nothing")
+    ap.add_argument("--total", type=float, help="the distilled arm's budget is what the cnn arm's training left of "
+                                                 "this many minutes (default: --budget for it too)")
+    ap.add_argument("--calibrate-steps", type=int, default=5, help="bare CNN steps timed for the box's calibration "
+                                                                   "(0: none; default 5)")
     args, extra = ap.parse_known_args()  # anything else goes to vitlab train (e.g. --threads 2)
     arms = list(ABLATIONS) if args.ablations else [a.strip() for a in args.arms.split(",") if a.strip()]
     unknown = [a for a in arms if a not in ARMS and not args.ablations]
-    if args.budget <= 0 or unknown or args.jobs < 1:
-        ap.error(f"--budget must be > 0, --jobs >= 1 and --arms a list of {', '.join(ARMS)}")
+    if args.budget <= 0 or unknown or args.jobs < 1 or args.calibrate_steps < 0:
+        ap.error(f"--budget must be > 0, --jobs >= 1, --calibrate-steps >= 0 and --arms a list of {', '.join(ARMS)}")
+    if "distilled" in arms and (TEACHER_ARM not in arms or arms.index(TEACHER_ARM) > arms.index("distilled")) \
+            and not is_finished(Path(args.out) / TEACHER_ARM) and not args.table_only:
+        ap.error(f"the distilled arm's teacher is the {TEACHER_ARM} arm: list it first in --arms or finish it "
+                 f"under --out first")
+    if "--threads" in extra:
+        torch.set_num_threads(int(extra[extra.index("--threads") + 1]))
     out = Path(args.out)
+    calibration = calibrate(args.calibrate_steps) if args.calibrate_steps else None
     if not args.table_only:
         commands = {}
-        for arm in arms:
+        for arm in [a for a in arms if a != "distilled"]:  # the distilled arm runs once its teacher has finished
             recipe, options = (ARMS["hybrid"], ABLATIONS[arm][1] + ONE_VIEW) if args.ablations else (ARMS[arm], [])
             commands[arm] = arm_command(recipe, out / arm, args.data, args.budget, options + extra)
         run_arms(commands, args.jobs)
+        if "distilled" in arms and not is_finished(out / TEACHER_ARM):
+            print(f"distilled: not run, its teacher ({out / TEACHER_ARM}) did not finish", flush=True)
+        elif "distilled" in arms:
+            budget = student_budget(out, args.budget, args.total)
+            run_arms({"distilled": arm_command(ARMS["distilled"], out / "distilled", args.data, budget,
+                                               DISTILLED + ["--teacher", str(out / TEACHER_ARM)] + extra)}, 1)
     what = "ablations of the hybrid" if args.ablations else "time-to-accuracy"
-    print(f"\nCIFAR-10 {what}, budget {args.budget:g} min of training per arm, on {machine()}\n")
+    print(f"\nCIFAR-10 {what}, budget {args.budget:g} min of training per arm, on {machine()}")
+    if calibration:
+        print(f"calibration: airbench_32's bare training step at {calibration:.0f} img/s on this box (batch 512, "
+              f"median of {args.calibrate_steps}); one CNN-epoch = {CIFAR10_TRAIN / calibration / 60:.1f} min\n")
     print(ablation_table(out, tta_figures(out / "full", args.data)) if args.ablations
-          else table(out, arms))
+          else table(out, arms, calibration))
 
 
 if __name__ == "__main__":
