@@ -111,6 +111,11 @@ HF = {
 }
 
 
+# timm folders that timm also loads at other input sizes, resizing tensors on load (BEiT's relative position tables
+# by its checkpoint rule): io_resized_HxW.safetensors holds timm's outputs of the folder loaded at each size
+RESIZED = {"timm_beit": [(24, 24), (28, 20)]}
+
+
 def perturb(model: nn.Module) -> nn.Module:
     with torch.no_grad():
         for p in model.parameters():
@@ -157,6 +162,10 @@ def timm_folder(name: str, arch: str, args: dict[str, Any], second: tuple[int, i
             dyn.load_state_dict(ref.state_dict())
             x = torch.randn(BATCH, 3, *second)
             write_io(folder / "io_dynamic.safetensors", x, dyn(x), dyn.forward_features(x))
+        for size in RESIZED.get(name, ()):
+            other = timm.create_model(f"local-dir:{folder}", pretrained=True, img_size=size).eval()
+            x = torch.randn(BATCH, 3, *size)
+            write_io(folder / f"io_resized_{size[0]}x{size[1]}.safetensors", x, other(x), other.forward_features(x))
 
 
 def hf_folder(name: str, cls: str, config_cls: str, config: dict[str, Any], second: tuple[int, int] | None) -> None:

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 import vitlab
 from vitlab.analysis.capture import capture_attention
@@ -48,11 +49,29 @@ def test_relative_bias_changes_the_captured_attention():
     assert not torch.allclose(maps[0].attn, flat[0].attn, atol=1e-3)
 
 
-def test_another_size_on_load_is_refused_in_one_line():
-    """timm resamples the tables on load by its own rule, which vitlab does not implement: refused, one line."""
-    with pytest.raises(ValueError) as e:
-        vitlab.load(PARITY / "timm_beit", img_size=24)
-    assert "\n" not in str(e.value) and "relative_position_bias_table" in str(e.value)
+@pytest.mark.parametrize("size", [(24, 24), (28, 20)])
+def test_another_size_on_load_resizes_the_tables_as_timm_does(size):
+    """timm loads a BEiT folder at another img_size by resizing each table on BEiT's geometric offsets: vitlab
+    loads it alike (tests/fixtures/parity/timm_beit/io_resized_*, timm 1.0.31's outputs)."""
+    io = load_file(PARITY / "timm_beit" / f"io_resized_{size[0]}x{size[1]}.safetensors")
+    model = vitlab.load(PARITY / "timm_beit", img_size=size)
+    with torch.no_grad():
+        torch.testing.assert_close(model(io["input"]), io["logits"], atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(model.forward_features(io["input"]), io["features"], atol=1e-4, rtol=1e-4)
+
+
+def test_the_resized_table_keeps_the_class_rows_and_a_constant_and_refuses_an_unknown_grid():
+    from vitlab.models.beit import resize_rel_pos_table
+
+    table = torch.randn(7 * 7 + 3, 2)
+    assert resize_rel_pos_table(table, (4, 4)) is table
+    big = resize_rel_pos_table(table, (6, 5))
+    assert big.shape == (11 * 9 + 3, 2) and torch.equal(big[-3:], table[-3:])
+    assert torch.equal(big[(11 * 9) // 2], table[(7 * 7) // 2])  # offset (0, 0) stays where it was
+    torch.testing.assert_close(resize_rel_pos_table(torch.ones(52, 2), (6, 5)), torch.ones(11 * 9 + 3, 2))
+    with pytest.raises(ValueError, match="not square") as e:
+        resize_rel_pos_table(torch.randn(7 * 9 + 3, 2), (6, 6))  # a 4x5 grid's table
+    assert "\n" not in str(e.value)
 
 
 def test_dynamic_size_resamples_the_tables_bilinearly(tmp_path):

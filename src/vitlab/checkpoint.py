@@ -23,6 +23,7 @@ from torch import nn
 from .atomic import atomic_path, atomic_write_json, read_json_object
 from .interop import hf, hub, timm
 from .models.base import make_pretrained_cfg
+from .models.beit import resize_rel_pos_table
 from .models.layers import resample_abs_pos_embed, resample_patch_embed, to_2tuple
 from .models.registry import build, check_model, create_model, get_spec, model_class
 
@@ -163,6 +164,17 @@ def _adapt_pos_embed(model: nn.Module, state: dict[str, torch.Tensor], old_img, 
                                                 antialias=getattr(model, "pos_embed_antialias", True))
 
 
+def _adapt_rel_pos_tables(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """BEiT's relative position tables of a checkpoint resized to the model's patch grid (another img_size) by
+    timm's rule on load (models.beit.resize_rel_pos_table)."""
+    own = model.state_dict()
+    for key, table in list(state.items()):
+        mine = own.get(key)
+        if key.endswith("relative_position_bias_table") and mine is not None and mine.shape != table.shape \
+                and mine.shape[1:] == table.shape[1:]:
+            state[key] = resize_rel_pos_table(table, model.get_submodule(key.rsplit(".", 1)[0]).window_size)
+
+
 def load_state_strict(model: nn.Module, state: dict[str, torch.Tensor], source: str) -> None:
     """Load every tensor or none: missing, unexpected and mis-shaped keys are named in the error."""
     own = model.state_dict()
@@ -240,6 +252,7 @@ def load(path: str | os.PathLike, **overrides: Any) -> nn.Module:
         preprocess.pop("label_names", None)
     # a patch size asked for (patch_size=) resamples the kernel; one the config implies by mistake stays a mismatch
     _adapt_pos_embed(model, state, old_img, _adapt_patch_embed(model, state) if "patch_size" in overrides else None)
+    _adapt_rel_pos_tables(model, state)
     try:
         load_state_strict(model, state, str(folder))
     except ValueError as e:

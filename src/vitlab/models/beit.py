@@ -60,6 +60,63 @@ def resample_rel_pos_table(table: torch.Tensor, old_grid: tuple[int, int], new_g
     return torch.cat([offsets.permute(0, 2, 3, 1).reshape(nh * nw, -1), table[oh * ow:]])
 
 
+def _geometric_offsets(src: int, dst: int) -> torch.Tensor:
+    """The ``src`` source offsets of one axis placed on the ``dst`` target axis (both 2g - 1 long) as BEiT's
+    fine-tuning code places them (timm's checkpoint rule): spacing that grows by a factor q from the centre, q found
+    by bisection on [1.01, 1.5] so that the outermost lands near dst // 2 (never below 1.01: when shrinking, the
+    source spans more than the target)."""
+    left, right, q = 1.01, 1.5, 1.01
+    while right - left > 1e-6:
+        q = (left + right) / 2.0
+        if (1.0 - q ** (src // 2)) / (1.0 - q) > dst // 2:
+            right = q
+        else:
+            left = q
+    dis, cur = [], 1.0
+    for i in range(src // 2):
+        dis.append(cur)
+        cur += q ** (i + 1)
+    return torch.tensor([-d for d in reversed(dis)] + [0.0] + dis)
+
+
+def _linear_weights(points: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """For each x, its two neighbours on the sorted ``points`` and their linear weights; beyond the ends the end
+    value (timm's RegularGridInterpolator in 'linear' mode)."""
+    right = torch.bucketize(x, points).clamp(max=len(points) - 1)
+    left = (right - 1).clamp(min=0)
+    d_left, d_right = (x - points[left]).clamp(min=0), (points[right] - x).clamp(min=0)
+    both = (d_left == 0) & (d_right == 0)
+    d_left, d_right = torch.where(both, 1.0, d_left), torch.where(both, 1.0, d_right)
+    total = d_left + d_right
+    return left, right, d_right / total, d_left / total
+
+
+def resize_rel_pos_table(table: torch.Tensor, new_grid: tuple[int, int]) -> torch.Tensor:
+    """A checkpoint's table (a square source grid, three class-token rows last) for a model at another input size,
+    as timm resizes it on load: each head's offsets as a (2g - 1)^2 image sampled at BEiT's geometric offsets,
+    read bilinearly at the new grid's integer offsets; the class-token rows kept. One line when the source grid
+    is not square and differs (the rows do not say its shape)."""
+    nh, nw = 2 * new_grid[0] - 1, 2 * new_grid[1] - 1
+    extra = 3
+    n = table.shape[0] - extra
+    side = int(round(n ** 0.5))
+    if side * side != n:
+        if n == nh * nw:
+            return table
+        raise ValueError(f"a relative_position_bias_table of {table.shape[0]} rows comes from a grid that is not "
+                         f"square; accepted: the checkpoint's own input size, or a square checkpoint")
+    if (side, side) == (nh, nw):
+        return table
+    values = table[:n].float().reshape(side, side, -1)
+    ys, xs = _geometric_offsets(side, nh), _geometric_offsets(side, nw)
+    ty, tx = nh // 2, nw // 2
+    ly, ry, wly, wry = _linear_weights(ys, torch.arange(-ty, ty + 1, dtype=torch.float32))
+    lx, rx, wlx, wrx = _linear_weights(xs, torch.arange(-tx, tx + 1, dtype=torch.float32))
+    rows = values[ly] * wly[:, None, None] + values[ry] * wry[:, None, None]  # (nh, side, heads)
+    out = rows[:, lx] * wlx[None, :, None] + rows[:, rx] * wrx[None, :, None]  # (nh, nw, heads)
+    return torch.cat([out.reshape(nh * nw, -1).to(table.dtype), table[n:]])
+
+
 def gather_bias(table: torch.Tensor, index: torch.Tensor, window: tuple[int, int],
                 grid: tuple[int, int] | None = None) -> torch.Tensor:
     """The (heads, N + 1, N + 1) bias of every (query, key) pair of ``grid`` from a table learned for ``window``
