@@ -74,6 +74,10 @@ TIMM = {
                                                                             num_classes=5), (20, 24)),
     "timm_vit_parallel": ("vit_small_patch16_18x2_224", dict(TINY, img_size=16, patch_size=4, num_classes=5),
                           (24, 20)),
+    "timm_vit_pwee": ("vit_pwee_patch16_reg1_gap_256", dict(TINY, img_size=16, patch_size=4, num_classes=5),
+                      (24, 20)),
+    "timm_vit_pwee_qk_norm": ("vit_pwee_patch16_reg1_gap_256", dict(TINY, img_size=16, patch_size=4, num_classes=5,
+                                                                    qkv_bias=False, qk_norm=True), (24, 20)),
 }
 # the size only in pretrained_cfg.input_size, as older timm exports write it
 SIZE_IN_PRETRAINED_CFG = {"timm_dinov2"}

@@ -24,7 +24,7 @@ EXPECTED = {"timm_deit3", "timm_dinov2", "timm_dinov2_reg4", "timm_vit_reg4_gap"
             "timm_beit", "timm_beitv2_token", "timm_beit_shared_abs", "hf_beit_classifier", "hf_beit_shared",
             "hf_data2vec_vision", "timm_vit_r_s16_p8", "timm_mixer", "timm_eva02", "timm_eva02_subln",
             "timm_vit_rope_axial", "timm_vit_rope_mixed_ape", "timm_vit_rope_reg_gap", "hf_vit_msn", "hf_vit_mae",
-            "timm_vit_parallel"}
+            "timm_vit_parallel", "timm_vit_pwee", "timm_vit_pwee_qk_norm"}
 DYNAMIC = sorted(p.parent.name for p in BACKBONES.glob("*/io_dynamic.safetensors"))
 TOL = 1e-4
 
@@ -163,7 +163,7 @@ def test_hf_vit_hybrid_is_refused_in_one_line(tmp_path):
     assert "vit-hybrid" in str(e.value) and "transformers" in str(e.value) and "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("name", ["timm_siglip", "timm_dinov2_reg4", "hf_clip_vision_projection"])
+@pytest.mark.parametrize("name", ["timm_siglip", "timm_dinov2_reg4", "hf_clip_vision_projection", "timm_vit_pwee"])
 def test_inspect_reads_the_backbones(tmp_path, name):
     """The attention analyses (heads, rollout, relevance, ...) run on attention-pool, register and pre-norm towers."""
     from PIL import Image
@@ -197,3 +197,29 @@ def test_parallel_blocks_are_timms_and_refused_by_transformers(tmp_path):
     assert "parallel blocks" in str(e.value) and "\n" not in str(e.value)
     with pytest.raises(ValueError, match="num_parallel 0"):
         vitlab.create_model("vit_small_patch16_18x2_224", num_parallel=0)
+
+
+def test_fused_parallel_blocks_are_timms_and_their_attention_is_captured(tmp_path):
+    """vit_pwee_*: ViT-22B's block, one fused input projection for the MLP and q, k, v (its bias the MLP's too, else
+    mlp_bias), attention and MLP summed; each block is its own attention module, so analyses read its maps; a timm
+    export loads back as timm wrote it, an HF export is refused in one line."""
+    from vitlab.analysis.capture import capture_attention
+    from vitlab.export import export
+
+    model = vitlab.load(BACKBONES / "timm_vit_pwee_qk_norm")
+    assert model.parallel_scaling and "fused projection" in model.family
+    assert {"blocks.1.in_proj.weight", "blocks.1.mlp_bias", "blocks.1.q_norm.weight", "blocks.1.attn_out_proj.bias",
+            "blocks.1.mlp_out_proj.weight", "blocks.1.ls.gamma"} <= set(model.state_dict())
+    io = load_file(BACKBONES / "timm_vit_pwee_qk_norm" / "io.safetensors")
+    with capture_attention(model) as maps:
+        logits = model(io["input"])
+    assert (logits - io["logits"]).abs().max() <= TOL  # the explicit path computes what the fused one does
+    assert [m.name for m in maps] == ["blocks.0", "blocks.1"] and maps[0].prefix_tokens == ("reg",)
+    torch.testing.assert_close(maps[0].attn.sum(-1), torch.ones_like(maps[0].attn.sum(-1)))
+    back = vitlab.load(export(model, "timm", tmp_path / "timm"))
+    check(back, io)
+    with pytest.raises(ValueError) as e:
+        export(model, "hf", tmp_path / "hf")
+    assert "parallel blocks" in str(e.value) and "\n" not in str(e.value)
+    with pytest.raises(ValueError, match="two kinds of block"):
+        vitlab.create_model("vit_pwee_patch16_reg1_gap_256", num_parallel=2)

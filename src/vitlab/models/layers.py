@@ -302,6 +302,45 @@ class ParallelThingsBlock(nn.Module):
         return x + torch.stack([branch(x) for branch in self.ffns]).sum(dim=0)
 
 
+class ParallelScalingBlock(Attention):
+    """ViT-22B's parallel block (Dehghani et al. 2023, "Scaling Vision Transformers to 22 Billion Parameters"):
+    one norm, one fused projection to the MLP's hidden units and to q, k, v; attention and MLP side by side, their
+    outputs projected (``attn_out_proj``, ``mlp_out_proj``, or one ``out_proj`` of both), summed, scaled and added
+    onto x. timm's keys: ``in_norm``, ``in_proj`` (its bias, with qkv_bias, also the MLP's; else ``mlp_bias``),
+    ``q_norm``, ``k_norm``, ``ls``. It is its own attention module (``attend`` and ``attn_map``), so analyses read
+    its maps as a plain ViT's; the arguments are Block's."""
+
+    def __init__(self, dim, num_heads, mlp_ratio=4.0, qkv_bias=False, proj_drop=0.0, attn_drop=0.0,
+                 init_values=None, drop_path=0.0, act_layer=nn.GELU, norm_layer=nn.LayerNorm, proj_bias=True,
+                 qk_norm=False, fuse_out_proj=False, attn_layer=None):
+        super().__init__(dim, num_heads, attn_drop=attn_drop, qk_norm=qk_norm, norm_layer=norm_layer)
+        del self.qkv, self.proj, self.proj_drop  # the fused projections below stand in for them
+        hidden = mlp_hidden(dim, mlp_ratio)
+        self.in_norm = norm_layer(dim)
+        self.in_proj = nn.Linear(dim, hidden + 3 * dim, bias=qkv_bias)
+        self.in_split = [hidden, dim, dim, dim]
+        self.mlp_bias = None if qkv_bias else nn.Parameter(torch.zeros(hidden))
+        self.mlp_drop = nn.Dropout(proj_drop)
+        self.mlp_act = act_layer()
+        self.out_proj = nn.Linear(dim + hidden, dim, bias=proj_bias) if fuse_out_proj else None
+        self.attn_out_proj = None if fuse_out_proj else nn.Linear(dim, dim, bias=proj_bias)
+        self.mlp_out_proj = None if fuse_out_proj else nn.Linear(hidden, dim, bias=proj_bias)
+        self.ls = LayerScale(dim, init_values) if init_values is not None else nn.Identity()
+        self.drop_path = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, N, C = x.shape
+        h, q, k, v = torch.split(self.in_proj(self.in_norm(x)), self.in_split, dim=-1)
+        if self.mlp_bias is not None:
+            h = h + self.mlp_bias
+        q, k, v = (t.view(B, N, self.num_heads, self.head_dim).transpose(1, 2) for t in (q, k, v))
+        a = self.attend(self.q_norm(q), self.k_norm(k), v)
+        h = self.mlp_drop(self.mlp_act(h))
+        y = self.out_proj(torch.cat((a, h), dim=-1)) if self.out_proj is not None else \
+            self.attn_out_proj(a) + self.mlp_out_proj(h)
+        return x + self.drop_path(self.ls(y))
+
+
 class AttentionPoolLatent(nn.Module):
     """Attention pooling with a learned query (SigLIP's head, timm's ``attn_pool``): tokens (B, N, D) -> (B, D).
 

@@ -15,6 +15,7 @@ from .layers import (
     Attention,
     AttentionPoolLatent,
     Block,
+    ParallelScalingBlock,
     ParallelThingsBlock,
     PatchEmbed,
     drop_path_rates,
@@ -94,7 +95,9 @@ class VisionTransformer(Model):
     ``pre_norm`` adds CLIP's LayerNorm ``norm_pre`` after the position embedding (and drops the patch
     projection's bias); ``qk_norm`` normalises queries and keys per head; ``final_norm=False`` drops
     the final norm (and fc_norm); ``global_pool='map'`` pools with SigLIP's attention-pool head ``attn_pool``;
-    ``num_parallel=2`` gives each block two attention then two MLP branches (timm's ParallelThingsBlock).
+    ``num_parallel=2`` gives each block two attention then two MLP branches (timm's ParallelThingsBlock);
+    ``parallel_scaling=True`` makes each block ViT-22B's, attention and MLP side by side from one fused projection
+    (timm's ParallelScalingBlock).
     """
 
     global_pools = ("token", "avg", "")  # those reset_classifier may switch between (same width, no extra layers)
@@ -112,6 +115,8 @@ class VisionTransformer(Model):
             return "ViT (attention-pool head)"
         if self.num_parallel > 1:
             return f"ViT ({self.num_parallel} parallel branches per block)"
+        if self.parallel_scaling:
+            return "ViT (parallel attention and MLP, one fused projection per block)"
         return "ViT" if self.cls_token is not None else "ViT (no class token, average pooling)"
 
     @property
@@ -125,19 +130,23 @@ class VisionTransformer(Model):
         arch = getattr(self, "arch", None)
         clip = "_clip_" in arch if arch in self.timm_names else self.norm_eps == CLIP_NORM_EPS
         base = "vit_base_patch16_clip_224" if clip else "vit_tiny_patch16_224"
-        parallel = self.num_parallel > 1  # timm's block_fn, fixed by the name: only its 18x2 names hold two branches
+        # timm's block_fn, fixed by the name: only its 18x2 names hold two branches, its pwee name fused blocks
+        parallel, scaling = self.num_parallel > 1, self.parallel_scaling
         return TimmSpec("VisionTransformerDistilled" if distilled else "VisionTransformer", TIMM_ARGS,
                         "deit_tiny_distilled_patch16_224" if distilled else
-                        "vit_small_patch16_18x2_224" if parallel else base,
+                        "vit_small_patch16_18x2_224" if parallel else
+                        "vit_pwee_patch16_reg1_gap_256" if scaling else base,
                         fixed={"norm_eps": CLIP_NORM_EPS if clip else 1e-6, "pos_embed_antialias": True,
                                **({"global_pool": "token"} if self.global_pool == "token_avg" else {}),
-                               **({} if parallel else {"num_parallel": 1})},
-                        dropped=("distilled", "num_parallel") if parallel else ("distilled",),
+                               **({} if parallel else {"num_parallel": 1}),
+                               **({} if scaling else {"parallel_scaling": False})},
+                        dropped=("distilled", *(("num_parallel",) if parallel else ()),
+                                 *(("parallel_scaling",) if scaling else ())),
                         values={"pos_embed": {"sincos": "learn"}})  # the fixed table exported as a learned one
 
     @property
     def hf_model_type(self) -> str | None:
-        if self.num_parallel > 1:
+        if self.num_parallel > 1 or self.parallel_scaling:
             return None
         return "deit" if self.dist_token is not None else "vit"
 
@@ -146,10 +155,13 @@ class VisionTransformer(Model):
                  class_token=True, reg_tokens=0, distilled=False, no_embed_class=False, pos_embed="learn",
                  dynamic_img_size=False, fc_norm=None, act_layer="gelu", norm_eps=1e-6, qk_norm=False, proj_bias=True,
                  pre_norm=False, final_norm=True, pos_embed_antialias=True, drop_rate=0.0, pos_drop_rate=0.0,
-                 proj_drop_rate=0.0, attn_drop_rate=0.0, drop_path_rate=0.0, num_parallel=1):
+                 proj_drop_rate=0.0, attn_drop_rate=0.0, drop_path_rate=0.0, num_parallel=1,
+                 parallel_scaling=False):
         super().__init__()
         if num_parallel < 1:
             raise ValueError(f"num_parallel {num_parallel} is not accepted: 1 (sequential blocks) or more (branches)")
+        if parallel_scaling and num_parallel > 1:
+            raise ValueError("parallel_scaling=True and num_parallel > 1 are two kinds of block; accepted: one of them")
         if global_pool not in GLOBAL_POOLS:
             raise ValueError(f"global_pool {global_pool!r} is not one of {GLOBAL_POOLS}")
         if pos_embed not in POS_EMBEDS:
@@ -176,7 +188,8 @@ class VisionTransformer(Model):
         self.dynamic_img_size = dynamic_img_size
         self.pos_embed_antialias = pos_embed_antialias  # resampling the table for another size (timm: True)
         self.num_parallel = num_parallel
-        if num_parallel > 1:
+        self.parallel_scaling = parallel_scaling
+        if num_parallel > 1 or parallel_scaling:
             self.no_hf = "a ViT with parallel blocks"
 
         self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim, bias=not pre_norm,
@@ -195,7 +208,8 @@ class VisionTransformer(Model):
 
         dpr = drop_path_rates(drop_path_rate, depth)  # stochastic depth grows with depth
         act = get_act_layer(act_layer)
-        block = Block if num_parallel == 1 else partial(ParallelThingsBlock, num_parallel=num_parallel)
+        block = (partial(ParallelScalingBlock, qk_norm=qk_norm) if parallel_scaling else
+                 Block if num_parallel == 1 else partial(ParallelThingsBlock, num_parallel=num_parallel))
         self.blocks = nn.Sequential(*[
             block(embed_dim, num_heads, mlp_ratio, qkv_bias=qkv_bias, proj_drop=proj_drop_rate,
                   attn_drop=attn_drop_rate, init_values=init_values, drop_path=dpr[i],

@@ -11,6 +11,10 @@ MORE_TIMM_PRESETS = {
                                        num_parallel=2),
     "vit_base_patch16_18x2_224": dict(patch_size=16, embed_dim=768, depth=18, num_heads=12, init_values=1e-5,
                                       num_parallel=2),
+    # ViT-22B's parallel block: attention and MLP side by side from one fused projection (ParallelScalingBlock)
+    "vit_pwee_patch16_reg1_gap_256": dict(patch_size=16, embed_dim=256, depth=16, num_heads=4, init_values=1e-5,
+                                          mlp_ratio=5, class_token=False, no_embed_class=True, reg_tokens=1,
+                                          global_pool="avg", img_size=256, parallel_scaling=True),
     "deit_base_patch16_384": dict(img_size=384, patch_size=16, embed_dim=768, depth=12, num_heads=12),
     "deit_base_distilled_patch16_384": dict(img_size=384, patch_size=16, embed_dim=768, depth=12, num_heads=12,
                                             distilled=True),
