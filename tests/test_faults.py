@@ -457,6 +457,21 @@ def test_a_live_writers_temporary_file_is_never_removed(tmp_path):
     assert target.read_bytes() == b"half written"
 
 
+def test_claiming_a_run_folder_removes_a_killed_writers_debris_at_once(tmp_path):
+    """A run killed during a write and resumed at once: its half-written temporary file is gone when the folder is
+    claimed, however young; one a live writer holds stays."""
+    from vitlab.runs.folder import LOCK, claim_folder
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / LOCK).write_text("train 99999\n")  # what a killed run leaves: its lock file, unheld
+    debris = out / ".curves.png.7a36debf.tmp"
+    debris.write_bytes(b"\x89PNG half")
+    with atomic_path(out / "summary.json") as live:
+        live.write_bytes(b"half")
+        with claim_folder(out, "train", resume=True):
+            assert not debris.exists() and live.exists()
+
+
 @pytest.mark.slow
 def test_a_writer_killed_mid_write_leaves_debris_the_next_write_removes(tmp_path):
     code = textwrap.dedent(f"""

@@ -72,9 +72,14 @@ def values(folder) -> list[dict]:
     return [{k: getattr(r, k) for k in VALUES} for r in read_history(folder)]
 
 
-def whole_files(out) -> None:
-    """Every file a run folder holds is whole: what it is, read back without error."""
+def whole_files(out, killed: bool = False) -> None:
+    """Every file a run folder holds is whole: what it is, read back without error. ``killed``: the folder of a
+    process killed midway may also hold the temporary file of the write it was killed in, which no process holds
+    and so is debris to remove (its file is the old whole one, or none)."""
     for p in out.iterdir():
+        if killed and atomic.TEMP_PATTERN.fullmatch(p.name):
+            assert atomic.is_stale_temp(p, now=time.time() + atomic.STALE_AFTER_S + 1), p
+            continue
         if p.name == "config.yaml":
             assert isinstance(yaml.safe_load(p.read_text()), dict) and yaml.safe_load(p.read_text())
         elif p.suffix in (".json", ".jsonl"):
@@ -366,10 +371,11 @@ def test_kill_9_at_any_moment_leaves_whole_files_and_resumes(tmp_path, cache_dir
         p.wait()
         if not out.exists():
             continue
-        whole_files(out)
+        whole_files(out, killed=True)
         if (out / "summary.json").exists():
             continue
         again = ["--resume", str(out)] if (out / "checkpoint.pt").exists() else [*TINY, "--epochs", "3", "--out",
                                                                                    str(out)]
         assert subprocess.run([sys.executable, "-m", "vitlab", "train", *again], env=env).returncode == 0
         assert [r.epoch for r in read_history(out)] == [1, 2, 3] and read_summary(out).epochs == 3
+        whole_files(out)  # and the debris of the killed write is gone

@@ -77,7 +77,9 @@ def _read_cache(path: Path, n: int, log: Callable[[str], None]) -> torch.Tensor 
     if not path.is_file():
         return None
     try:
-        feats = load_file(path)["features"]
+        # a copy in memory of torch's own alignment: the file's bytes start anywhere, and CPU kernels sum in
+        # another order on unaligned rows, so a probe on read features could flip an image a computed run did not
+        feats = load_file(path)["features"].clone()
     except (SafetensorError, KeyError, OSError, RuntimeError) as e:
         log(f"feature cache {path} is unreadable ({e}); computing the features again")
         return None
