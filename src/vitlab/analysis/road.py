@@ -21,16 +21,14 @@ NOISE = 0.01  # std of the noise added to each imputed value (on the normalised 
 NEIGHBOURS = {(dy, dx): (1 / 12 if dy and dx else 1 / 6) for dy in (-1, 0, 1) for dx in (-1, 0, 1) if dy or dx}
 
 
-def _kernel(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    k = torch.zeros(1, 1, 3, 3, dtype=dtype, device=device)
-    for (dy, dx), w in NEIGHBOURS.items():
-        k[0, 0, 1 + dy, 1 + dx] = w
-    return k
+def _neighbour_sum(x: torch.Tensor) -> torch.Tensor:
+    """(N, 1, H, W) -> the NEIGHBOURS-weighted sum of each pixel's neighbours inside the image (zeros beyond it).
 
-
-def _neighbour_sum(x: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
-    """(N, 1, H, W) -> the weighted sum of each pixel's neighbours inside the image (zeros beyond it)."""
-    return F.conv2d(x, kernel, padding=1)
+    The weights are the separable [1, 2, 1] x [1, 2, 1] / 12 less its centre (4 / 12): two passes of three shifted
+    slices, about 4x faster on a CPU than a 3x3 conv2d of one channel, which the solver calls every iteration."""
+    p = F.pad(x, (1, 1, 1, 1))
+    rows = p[..., :, :-2] + 2 * p[..., :, 1:-1] + p[..., :, 2:]
+    return (rows[..., :-2, :] + 2 * rows[..., 1:-1, :] + rows[..., 2:, :] - 4 * x) / 12
 
 
 def linear_imputation(images: torch.Tensor, removed: torch.Tensor, iterations: int = 300,
@@ -41,15 +39,14 @@ def linear_imputation(images: torch.Tensor, removed: torch.Tensor, iterations: i
     Solved to a relative residual of ``tol`` (1e-5: a thousandth of the noise ROAD then adds)."""
     B, C, H, W = images.shape
     dtype = torch.float64 if images.dtype == torch.float64 else torch.float32
-    kernel = _kernel(dtype, images.device)
     u = removed.expand(B, C, H, W).reshape(B * C, 1, H, W).to(dtype)  # 1 on the unknowns
     known = images.reshape(B * C, 1, H, W).to(dtype) * (1 - u)
-    total = _neighbour_sum(torch.ones(1, 1, H, W, dtype=dtype, device=images.device), kernel)  # W_p
+    total = _neighbour_sum(torch.ones(1, 1, H, W, dtype=dtype, device=images.device))  # W_p
 
     def apply(x):  # (W_p x_p - sum_q w_q x_q) on the unknowns, x zero elsewhere
-        return u * (total * x - _neighbour_sum(x, kernel))
+        return u * (total * x - _neighbour_sum(x))
 
-    b = u * _neighbour_sum(known, kernel)
+    b = u * _neighbour_sum(known)
     x = u * (b / total)  # start: each removed pixel the mean of its kept neighbours
     r = b - apply(x)
     p = r.clone()
