@@ -281,6 +281,15 @@ def test_faithfulness_on_a_model(tmp_path):
     assert one["deletion_auc"] == pytest.approx(_trapz(one["deletion_curve"], p["deletion_insertion"]["x"]))
     with pytest.raises(ValueError, match="baseline"):
         faithfulness(model, x, deletion_baseline="noise")
+    from vitlab.analysis.plots import plot_faithfulness
+    fig = plot_faithfulness(r)  # twelve lines a panel, ROAD's two panels beside the four others
+    titles = [ax.get_title() for ax in fig.axes]
+    assert len(titles) == 6 and any("ROAD, most relevant" in t for t in titles)
+    lines = {line.get_label().rsplit(" (", 1)[0]: line for line in fig.axes[0].get_lines()}
+    cls, dist = lines["AttnLRP"], lines["AttnLRP (distillation token)"]
+    assert cls.get_color() == dist.get_color() and (cls.get_linestyle(), dist.get_linestyle()) == ("-", "--")
+    colours = {line.get_color() for k, line in lines.items() if "distillation" not in k and k != "random order"}
+    assert len(colours) == 6 and lines["random order"].get_color() == "gray"  # one colour per method
 
 
 def test_baselines_and_masks():

@@ -9,6 +9,7 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
+import matplotlib
 import numpy as np
 import torch
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -332,29 +333,46 @@ def plot_class_attention(maps: Sequence[AttentionMap], images: np.ndarray, indic
     return fig
 
 
+def _method_styles(keys: Sequence[str]) -> dict[str, dict]:
+    """A colour per method, its distillation-token map dashed in the same colour, and the random order grey and
+    dotted: past ten lines the default cycle would give two methods one colour."""
+    methods = list(dict.fromkeys(k.removesuffix("_dist") for k in keys if k != "random"))
+    colours = {m: matplotlib.colormaps["tab10" if len(methods) <= 10 else "tab20"](i) for i, m in enumerate(methods)}
+    return {k: dict(color="gray", linestyle=":") if k == "random" else
+            dict(color=colours[k.removesuffix("_dist")], linestyle="--" if k.endswith("_dist") else "-")
+            for k in keys}
+
+
 def plot_faithfulness(result: dict, title: str = "Faithfulness") -> Figure:
-    """Mean deletion and insertion curves and the positive/negative perturbation accuracy of every method."""
+    """Mean deletion and insertion curves, the positive/negative perturbation accuracy and, where measured, ROAD's
+    MoRF / LeRF accuracy of every method."""
     methods = result["methods"]
     proto = result["protocol"]
-    fig = new_figure(11.0, 7.6)
-    axes = fig.subplots(2, 2, squeeze=False)
+    road = "road" in proto and all("road_morf_accuracy" in m for m in methods.values())
+    fig = new_figure(16.0 if road else 11.0, 7.6)
+    axes = fig.subplots(2, 3 if road else 2, squeeze=False)
     xs = proto["deletion_insertion"]["x"]
     fr = proto["perturbation"]["fractions"]
     panels = [(axes[0, 0], "deletion_curve", xs, "deletion (lower area is better)", "deletion_auc"),
               (axes[0, 1], "insertion_curve", xs, "insertion (higher area is better)", "insertion_auc"),
               (axes[1, 0], "positive_accuracy", fr, "positive perturbation (lower is better)", "positive_auc"),
               (axes[1, 1], "negative_accuracy", fr, "negative perturbation (higher is better)", "negative_auc")]
+    if road:
+        panels += [(axes[0, 2], "road_morf_accuracy", proto["road"]["fractions"],
+                    "ROAD, most relevant first (lower is better)", "road_morf_auc"),
+                   (axes[1, 2], "road_lerf_accuracy", proto["road"]["fractions"],
+                    "ROAD, least relevant first (higher is better)", "road_lerf_auc")]
+    styles = _method_styles(list(methods))
     for ax, field, x, heading, auc in panels:
         for key, m in methods.items():
-            style = dict(color="gray", linestyle="--") if key == "random" else {}
-            ax.plot(x, m[field], marker=".", label=f"{m['label']} ({m[auc]:.3g})", **style)
+            ax.plot(x, m[field], marker=".", label=f"{m['label']} ({m[auc]:.3g})", **styles[key])
         ax.set_title(heading, fontsize=9)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=6)
-    for ax in axes[0]:
+    for ax in axes[0, :2]:
         ax.set_xlabel("fraction of patches removed / inserted")
         ax.set_ylabel("probability of the predicted class")
-    for ax in axes[1]:
+    for ax in [*axes[1], *axes[0, 2:]]:
         ax.set_xlabel("fraction of patches removed")
         ax.set_ylabel(f"top-1 accuracy (%, {proto['perturbation']['accuracy_against']})")
     fig.suptitle(f"{title} ({proto['images']} images; AUC in the legend)")
