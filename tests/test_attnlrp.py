@@ -100,7 +100,7 @@ def test_attnlrp_conserves_relevance_layer_by_layer():
     tol = 1e-6 * abs(float(logit))
     assert abs(inputs + sum(leaks) - float(logit)) < tol
     for i, (h, g) in enumerate(zip(hidden, g_hidden)):  # per layer: each block's input
-        assert abs(float((h * g).sum()) + sum(leaks[i:]) - float(logit)) < tol, i
+        assert abs(float((h * g).sum().detach()) + sum(leaks[i:]) - float(logit)) < tol, i
     assert abs(sum(leaks)) > 1e-3 * abs(float(logit))  # the softmax's share is real, and accounted for
 
 
