@@ -25,9 +25,10 @@ TEMP_PATTERN = re.compile(r"\.(?P<name>.+)\.[0-9a-z_]{8}\.tmp")  # also matches 
 STALE_AFTER_S = 60.0  # a temporary file this old with no writer holding its lock is debris
 
 
-def is_stale_temp(path: str | os.PathLike, now: float | None = None) -> bool:
+def is_stale_temp(path: str | os.PathLike, now: float | None = None, older_than: float = STALE_AFTER_S) -> bool:
     """Whether ``path`` is a temporary file (or folder) of a write whose writer is gone: named like one, older
-    than STALE_AFTER_S and locked by nobody."""
+    than ``older_than`` seconds and locked by nobody (0: any age, for a caller that rules out a writer that has
+    created its file and not yet locked it, e.g. by holding the folder's lock)."""
     path = Path(path)
     if not TEMP_PATTERN.fullmatch(path.name):
         return False
@@ -36,7 +37,7 @@ def is_stale_temp(path: str | os.PathLike, now: float | None = None) -> bool:
     except OSError:
         return False
     try:
-        old = (time.time() if now is None else now) - os.fstat(fd).st_mtime > STALE_AFTER_S
+        old = (time.time() if now is None else now) - os.fstat(fd).st_mtime >= older_than
         if not old or path.is_symlink():
             return False
         try:
@@ -69,7 +70,8 @@ def locked_temp_folder(parent: Path, name: str) -> Iterator[Path]:
         os.close(fd)
 
 
-def remove_stale_temps(folder: str | os.PathLike, name: str | None = None, now: float | None = None) -> list[Path]:
+def remove_stale_temps(folder: str | os.PathLike, name: str | None = None, now: float | None = None,
+                       older_than: float = STALE_AFTER_S) -> list[Path]:
     """Remove the stale temporary files of atomic writes in ``folder`` (of the file ``name`` only, when given);
     returns what was removed."""
     removed = []
@@ -79,7 +81,7 @@ def remove_stale_temps(folder: str | os.PathLike, name: str | None = None, now: 
         return removed
     for entry in entries:
         m = TEMP_PATTERN.fullmatch(entry.name)
-        if m and (name is None or m["name"] == name) and is_stale_temp(entry.path, now):
+        if m and (name is None or m["name"] == name) and is_stale_temp(entry.path, now, older_than):
             with contextlib.suppress(OSError):
                 if entry.is_dir(follow_symlinks=False):
                     shutil.rmtree(entry.path)

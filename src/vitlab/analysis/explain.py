@@ -78,13 +78,19 @@ def method_key(method: str, token: str = "cls") -> str:
     return method if token == "cls" else f"{method}_{token}"
 
 
+def split_key(key: str) -> tuple[str, str]:
+    """method_key's inverse: 'relevance_dist' -> ('relevance', 'dist'), 'relevance' -> ('relevance', 'cls')."""
+    method = key.removesuffix("_dist")
+    return method, "cls" if method == key else "dist"
+
+
 def method_label(key: str) -> str:
     """A readable name for a key of method_key (or 'random')."""
     if key == "random":
         return "random order"
-    method = key.removesuffix("_dist")
+    method, token = split_key(key)
     label = REGISTRY[method].label if method in REGISTRY else method
-    return label + (" (distillation token)" if key.endswith("_dist") else "")
+    return label + (" (distillation token)" if token == "dist" else "")
 
 
 def explanation_methods(model: nn.Module) -> list[tuple[str, str]]:

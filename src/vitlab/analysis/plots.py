@@ -21,6 +21,7 @@ from matplotlib.patches import Rectangle
 from ..atomic import atomic_path
 from .capture import AttentionMap
 from .distance import patch_distances
+from .explain import split_key
 
 KIND_LABELS = {"mhsa": "self-attention (MHSA)", "gpsa": "gated positional (GPSA)",
                "talking_heads": "talking-heads self-attention", "class_attn": "class attention"}
@@ -336,11 +337,11 @@ def plot_class_attention(maps: Sequence[AttentionMap], images: np.ndarray, indic
 def _method_styles(keys: Sequence[str]) -> dict[str, dict]:
     """A colour per method, its distillation-token map dashed in the same colour, and the random order grey and
     dotted: past ten lines the default cycle would give two methods one colour."""
-    methods = list(dict.fromkeys(k.removesuffix("_dist") for k in keys if k != "random"))
+    parts = {k: split_key(k) for k in keys if k != "random"}
+    methods = list(dict.fromkeys(method for method, _ in parts.values()))
     colours = {m: matplotlib.colormaps["tab10" if len(methods) <= 10 else "tab20"](i) for i, m in enumerate(methods)}
     return {k: dict(color="gray", linestyle=":") if k == "random" else
-            dict(color=colours[k.removesuffix("_dist")], linestyle="--" if k.endswith("_dist") else "-")
-            for k in keys}
+            dict(color=colours[parts[k][0]], linestyle="-" if parts[k][1] == "cls" else "--") for k in keys}
 
 
 def plot_faithfulness(result: dict, title: str = "Faithfulness") -> Figure:

@@ -14,11 +14,10 @@ import fcntl
 import fnmatch
 import os
 import socket
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from ..atomic import STALE_AFTER_S, TEMP_PATTERN, remove_stale_temps
+from ..atomic import TEMP_PATTERN, remove_stale_temps
 from ..checkpoint import CONFIG as MODEL_CONFIG
 from ..checkpoint import WEIGHTS as MODEL_WEIGHTS
 from .format import CONFIG_YAML, CONFUSION_PNG, FILES, RUN_JSON, SUMMARY, check_out_dir, run_command
@@ -170,7 +169,7 @@ def claim_folder(out: str | os.PathLike, kind: str, resume: bool = False, lock: 
             locked = True
             # a killed writer's half-written temporary files: with the folder locked no writer of ours is live here,
             # so they go whatever their age (a temporary file whose writer holds its lock stays)
-            remove_stale_temps(out, now=time.time() + STALE_AFTER_S + 1)
+            remove_stale_temps(out, older_than=0)
         text = (out / LOCK).read_text(errors="replace") if (out / LOCK).is_file() else ""
         _check(out, kind, _owner(text)[0] == kind, resume, flag)
         if fd is not None:
