@@ -381,3 +381,20 @@ def test_the_distillation_plan_trains_students_without_a_teacher_beside_it():
     # nine students: the slots end at 64.5 + 10.75, not at the teacher's 20.75 plus six runs of two slots
     assert planned_minutes(STUDIES["distill"], 10, (0, 1, 2), 2) == pytest.approx(7 * run)
     assert 7 * run < teacher + 6 * run
+
+
+def test_a_study_folder_holding_its_probes_features_is_claimed_again(tmp_path):
+    # a pretrain study leaves its probes' feature cache beside the runs; the next study in that folder goes on
+    from vitlab.runs.folder import STUDY_FEATURES, STUDY_RUNS, claim_folder
+
+    out = tmp_path / "studies"
+    with claim_folder(out, "study"):
+        (out / STUDY_RUNS).mkdir()
+        (out / STUDY_FEATURES).mkdir()
+        (out / "pretrain.md").write_text("table")
+    with claim_folder(out, "study"):
+        pass
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match=r"did not write \(notes.txt\)"):
+        with claim_folder(out, "study"):
+            pass

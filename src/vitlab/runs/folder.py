@@ -49,13 +49,15 @@ def check_claimed(out: str | os.PathLike, what: str = "the run") -> None:
         raise FolderGone(f"{out} was deleted (or replaced) while {what} was writing it: stopped, and nothing more is "
                          "written; what it had written is gone with the folder")
 
+
+STUDY_RUNS, STUDY_FEATURES = "runs", "features"  # a study folder's run folders and its probes' cached features
 WRITES: dict[str, tuple[str, ...]] = {  # what each kind of command writes in its folder (names or patterns)
     "train": (*FILES, "tb"),
     "eval": (SUMMARY, CONFUSION_PNG),
     "inspect": ("*.png", "*.html", "*.json"),
     "export": (MODEL_CONFIG, MODEL_WEIGHTS, "model.onnx", "model.onnx.data", "preprocess.json",
                "preprocessor_config.json"),
-    "study": ("runs", "*.md", "*.json", "*.png"),
+    "study": (STUDY_RUNS, STUDY_FEATURES, "*.md", "*.json", "*.png"),
     "probe": ("probe.json",),
 }
 

@@ -26,6 +26,7 @@ from typing import Any
 import yaml
 
 from ..progress import Progress
+from ..runs.folder import STUDY_FEATURES, STUDY_RUNS
 from ..runs.format import has_config, is_finished, read_config
 from ..train.recipe import Recipe, load_recipe
 from ..train.trainer import train
@@ -308,7 +309,7 @@ def run_study(name: str, out: str | os.PathLike = "studies", data: str = "cifar1
     study, out = STUDIES[name], Path(out)
     threads = threads or max(1, (os.cpu_count() or 1) // jobs)
     common = {**_common(study, data, budget, epochs, quick), "threads": threads, "cache_dir": cache_dir}
-    plan = _plan(study, out / "runs", common, seeds, quick)
+    plan = _plan(study, out / STUDY_RUNS, common, seeds, quick)
     todo = [(a, s, r) for a, s, r in plan if not is_finished(Path(r.out))]
     minutes = common.get("time_budget")
     log(f"study {name}: {len(plan)} runs, {len(plan) - len(todo)} done, {len(todo)} to train "
@@ -326,7 +327,7 @@ def run_study(name: str, out: str | os.PathLike = "studies", data: str = "cifar1
     pre_runs = {a.label: Path(r.out) for a, _, r in plan if a.pretraining}
     if study.probe:
         rows += probe_rows(pre_runs, study.probe, common["data"], common.get("img_size"),
-                           QUICK_SHARE if quick else 1.0, cache_dir, out / "features", threads, log)
+                           QUICK_SHARE if quick else 1.0, cache_dir, out / STUDY_FEATURES, threads, log)
     if pre_runs:
         extra["pretraining"] = pretraining_rows(pre_runs)
     verdict, answer = study.answer(rows)
