@@ -398,3 +398,24 @@ def test_a_study_folder_holding_its_probes_features_is_claimed_again(tmp_path):
     with pytest.raises(ValueError, match=r"did not write \(notes.txt\)"):
         with claim_folder(out, "study"):
             pass
+
+
+def test_a_bar_s_value_is_written_above_its_error_bar_and_seed_dots():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from vitlab.studies.report import _bars
+
+    rows = [{"label": "a", "top1_mean": 0.57, "top1_std": 0.008, "top1": {"0": 0.573, "1": 0.559, "2": 0.574}},
+            {"label": "b", "top1_mean": 0.572, "top1_std": 0.0156, "top1": {"0": 0.59, "1": 0.5626, "2": 0.5633}},
+            {"label": "c", "top1_mean": 0.51, "top1_std": None, "top1": {"0": 0.51}}]
+    fig, ax = plt.subplots()
+    _bars(ax, rows)
+    fig.canvas.draw()
+    for text, row in zip(ax.texts, rows):
+        assert text.get_text() == f"{100 * row['top1_mean']:.1f}"
+        bottom = ax.transData.inverted().transform(text.get_window_extent().get_points())[0][1]
+        assert bottom > 100 * max(row["top1_mean"] + (row["top1_std"] or 0), *row["top1"].values())
+    plt.close(fig)

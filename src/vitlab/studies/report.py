@@ -169,8 +169,9 @@ def _bars(ax, rows: list[dict[str, Any]]) -> None:
            yerr=[100 * (r["top1_std"] or 0) for r in rows], capsize=4)
     for i, r in enumerate(rows):
         ax.scatter([i] * len(r["top1"]), [100 * v for v in r["top1"].values()], color="k", s=12, zorder=3)
-        ax.annotate(f"{100 * r['top1_mean']:.1f}", (i, 100 * r["top1_mean"]), ha="center", va="bottom",
-                    fontsize=9, xytext=(8, 3), textcoords="offset points")
+        top = 100 * max(r["top1_mean"] + (r["top1_std"] or 0), *r["top1"].values())  # above the bar and its dots
+        ax.annotate(f"{100 * r['top1_mean']:.1f}", (i, top), ha="center", va="bottom", fontsize=9, xytext=(0, 4),
+                    textcoords="offset points")
     if len(rows) > 6:
         ax.set_xticks(range(len(rows)), labels, rotation=35, ha="right", fontsize=8)
     else:
