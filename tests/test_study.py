@@ -137,7 +137,7 @@ def test_pretrain_fine_tunes_from_its_pretraining_runs_and_probes_their_encoders
             for share in ("10%", "100%"):
                 (folder,) = rows[f"{name} {scale}x, {share} labels"]["runs"]
                 assert read_config(Path(folder))["init"] == str(run)  # fine-tuned from that pre-training run
-                assert read_config(Path(folder))["epochs"] == 1
+                assert read_config(Path(folder))["epochs"] == 1 and read_config(Path(folder))["layer_decay"] < 1
     for share in ("10%", "100%"):
         for total in (2, 4):  # scratch for the same total time as pre-training + fine-tuning
             (folder,) = rows[f"no pre-training, {total}x, {share} labels"]["runs"]
@@ -355,6 +355,40 @@ def test_studies_share_a_run_only_at_the_same_budget(tmp_path):
     pretrain = folders("pretrain")
     assert pretrain["no pre-training, 1x, 10% labels"] not in scale.values()
     assert pretrain["MAE pre-training, 3x"] == "vit_nano_patch4_32-pretrain=mae-4.5min-seed0"
+
+
+def test_pretrain_budgets_add_curve_points_each_with_its_fine_tunes_and_scratch_run(tmp_path, capsys):
+    from vitlab.studies.claims import FINETUNE_LAYER_DECAY, pretrain_study
+    from vitlab.studies.runner import _common, _plan
+    study = pretrain_study((10, 1, 3))
+    common = {**_common(study, "cifar10", None, None, False), "threads": 1, "cache_dir": None}
+    plan = {a.label: r for a, _, r in _plan(study, tmp_path, common, (0,), False)}
+    mae = Path(plan["MAE pre-training, 10x"].out)
+    assert mae.name == "vit_nano_patch4_32-pretrain=mae-15min-seed0"  # 10 fine-tuning budgets of 1.5 minutes
+    for share in ("10%", "100%"):
+        tuned = plan[f"MAE 10x, {share} labels"]
+        assert tuned.init == str(mae) and tuned.time_budget == 1.5  # a fixed fine-tuning budget
+        assert tuned.layer_decay == FINETUNE_LAYER_DECAY < 1  # MAE's fine-tuning recipe
+        scratch = plan[f"no pre-training, 11x, {share} labels"]  # the same total time
+        assert scratch.time_budget == 16.5 and scratch.init is None and scratch.layer_decay == 1
+    # the default points are kept, so the runs of the 90-minute study are shared
+    assert {"MPP 1x, 10% labels", "MPP 3x, 10% labels", "no pre-training, 4x, 100% labels"} <= set(plan)
+    rows = []
+    for label, top1 in (("MAE 10x, 10% labels", 0.60), ("no pre-training, 11x, 10% labels", 0.50),
+                        ("MAE 3x, 10% labels", 0.40), ("no pre-training, 4x, 10% labels", 0.55)):
+        rows += _rows({label: [top1 - 0.01, top1, top1 + 0.01]})
+    for label in ("MAE 10x, 100% labels", "no pre-training, 11x, 100% labels", "MPP 10x, 10% labels",
+                  "MPP 10x, 100% labels"):
+        rows += _rows({label: [0.60, 0.61, 0.62]})
+    verdict, text = study.answer(rows)  # read at the longest pre-training, 10x, not 3x
+    assert "MAE 10x, 10% labels vs no pre-training, 11x, 10% labels: +10.0" in text and "3x" not in text
+    assert verdict == "not separated"  # MAE ahead on 10% of the labels, even on every label
+    with pytest.raises(ValueError, match=r"pretrain budgets \[0\] are not valid; accepted: numbers > 0"):
+        pretrain_study((0,))
+    with pytest.raises(ValueError, match="not valid for the hybrid study; accepted: with the pretrain study"):
+        run_study("hybrid", out=tmp_path / "s", quick=True, pretrain_budgets=(10,))
+    assert main(["study", "pretrain", "--pretrain-budgets", "10,x", "--out", str(tmp_path / "s")]) == 2
+    assert "--pretrain-budgets '10,x' is not valid; accepted: numbers > 0" in capsys.readouterr().err
 
 
 def test_a_free_slot_takes_a_run_that_does_not_wait_for_the_teacher(tmp_path):

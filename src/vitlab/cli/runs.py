@@ -28,6 +28,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_option(st, "epochs", default=None, help="epochs per run instead of a time budget")
     st.add_argument("--seeds", default="0,1,2", help="seeds, comma-separated (default 0,1,2: a verdict needs a "
                     "spread, at least two)")
+    st.add_argument("--pretrain-budgets", default=None, metavar="B,B,...",
+                    help="pretrain study: its pre-training runs, in fine-tuning budgets (default 1,3; 10,20,40 with "
+                    "the default 1.5 minutes: 15, 30 and 60 minutes of pre-training)")
     st.add_argument("--jobs", type=int, default=1, help="runs trained side by side, each on cores/jobs threads")
     add_option(st, "threads", help="CPU threads per run (default: cores / jobs)")
     st.add_argument("--out", default="studies", help="folder for the runs and the results (default studies)")
@@ -59,10 +62,17 @@ def run_study(args: argparse.Namespace) -> int:
     except ValueError:
         raise ValueError(f"--seeds {args.seeds!r} is not valid; accepted: integers >= 0 separated by commas, "
                          "e.g. 0,1,2") from None
+    budgets = None
+    if args.pretrain_budgets is not None:
+        try:
+            budgets = [float(b) for b in args.pretrain_budgets.split(",")]
+        except ValueError:
+            raise ValueError(f"--pretrain-budgets {args.pretrain_budgets!r} is not valid; accepted: numbers > 0 "
+                             "separated by commas, e.g. 1,3,10") from None
     with claim_folder(args.out, "study"):
         result = run_study(args.name, out=args.out, data=args.data, budget=args.budget, epochs=args.epochs,
                            seeds=seeds, jobs=args.jobs, threads=args.threads, quick=args.quick,
-                           cache_dir=args.cache_dir)
+                           cache_dir=args.cache_dir, pretrain_budgets=budgets)
     print((Path(args.out) / f"{args.name}.md").read_text())
     print(f"table: {Path(args.out) / (args.name + '.md')}  figure: {Path(args.out) / (args.name + '.png')}")
     return 0 if result else 1

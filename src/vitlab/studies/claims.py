@@ -7,7 +7,8 @@ held. ``vitlab study NAME`` trains it (runner.py) and writes its table and figur
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -200,6 +201,9 @@ def _answer_locality(rows) -> tuple[str, str]:
 PRETRAIN_FRACTIONS = (0.1, 1.0)
 PRETRAIN_METHODS = {"mpp": "MPP", "mae": "MAE"}
 PRETRAIN_SCALES = (1, 3)  # pre-training budgets, in fine-tuning budgets: the curve's points besides 0
+# A pre-trained encoder is fine-tuned with MAE's layer-wise lr decay (the head at the full lr, each block below at
+# 0.75 times the one above): with one lr on every layer the short fine-tune washes out what pre-training learned.
+FINETUNE_LAYER_DECAY = 0.75
 SCRATCH = "no pre-training"
 SCRATCH_EQUAL = "no pre-training, same total time"
 RANDOM_ENCODER = "random encoder"
@@ -233,22 +237,23 @@ def _scratch_label(scale: float, fraction: float) -> str:
     return f"{SCRATCH}, {scale:g}x, {_labels(fraction)}"
 
 
-def _pretrain_arms() -> list[Arm]:
+def _pretrain_arms(scales: tuple[float, ...] = PRETRAIN_SCALES) -> list[Arm]:
     arms = [Arm(pretrain_label(name, p), {"model": VIT, "pretrain": method}, pretraining=True, scale=p)
-            for method, name in PRETRAIN_METHODS.items() for p in PRETRAIN_SCALES]
+            for method, name in PRETRAIN_METHODS.items() for p in scales]
     for f in PRETRAIN_FRACTIONS:
         share = {"train_fraction": f} if f < 1 else {}
         arms.append(Arm(_scratch_label(1, f), {"model": VIT, **share}, group=SCRATCH, x=0, panel=_labels(f)))
-        for p in PRETRAIN_SCALES:
-            arms += [Arm(_finetune_label(name, p, f), {"model": VIT, "init": f"{PRETRAINED}{m}:{p:g}", **share},
+        for p in scales:
+            arms += [Arm(_finetune_label(name, p, f), {"model": VIT, "init": f"{PRETRAINED}{m}:{p:g}",
+                                                       "layer_decay": FINETUNE_LAYER_DECAY, **share},
                          group=name, x=p, panel=_labels(f)) for m, name in PRETRAIN_METHODS.items()]
             arms.append(Arm(_scratch_label(1 + p, f), {"model": VIT, **share}, group=SCRATCH_EQUAL, scale=1 + p,
                             x=p, panel=_labels(f)))
     return arms
 
 
-def _answer_pretrain(rows) -> tuple[str, str]:
-    p, parts, signs = max(PRETRAIN_SCALES), [], []
+def _answer_pretrain(rows, scales: tuple[float, ...] = PRETRAIN_SCALES) -> tuple[str, str]:
+    p, parts, signs = max(scales), [], []
     for f in PRETRAIN_FRACTIONS:
         for name in PRETRAIN_METHODS.values():
             sign, text = _versus(rows, _finetune_label(name, p, f), _scratch_label(1 + p, f))
@@ -321,10 +326,21 @@ STUDIES: dict[str, Study] = {s.name: s for s in [
           paper="ViT-B/16 on ImageNet: masked patch prediction 79.9%, 2 points above training from scratch; MAE on "
                 "CIFAR-10 (small ViTs, 400-2,000 epochs): 74-78% from scratch to 89-90%",
           notes=["Each pre-training run uses the whole training split without its labels, for 1x or 3x the "
-                 "fine-tuning budget; each pre-trained arm is fine-tuned for 1x, and compared with training from "
-                 "scratch for the same total time (2x or 4x) and for 1x. Fine-tuning starts from the pre-trained "
-                 "encoder with a new head and the same recipe as training from scratch. A linear probe is a "
+                 "fine-tuning budget (--pretrain-budgets sets others); each pre-trained arm is fine-tuned for 1x, "
+                 "and compared with training from scratch for the same total time (2x or 4x) and for 1x. "
+                 "Fine-tuning starts from the pre-trained encoder with a new head and the recipe of training from "
+                 "scratch plus MAE's layer-wise lr decay of 0.75. A linear probe is a "
                  "logistic regression (L-BFGS) on the frozen encoder's features of the labelled share of the "
                  "training split, scored on the test split; the random encoder is the same architecture untrained "
                  "(seed 0)."]),
 ]}
+
+
+def pretrain_study(scales: tuple[float, ...]) -> Study:
+    """The pretrain study with pre-training runs of ``scales`` fine-tuning budgets (the curve's points besides 0)
+    instead of 1x and 3x; each point adds its fine-tunes and its scratch run of the same total time."""
+    if not scales or any(not isinstance(p, (int, float)) or not p > 0 for p in scales):
+        raise ValueError(f"pretrain budgets {list(scales)!r} are not valid; accepted: numbers > 0 (fine-tuning "
+                         "budgets of pre-training), e.g. 1,3,10")
+    scales = tuple(sorted(set(scales)))
+    return replace(STUDIES["pretrain"], arms=_pretrain_arms(scales), answer=partial(_answer_pretrain, scales=scales))

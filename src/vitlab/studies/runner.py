@@ -44,6 +44,7 @@ from .claims import (
     Arm,
     Study,
     base_values,
+    pretrain_study,
     recipe_values,
 )
 from .probe import pretraining_rows, probe_rows
@@ -295,18 +296,23 @@ def _plan(study: Study, runs: Path, common: dict[str, Any], seeds: Sequence[int]
 
 def run_study(name: str, out: str | os.PathLike = "studies", data: str = "cifar10", budget: float | None = None,
               epochs: int | None = None, seeds: Sequence[int] = SEEDS, jobs: int = 1, threads: int | None = None,
-              quick: bool = False, cache_dir: str | None = None, log: Callable[[str], None] = print) -> dict[str, Any]:
+              quick: bool = False, cache_dir: str | None = None, log: Callable[[str], None] = print,
+              pretrain_budgets: Sequence[float] | None = None) -> dict[str, Any]:
     """Train what is missing of study ``name`` and write its table, figure and JSON; returns the JSON. ``budget``:
-    minutes per run (default: the study's own, which fits 90 minutes with two jobs and three seeds)."""
+    minutes per run (default: the study's own, which fits 90 minutes with two jobs and three seeds);
+    ``pretrain_budgets``: the pretrain study's pre-training runs, in fine-tuning budgets (default 1 and 3)."""
     if name not in STUDIES:
         raise ValueError(f"no study {name!r}; accepted: {', '.join(STUDIES)}")
+    if pretrain_budgets is not None and name != "pretrain":
+        raise ValueError(f"pretrain budgets are not valid for the {name} study; accepted: with the pretrain study")
     if jobs < 1:
         raise ValueError(f"jobs={jobs!r} is not valid; accepted: an integer >= 1")
     if not seeds or any(not isinstance(s, int) or s < 0 for s in seeds):
         raise ValueError(f"seeds={list(seeds)!r} is not valid; accepted: integers >= 0, e.g. 0,1,2")
     if threads is not None and threads < 1:
         raise ValueError(f"threads={threads!r} is not valid; accepted: an integer >= 1")
-    study, out = STUDIES[name], Path(out)
+    study = STUDIES[name] if pretrain_budgets is None else pretrain_study(tuple(pretrain_budgets))
+    out = Path(out)
     threads = threads or max(1, (os.cpu_count() or 1) // jobs)
     common = {**_common(study, data, budget, epochs, quick), "threads": threads, "cache_dir": cache_dir}
     plan = _plan(study, out / STUDY_RUNS, common, seeds, quick)
