@@ -382,7 +382,7 @@ def test_pretrain_budgets_add_curve_points_each_with_its_fine_tunes_and_scratch_
         rows += _rows({label: [0.60, 0.61, 0.62]})
     verdict, text = study.answer(rows)  # read at the longest pre-training, 10x, not 3x
     assert "MAE 10x, 10% labels vs no pre-training, 11x, 10% labels: +10.0" in text and "3x" not in text
-    assert verdict == "not separated"  # MAE ahead on 10% of the labels, even on every label
+    assert verdict == "not separated"  # MAE ahead on 10% of the labels, level with scratch on every label
     with pytest.raises(ValueError, match=r"pretrain budgets \[0\] are not valid; accepted: numbers > 0"):
         pretrain_study((0,))
     with pytest.raises(ValueError, match="not valid for the hybrid study; accepted: with the pretrain study"):

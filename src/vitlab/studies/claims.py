@@ -327,9 +327,10 @@ STUDIES: dict[str, Study] = {s.name: s for s in [
                 "CIFAR-10 (small ViTs, 400-2,000 epochs): 74-78% from scratch to 89-90%",
           notes=["Each pre-training run uses the whole training split without its labels, for 1x or 3x the "
                  "fine-tuning budget (--pretrain-budgets sets others); each pre-trained arm is fine-tuned for 1x, "
-                 "and compared with training from scratch for the same total time (2x or 4x) and for 1x. "
-                 "Fine-tuning starts from the pre-trained encoder with a new head and the recipe of training from "
-                 "scratch plus MAE's layer-wise lr decay of 0.75. A linear probe is a "
+                 "and compared with training from scratch for the same total time (its pre-training budget plus "
+                 "1x) and for 1x. Fine-tuning starts from the pre-trained encoder with a new head and the recipe "
+                 f"of training from scratch plus MAE's layer-wise lr decay of {FINETUNE_LAYER_DECAY:g}. A linear "
+                 "probe is a "
                  "logistic regression (L-BFGS) on the frozen encoder's features of the labelled share of the "
                  "training split, scored on the test split; the random encoder is the same architecture untrained "
                  "(seed 0)."]),
