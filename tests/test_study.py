@@ -453,3 +453,41 @@ def test_a_bar_s_value_is_written_above_its_error_bar_and_seed_dots():
         bottom = ax.transData.inverted().transform(text.get_window_extent().get_points())[0][1]
         assert bottom > 100 * max(row["top1_mean"] + (row["top1_std"] or 0), *row["top1"].values())
     plt.close(fig)
+
+
+def test_arm_patterns_pick_their_arms_and_the_runs_they_start_from(tmp_path, capsys):
+    from vitlab.studies.claims import pretrain_study
+    from vitlab.studies.runner import _common, _plan, select_runs
+    study = pretrain_study((79,))
+    common = {**_common(study, "cifar10", None, None, False), "threads": 1, "cache_dir": None}
+    plan = _plan(study, tmp_path, common, (0, 1), False)
+    assert select_runs(study, plan, None) is plan
+    chosen = select_runs(study, plan, ["mae 79x*"])  # case-insensitive; the encoder they start from comes along
+    assert [(a.label, s) for a, s, _ in chosen] == [
+        ("MAE pre-training, 79x", 0), ("MAE 79x, 10% labels", 0), ("MAE 79x, 10% labels", 1),
+        ("MAE 79x, 100% labels", 0), ("MAE 79x, 100% labels", 1)]
+    assert Path(chosen[1][2].init) == Path(chosen[0][2].out)
+    two = select_runs(study, plan, ["MAE 79x*", "no pre-training, 1x, *"])
+    assert {a.label for a, _, _ in two} == {"MAE pre-training, 79x", "MAE 79x, 10% labels", "MAE 79x, 100% labels",
+                                            "no pre-training, 1x, 10% labels", "no pre-training, 1x, 100% labels"}
+    with pytest.raises(ValueError, match=r"--arm 'MAE 3x\*' matches no arm of the pretrain study; accepted: shell "
+                                         r"patterns .*: MPP pre-training, 79x; MAE pre-training, 79x; no pre-training"):
+        select_runs(study, plan, ["MAE 3x*"])
+    out = tmp_path / "s"
+    assert main(["study", "hybrid", "--quick", "--arm", "nothing*", "--out", str(out)]) == 2
+    assert "--arm 'nothing*' matches no arm of the hybrid study" in capsys.readouterr().err
+    assert not out.exists()  # nothing written for a refused study
+
+
+def test_a_study_of_some_arms_reports_them_and_is_incomplete_until_the_rest_are_trained(tmp_path):
+    out = tmp_path / "s"
+    part = run_study("pos-embed", out=out, quick=True, seeds=(0,), arms=["learned*"], log=lambda s: None)
+    assert [r["label"] for r in part["rows"]] == ["learned 1D"]
+    assert part["verdict"] == "incomplete"
+    assert part["answer"] == "not trained yet: none; fixed 2D sin-cos (the study without --arm trains them)"
+    assert "**Verdict: incomplete.**" in (out / "pos-embed.md").read_text()
+    assert len([p for p in (out / "runs").iterdir() if p.is_dir()]) == 1  # the other arms were not trained
+    whole = run_study("pos-embed", out=out, quick=True, seeds=(0,), log=lambda s: None)
+    assert [r["label"] for r in whole["rows"]] == [a.label for a in STUDIES["pos-embed"].arms]
+    assert whole["verdict"] == "not separated"  # one seed
+    assert whole["rows"][0]["top1"] == part["rows"][0]["top1"] and whole["rows"][0]["runs"] == part["rows"][0]["runs"]

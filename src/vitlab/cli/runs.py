@@ -31,6 +31,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     st.add_argument("--pretrain-budgets", default=None, metavar="B,B,...",
                     help="pretrain study: its pre-training runs, in fine-tuning budgets (default 1,3; 10,20,40 with "
                     "the default 1.5 minutes: 15, 30 and 60 minutes of pre-training)")
+    st.add_argument("--arm", action="append", dest="arms", metavar="PATTERN",
+                    help="train only the arms whose name matches (a shell pattern, e.g. 'MAE 79x*'; repeat for more) "
+                    "and the runs they start from; the report holds every finished arm, its verdict 'incomplete' "
+                    "while an arm it reads is untrained")
     st.add_argument("--jobs", type=int, default=1, help="runs trained side by side, each on cores/jobs threads")
     add_option(st, "threads", help="CPU threads per run (default: cores / jobs)")
     st.add_argument("--out", default="studies", help="folder for the runs and the results (default studies)")
@@ -72,7 +76,7 @@ def run_study(args: argparse.Namespace) -> int:
     with claim_folder(args.out, "study"):
         result = run_study(args.name, out=args.out, data=args.data, budget=args.budget, epochs=args.epochs,
                            seeds=seeds, jobs=args.jobs, threads=args.threads, quick=args.quick,
-                           cache_dir=args.cache_dir, pretrain_budgets=budgets)
+                           cache_dir=args.cache_dir, pretrain_budgets=budgets, arms=args.arms)
     print((Path(args.out) / f"{args.name}.md").read_text())
     print(f"table: {Path(args.out) / (args.name + '.md')}  figure: {Path(args.out) / (args.name + '.png')}")
     return 0 if result else 1

@@ -38,6 +38,7 @@ QUICK: dict[str, Any] = dict(data="digits", img_size=16, epochs=1, time_budget=N
 QUICK_SHARE = 0.2  # --quick trains every arm on a fifth of its training images (data-scale: 2% to 20%)
 SEEDS = (0, 1, 2)  # three seeds per arm by default: the spread a verdict reads a difference against
 AGREES, DISAGREES, NOT_SEPARATED = "agrees", "disagrees", "not separated"
+INCOMPLETE = "incomplete"  # an arm the answer reads has not been trained (a study run with --arm)
 
 
 def recipe_values(path: Path, keys: tuple[str, ...] | None = None) -> dict[str, Any]:

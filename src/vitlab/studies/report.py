@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from ..runs.figures import new_figure, save
-from ..runs.format import read_summary
+from ..runs.format import is_finished, read_summary
 from ..train.recipe import Recipe
 from .claims import Arm, Study
 
@@ -24,12 +24,14 @@ def write_report(result: dict[str, Any], study: Study, out: Path) -> None:
 def aggregate(study: Study, plan: list[tuple[Arm, int, Recipe]]) -> list[dict[str, Any]]:
     """One row per arm: its seeds' top-1 (and heads), their mean and standard deviation (sample, over seeds; None
     with one seed), training images, epochs, img/s, its place on a line figure. Pre-training
-    arms have no top-1: they are reported by their probes (probe.py)."""
+    arms have no top-1: they are reported by their probes (probe.py); an arm with an unfinished run is left out."""
     rows = []
     for arm in study.arms:
         if arm.pretraining:
             continue
         runs = [(seed, Path(r.out)) for a, seed, r in plan if a is arm]
+        if not runs or not all(is_finished(folder) for _, folder in runs):
+            continue
         seeds = {}
         heads: dict[str, list[float]] = {"cls": [], "dist": []}
         epochs, rates, params, n_train = [], [], None, None

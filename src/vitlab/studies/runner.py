@@ -13,6 +13,7 @@ one epoch at 16x16).
 """
 from __future__ import annotations
 
+import fnmatch
 import math
 import os
 import re
@@ -20,6 +21,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +34,7 @@ from ..train.recipe import Recipe, load_recipe
 from ..train.trainer import train
 from .claims import (
     BASE_RECIPE,
+    INCOMPLETE,
     OWN_RECIPE_OVERRIDES,
     OWN_RECIPE_SKIP,
     PRETRAIN_BASE_KEYS,
@@ -294,13 +297,32 @@ def _plan(study: Study, runs: Path, common: dict[str, Any], seeds: Sequence[int]
     return plan
 
 
+def select_runs(study: Study, plan: list[tuple[Arm, int, Recipe]],
+                patterns: Sequence[str] | None) -> list[tuple[Arm, int, Recipe]]:
+    """The runs of the arms whose label matches one of ``patterns`` (shell patterns, case-insensitive), with the
+    teacher and pre-training runs they start from; the whole plan when ``patterns`` is None."""
+    if patterns is None:
+        return plan
+    chosen: set[int] = set()
+    for pattern in patterns:
+        hits = [id(a) for a in study.arms if fnmatch.fnmatchcase(a.label.lower(), pattern.lower())]
+        if not hits:
+            raise ValueError(f"--arm {pattern!r} matches no arm of the {study.name} study; accepted: shell patterns "
+                             "('*' for any text) over its arms: " + "; ".join(a.label for a in study.arms))
+        chosen.update(hits)
+    needs = {Path(p) for a, _, r in plan if id(a) in chosen for p in (r.teacher, r.init) if p}
+    return [(a, s, r) for a, s, r in plan if id(a) in chosen or Path(r.out) in needs]
+
+
 def run_study(name: str, out: str | os.PathLike = "studies", data: str = "cifar10", budget: float | None = None,
               epochs: int | None = None, seeds: Sequence[int] = SEEDS, jobs: int = 1, threads: int | None = None,
               quick: bool = False, cache_dir: str | None = None, log: Callable[[str], None] = print,
-              pretrain_budgets: Sequence[float] | None = None) -> dict[str, Any]:
+              pretrain_budgets: Sequence[float] | None = None, arms: Sequence[str] | None = None) -> dict[str, Any]:
     """Train what is missing of study ``name`` and write its table, figure and JSON; returns the JSON. ``budget``:
     minutes per run (default: the study's own, which fits 90 minutes with two jobs and three seeds);
-    ``pretrain_budgets``: the pretrain study's pre-training runs, in fine-tuning budgets (default 1 and 3)."""
+    ``pretrain_budgets``: the pretrain study's pre-training runs, in fine-tuning budgets (default 1 and 3);
+    ``arms``: train only the arms these shell patterns match (and the runs they start from). The report holds every
+    arm whose runs have all finished; while an arm is missing the verdict is 'incomplete' and names it."""
     if name not in STUDIES:
         raise ValueError(f"no study {name!r}; accepted: {', '.join(STUDIES)}")
     if pretrain_budgets is not None and name != "pretrain":
@@ -316,12 +338,15 @@ def run_study(name: str, out: str | os.PathLike = "studies", data: str = "cifar1
     threads = threads or max(1, (os.cpu_count() or 1) // jobs)
     common = {**_common(study, data, budget, epochs, quick), "threads": threads, "cache_dir": cache_dir}
     plan = _plan(study, out / STUDY_RUNS, common, seeds, quick)
-    todo = [(a, s, r) for a, s, r in plan if not is_finished(Path(r.out))]
+    chosen = select_runs(study, plan, arms)
+    todo = [(a, s, r) for a, s, r in chosen if not is_finished(Path(r.out))]
     minutes = common.get("time_budget")
-    log(f"study {name}: {len(plan)} runs, {len(plan) - len(todo)} done, {len(todo)} to train "
+    picked = study if arms is None else replace(study, arms=list({id(a): a for a, _, _ in chosen}.values()))
+    log(f"study {name}: {len(chosen)} runs" + (f" of {len(plan)} (--arm)" if arms is not None else "")
+        + f", {len(chosen) - len(todo)} done, {len(todo)} to train "
         + (f"({jobs} at a time, {threads} thread(s) each)" if todo else "")
-        + (f"; about {planned_minutes(study, minutes, seeds, jobs):.0f} minutes from nothing" if minutes else ""))
-    with Progress(total=len(plan), initial=len(plan) - len(todo), unit="run", desc=f"study {name}") as bar:
+        + (f"; about {planned_minutes(picked, minutes, seeds, jobs):.0f} minutes from nothing" if minutes else ""))
+    with Progress(total=len(chosen), initial=len(chosen) - len(todo), unit="run", desc=f"study {name}") as bar:
         # the teacher before its students, the pre-training runs before the arms that start from them
         # (a free slot takes the first run that does not wait for one of them)
         first = [(f"{a.label} seed {s}", r) for a, s, r in todo if a.teacher or a.pretraining]
@@ -329,14 +354,16 @@ def run_study(name: str, out: str | os.PathLike = "studies", data: str = "cifar1
         if todo:
             _train_arms(first + rest, jobs, log, bar)
 
-    rows, extra = aggregate(study, plan), {}
-    pre_runs = {a.label: Path(r.out) for a, _, r in plan if a.pretraining}
-    if study.probe:
+    rows, extra = aggregate(study, plan), {}  # every arm whose runs have all finished
+    missing = [a.label for a in study.arms if not a.pretraining and a.label not in {r["label"] for r in rows}]
+    pre_runs = {a.label: Path(r.out) for a, _, r in plan if a.pretraining and is_finished(Path(r.out))}
+    if study.probe and pre_runs:
         rows += probe_rows(pre_runs, study.probe, common["data"], common.get("img_size"),
                            QUICK_SHARE if quick else 1.0, cache_dir, out / STUDY_FEATURES, threads, log)
     if pre_runs:
         extra["pretraining"] = pretraining_rows(pre_runs)
-    verdict, answer = study.answer(rows)
+    verdict, answer = study.answer(rows) if not missing else (
+        INCOMPLETE, "not trained yet: " + "; ".join(missing) + " (the study without --arm trains them)")
     result = {"study": name, "claim": study.claim, "source": study.source, "paper": study.paper,
               "budget": f"quick (digits, {100 * QUICK_SHARE:g}% of the images, 1 epoch at 16x16)" if quick else
               (f"{epochs} epochs" if epochs is not None else f"{minutes:g} min per run"),
