@@ -487,6 +487,14 @@ def test_a_study_of_some_arms_reports_them_and_is_incomplete_until_the_rest_are_
     assert part["answer"] == "not trained yet: none; fixed 2D sin-cos (the study without --arm trains them)"
     assert "**Verdict: incomplete.**" in (out / "pos-embed.md").read_text()
     assert len([p for p in (out / "runs").iterdir() if p.is_dir()]) == 1  # the other arms were not trained
+    # an arm trained on fewer seeds than asked for is reported with the seeds it has
+    more = run_study("pos-embed", out=out, quick=True, seeds=(0, 1), arms=["none"], log=lambda s: None)
+    assert {r["label"]: sorted(r["top1"]) for r in more["rows"]} == {"learned 1D": [0], "none": [0, 1]}
+    assert more["rows"][0]["top1"] == part["rows"][0]["top1"] and more["rows"][0]["top1_std"] is None
+    assert more["verdict"] == "incomplete" and more["answer"].startswith(
+        "not trained yet: learned 1D (seed 1); fixed 2D sin-cos (")
+    learned = next(line for line in (out / "pos-embed.md").read_text().splitlines() if line.startswith("| learned"))
+    assert f"| {100 * part['rows'][0]['top1'][0]:.2f} |  |" in learned  # seed 0's column holds it, seed 1's is empty
     whole = run_study("pos-embed", out=out, quick=True, seeds=(0,), log=lambda s: None)
     assert [r["label"] for r in whole["rows"]] == [a.label for a in STUDIES["pos-embed"].arms]
     assert whole["verdict"] == "not separated"  # one seed

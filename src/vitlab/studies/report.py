@@ -24,13 +24,15 @@ def write_report(result: dict[str, Any], study: Study, out: Path) -> None:
 def aggregate(study: Study, plan: list[tuple[Arm, int, Recipe]]) -> list[dict[str, Any]]:
     """One row per arm: its seeds' top-1 (and heads), their mean and standard deviation (sample, over seeds; None
     with one seed), training images, epochs, img/s, its place on a line figure. Pre-training
-    arms have no top-1: they are reported by their probes (probe.py); an arm with an unfinished run is left out."""
+    arms have no top-1: they are reported by their probes (probe.py). A row holds the seeds whose runs have finished
+    (``unfinished`` names the others); an arm with none is left out."""
     rows = []
     for arm in study.arms:
         if arm.pretraining:
             continue
-        runs = [(seed, Path(r.out)) for a, seed, r in plan if a is arm]
-        if not runs or not all(is_finished(folder) for _, folder in runs):
+        planned = [(seed, Path(r.out)) for a, seed, r in plan if a is arm]
+        runs = [(seed, folder) for seed, folder in planned if is_finished(folder)]
+        if not runs:
             continue
         seeds = {}
         heads: dict[str, list[float]] = {"cls": [], "dist": []}
@@ -53,7 +55,8 @@ def aggregate(study: Study, plan: list[tuple[Arm, int, Recipe]]) -> list[dict[st
                      "dist_mean": statistics.fmean(heads["dist"]) if heads["dist"] else None,
                      "epochs": statistics.fmean(e for e in epochs if e is not None) if any(epochs) else None,
                      "images_per_second": statistics.fmean(r for r in rates if r) if any(rates) else None,
-                     "runs": [str(f) for _, f in runs]})
+                     "runs": [str(f) for _, f in runs],
+                     "unfinished": [seed for seed, _ in planned if seed not in seeds]})
     return rows
 
 
@@ -79,7 +82,7 @@ def format_markdown(result: dict[str, Any], study: Study) -> str:
     for r in result["rows"]:
         cells = [r["label"], r["model"] or "", f"{r['train_images']:,}" if r["train_images"] else "",
                  *[_pct(r["top1"].get(s, r["top1"].get(str(s)))) for s in seeds], _mean_std(r)]
-        if r["teacher"] or len(r["top1"]) == 1 and len(seeds) > 1:  # one run: the teacher, a probe
+        if r["teacher"] or r["group"] == "linear probe":  # one run, whatever the seeds
             cells[3:3 + len(seeds)] = [_pct(next(iter(r["top1"].values())))] + [""] * (len(seeds) - 1)
         if study.heads:
             cells += [_pct(r["cls_mean"]), _pct(r["dist_mean"])]

@@ -354,8 +354,10 @@ def run_study(name: str, out: str | os.PathLike = "studies", data: str = "cifar1
         if todo:
             _train_arms(first + rest, jobs, log, bar)
 
-    rows, extra = aggregate(study, plan), {}  # every arm whose runs have all finished
-    missing = [a.label for a in study.arms if not a.pretraining and a.label not in {r["label"] for r in rows}]
+    rows, extra = aggregate(study, plan), {}  # every arm with a finished run
+    done = {r["label"]: r["unfinished"] for r in rows}
+    missing = [a.label if a.label not in done else f"{a.label} (seed {', '.join(map(str, done[a.label]))})"
+               for a in study.arms if not a.pretraining and done.get(a.label, True)]
     pre_runs = {a.label: Path(r.out) for a, _, r in plan if a.pretraining and is_finished(Path(r.out))}
     if study.probe and pre_runs:
         rows += probe_rows(pre_runs, study.probe, common["data"], common.get("img_size"),
