@@ -347,3 +347,20 @@ def test_hf_config_without_qkv_bias_loads(tmp_path):
     with torch.no_grad():
         torch.testing.assert_close(loaded(x), model(x), atol=1e-5, rtol=0)
     assert loaded.pretrained_cfg["label_names"] == ["c0", "c1", "c2", "c3"]
+
+
+def test_model_table_counts_each_model_and_shows_progress_on_long_lists():
+    import io
+
+    from vitlab.models.summary import model_table
+    quiet = io.StringIO()
+    table = model_table("deit_tiny*", file=quiet).splitlines()
+    assert table[0].split() == ["model", "class", "input", "params", "(M)", "GFLOPs"]
+    rows = {line.split()[0]: line.split() for line in table[2:]}
+    assert list(rows) == ["deit_tiny_distilled_patch16_224", "deit_tiny_distilled_patch4_32", "deit_tiny_patch16_224"]
+    assert rows["deit_tiny_patch16_224"][2:] == ["224x224", "5.72", "2.51"]  # DeiT-Ti: 5.7M parameters, 1.3 GMACs
+    assert quiet.getvalue() == ""  # a short list is counted without a bar
+    log = io.StringIO()
+    assert model_table("deit_tiny*", progress_from=3, file=log).splitlines() == table
+    assert "counting parameters and FLOPs" in log.getvalue() and "3/3" in log.getvalue()
+    assert model_table("no_such_model*") == "no model matches 'no_such_model*'"

@@ -1,10 +1,13 @@
 """Parameter and FLOP counts of registered models, for ``vitlab models``."""
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from ..progress import Progress
 from .registry import create_model, get_spec, list_models
 
 
@@ -51,13 +54,19 @@ def _gflops(flops: int) -> str:
     return f"{g:.2f}" if g >= 0.1 else f"{g:.4f}"
 
 
-def model_table(pattern: str = "*") -> str:
-    """A text table: name, family, input size, parameters (M), GFLOPs at the default resolution."""
+PROGRESS_FROM = 20  # models listed from which counting them shows a progress bar (the whole list takes a minute)
+
+
+def model_table(pattern: str = "*", progress_from: int = PROGRESS_FROM, file: Any = None) -> str:
+    """A text table: name, family, input size, parameters (M), GFLOPs at the default resolution. Counting
+    ``progress_from`` models or more shows a progress bar on ``file`` (default standard error)."""
     names = list_models(pattern)
     if not names:
         return f"no model matches {pattern!r}"
     rows = []
-    for name in names:
+    bar = Progress(names, desc="counting parameters and FLOPs", unit="model", file=file,
+                   disable=len(names) < progress_from)
+    for name in bar:
         with torch.device("meta"):
             model = create_model(name)
         size = model.pretrained_cfg["input_size"]
