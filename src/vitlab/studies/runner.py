@@ -314,6 +314,20 @@ def select_runs(study: Study, plan: list[tuple[Arm, int, Recipe]],
     return [(a, s, r) for a, s, r in plan if id(a) in chosen or Path(r.out) in needs]
 
 
+def _missing(study: Study, rows: list[dict[str, Any]]) -> list[str]:
+    """The arms (or seeds of an arm) with no finished run, in the study's order: 'none', 'learned 1D (seed 1, 2)'."""
+    unfinished = {r["label"]: r["unfinished"] for r in rows}
+    missing = []
+    for arm in study.arms:
+        if arm.pretraining:
+            continue
+        if arm.label not in unfinished:
+            missing.append(arm.label)
+        elif unfinished[arm.label]:
+            missing.append(f"{arm.label} (seed {', '.join(map(str, unfinished[arm.label]))})")
+    return missing
+
+
 def run_study(name: str, out: str | os.PathLike = "studies", data: str = "cifar10", budget: float | None = None,
               epochs: int | None = None, seeds: Sequence[int] = SEEDS, jobs: int = 1, threads: int | None = None,
               quick: bool = False, cache_dir: str | None = None, log: Callable[[str], None] = print,
@@ -322,7 +336,8 @@ def run_study(name: str, out: str | os.PathLike = "studies", data: str = "cifar1
     minutes per run (default: the study's own, which fits 90 minutes with two jobs and three seeds);
     ``pretrain_budgets``: the pretrain study's pre-training runs, in fine-tuning budgets (default 1 and 3);
     ``arms``: train only the arms these shell patterns match (and the runs they start from). The report holds every
-    arm whose runs have all finished; while an arm is missing the verdict is 'incomplete' and names it."""
+    arm with a finished run (its finished seeds); while an arm or seed is missing the verdict is 'incomplete' and
+    names them."""
     if name not in STUDIES:
         raise ValueError(f"no study {name!r}; accepted: {', '.join(STUDIES)}")
     if pretrain_budgets is not None and name != "pretrain":
@@ -355,9 +370,7 @@ def run_study(name: str, out: str | os.PathLike = "studies", data: str = "cifar1
             _train_arms(first + rest, jobs, log, bar)
 
     rows, extra = aggregate(study, plan), {}  # every arm with a finished run
-    done = {r["label"]: r["unfinished"] for r in rows}
-    missing = [a.label if a.label not in done else f"{a.label} (seed {', '.join(map(str, done[a.label]))})"
-               for a in study.arms if not a.pretraining and done.get(a.label, True)]
+    missing = _missing(study, rows)
     pre_runs = {a.label: Path(r.out) for a, _, r in plan if a.pretraining and is_finished(Path(r.out))}
     if study.probe and pre_runs:
         rows += probe_rows(pre_runs, study.probe, common["data"], common.get("img_size"),
