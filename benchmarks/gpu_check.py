@@ -1,6 +1,7 @@
 """GPU check: correctness and speed of vitlab on a CUDA machine, in one table.
 
     PYTHONPATH=src python3 benchmarks/gpu_check.py [--data ../shared/data/cifar10-jpg.tar.gz] [--skip-cifar]
+        [--only tests smoke torchrun cifar throughput] [--models NAME ...] [--work DIR]
 
 1. the device tests (tests/test_device.py) and a real CUDA smoke test: train (bf16, fp16 with its
    gradient scaler, gradient accumulation with torch.compile), evaluate and predict on the GPU;
@@ -9,6 +10,7 @@
 4. training throughput and model FLOP utilisation (MFU) of ViT-S/16 and ViT-B/16 at 224x224, bf16,
    batch 256, eager and compiled, beside timm's on the same weights when timm is installed.
 
+--only runs the named checks in that order (a short lease: the ones that matter first). Measured: docs/gpu.md.
 Exits 1 when any check fails (after printing the table); on a machine without CUDA it says so and exits 0.
 """
 from __future__ import annotations
@@ -26,9 +28,13 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))  # run from the tree: the throughput check imports vitlab itself
 # dense bf16 peak (TFLOP/s) by device name; --peak-tflops overrides
 PEAK_BF16 = {"H200": 989.0, "H100 SXM": 989.0, "H100 80GB HBM3": 989.0, "H100 PCIe": 756.0, "H100 NVL": 835.0,
              "A100": 312.0, "L40S": 362.0, "L4": 121.0, "A10": 125.0, "RTX 4090": 165.0}
+
+
+CHECKS = ("tests", "smoke", "torchrun", "cifar", "throughput")
 
 
 def vitlab_cmd(*args: str) -> list[str]:
@@ -127,7 +133,7 @@ def check_cifar(tmp: Path, data: str, device: str) -> str:
     return text
 
 
-def step_throughput(model: torch.nn.Module, batch: int, compiled: bool, steps: int = 20) -> float:
+def step_throughput(model: torch.nn.Module, batch: int, compiled: bool, steps: int) -> float:
     """Training images/s: bf16 autocast, fused AdamW, synthetic data already on the GPU."""
     model = model.cuda().train()
     net = torch.compile(model) if compiled else model
@@ -151,7 +157,7 @@ def step_throughput(model: torch.nn.Module, batch: int, compiled: bool, steps: i
     return batch * steps / (time.perf_counter() - t)
 
 
-def check_throughput(peak_tflops: float) -> list[tuple[str, str, str]]:
+def check_throughput(peak_tflops: float, names: list[str], steps: int) -> list[tuple[str, str, str]]:
     import vitlab
     from vitlab.models.summary import count_flops
     try:
@@ -159,7 +165,7 @@ def check_throughput(peak_tflops: float) -> list[tuple[str, str, str]]:
     except ImportError:
         timm = None
     rows = []
-    for name in ("vit_small_patch16_224", "vit_base_patch16_224"):
+    for name in names:
         flops = 3 * count_flops(vitlab.create_model(name), (3, 224, 224))  # forward + backward (2x forward)
         reference = vitlab.create_model(name)
         for mode in ("eager", "compiled"):
@@ -173,11 +179,12 @@ def check_throughput(peak_tflops: float) -> list[tuple[str, str, str]]:
                 else:
                     model = timm.create_model(name)
                 model.load_state_dict(reference.state_dict())  # the same weights (timm's key names)
-                rate = step_throughput(model, 256, mode == "compiled")
+                rate = step_throughput(model, 256, mode == "compiled", steps)
                 cells.append(f"{impl} {rate:,.0f} img/s, MFU {100 * rate * flops / (peak_tflops * 1e12):.1f}%")
                 del model
                 torch.cuda.empty_cache()
             rows.append((f"{name} train {mode}", "ok", "; ".join(cells)))
+            print(f"{rows[-1][0]}: {rows[-1][2]}", flush=True)
     return rows
 
 
@@ -186,10 +193,16 @@ def main() -> int:
     ap.add_argument("--data", default=str(ROOT.parent / "shared" / "data" / "cifar10-jpg.tar.gz"))
     ap.add_argument("--skip-cifar", action="store_true", help="skip the CIFAR-10 recipe (minutes)")
     ap.add_argument("--skip-throughput", action="store_true")
+    ap.add_argument("--only", nargs="+", choices=CHECKS, default=list(CHECKS),
+                    help="run only these checks, in this order (a short lease: the ones that matter first)")
+    ap.add_argument("--models", nargs="+", default=["vit_small_patch16_224", "vit_base_patch16_224"],
+                    help="models of the throughput check")
+    ap.add_argument("--steps", type=int, default=20, help="timed steps of each throughput measurement")
     ap.add_argument("--peak-tflops", type=float, help="the GPU's dense bf16 peak, for MFU")
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
                     help="cpu: a dry run of the script itself (smoke runs only, no throughput)")
     ap.add_argument("--smoke-epochs", type=int, default=60, help="epochs of each digits smoke run")
+    ap.add_argument("--work", type=Path, help="keep the checks' runs in this folder (default: a temporary one)")
     args = ap.parse_args()
     if args.device == "cpu":
         args.skip_throughput = True
@@ -204,13 +217,25 @@ def main() -> int:
     rows: list[tuple[str, str, str]] = []
     failed = False
     with tempfile.TemporaryDirectory(prefix="vitlab-gpu-check-") as tmp_name:
-        tmp = Path(tmp_name)
-        checks = [("device tests", check_device_tests),
-                  ("train/eval/predict", lambda: check_cuda_smoke(tmp, args.device, args.smoke_epochs)),
-                  ("torchrun", lambda: check_torchrun(tmp, args.device))]
-        if not args.skip_cifar:
-            checks.append(("CIFAR-10 recipe", lambda: check_cifar(tmp, args.data, args.device)))
-        for label, fn in checks:
+        tmp = Path(tmp_name) if args.work is None else args.work
+        tmp.mkdir(parents=True, exist_ok=True)
+        every = {"tests": ("device tests", check_device_tests),
+                 "smoke": ("train/eval/predict", lambda: check_cuda_smoke(tmp, args.device, args.smoke_epochs)),
+                 "torchrun": ("torchrun", lambda: check_torchrun(tmp, args.device)),
+                 "cifar": ("CIFAR-10 recipe", lambda: check_cifar(tmp, args.data, args.device))}
+        skipped = {"cifar"} if args.skip_cifar else set()
+        if args.skip_throughput:
+            skipped.add("throughput")
+        for key in [k for k in args.only if k not in skipped]:
+            if key == "throughput":
+                try:
+                    rows.extend(check_throughput(peak or float("nan"), args.models, args.steps))
+                except Exception as e:  # noqa: BLE001
+                    failed = True
+                    rows.append(("throughput", "FAILED", str(e).strip().splitlines()[0][:300]))
+                    traceback.print_exc()
+                continue
+            label, fn = every[key]
             t = time.perf_counter()
             try:
                 rows.append((label, "ok", f"{fn()} [{time.perf_counter() - t:.0f} s]"))
@@ -219,13 +244,6 @@ def main() -> int:
                 rows.append((label, "FAILED", str(e).strip().splitlines()[0][:300]))
                 traceback.print_exc()
             print(f"{rows[-1][0]}: {rows[-1][1]} {rows[-1][2]}", flush=True)
-        if not args.skip_throughput:
-            try:
-                rows += check_throughput(peak or float("nan"))
-            except Exception as e:  # noqa: BLE001
-                failed = True
-                rows.append(("throughput", "FAILED", str(e).strip().splitlines()[0][:300]))
-                traceback.print_exc()
     width = max(len(r[0]) for r in rows)
     print(f"\n{'check':<{width}}  {'result':<6}  detail")
     for label, result, detail in rows:
