@@ -184,7 +184,6 @@ def check_throughput(peak_tflops: float, names: list[str], steps: int) -> list[t
                 del model
                 torch.cuda.empty_cache()
             rows.append((f"{name} train {mode}", "ok", "; ".join(cells)))
-            print(f"{rows[-1][0]}: {rows[-1][2]}", flush=True)
     return rows
 
 
@@ -222,28 +221,23 @@ def main() -> int:
         every = {"tests": ("device tests", check_device_tests),
                  "smoke": ("train/eval/predict", lambda: check_cuda_smoke(tmp, args.device, args.smoke_epochs)),
                  "torchrun": ("torchrun", lambda: check_torchrun(tmp, args.device)),
-                 "cifar": ("CIFAR-10 recipe", lambda: check_cifar(tmp, args.data, args.device))}
-        skipped = {"cifar"} if args.skip_cifar else set()
-        if args.skip_throughput:
-            skipped.add("throughput")
+                 "cifar": ("CIFAR-10 recipe", lambda: check_cifar(tmp, args.data, args.device)),
+                 "throughput": ("throughput", lambda: check_throughput(peak or float("nan"), args.models, args.steps))}
+        skipped = {k for k, skip in (("cifar", args.skip_cifar), ("throughput", args.skip_throughput)) if skip}
         for key in [k for k in args.only if k not in skipped]:
-            if key == "throughput":
-                try:
-                    rows.extend(check_throughput(peak or float("nan"), args.models, args.steps))
-                except Exception as e:  # noqa: BLE001
-                    failed = True
-                    rows.append(("throughput", "FAILED", str(e).strip().splitlines()[0][:300]))
-                    traceback.print_exc()
-                continue
             label, fn = every[key]
             t = time.perf_counter()
             try:
-                rows.append((label, "ok", f"{fn()} [{time.perf_counter() - t:.0f} s]"))
+                result = fn()  # one detail, or rows of their own (the throughput's, a row per model and mode)
+                seconds = time.perf_counter() - t
+                new = result if isinstance(result, list) else [(label, "ok", f"{result} [{seconds:.0f} s]")]
             except Exception as e:  # noqa: BLE001 - every failure goes into the table, then exit 1
                 failed = True
-                rows.append((label, "FAILED", str(e).strip().splitlines()[0][:300]))
+                new = [(label, "FAILED", str(e).strip().splitlines()[0][:300])]
                 traceback.print_exc()
-            print(f"{rows[-1][0]}: {rows[-1][1]} {rows[-1][2]}", flush=True)
+            rows += new
+            for row in new:
+                print(f"{row[0]}: {row[1]} {row[2]}", flush=True)
     width = max(len(r[0]) for r in rows)
     print(f"\n{'check':<{width}}  {'result':<6}  detail")
     for label, result, detail in rows:

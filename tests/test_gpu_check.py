@@ -50,3 +50,20 @@ def test_a_failed_check_is_a_row_of_the_table_and_the_exit_status(monkeypatch, c
     assert gpu_check.main() == 1
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith(("CIFAR-10 recipe ", "device "))]
     assert any("FAILED" in r and "90.37%" in r for r in rows) and any(" ok " in r for r in rows)
+
+
+def test_the_throughput_check_adds_its_own_rows_and_fails_like_any_other(monkeypatch, capsys):
+    monkeypatch.setattr(gpu_check.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(gpu_check.torch.cuda, "get_device_name", lambda: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(gpu_check, "check_throughput",
+                        lambda peak, names, steps: [(f"{n} train eager", "ok", f"{peak:.0f} peak") for n in names])
+    monkeypatch.setattr(sys, "argv", ["gpu_check.py", "--only", "throughput", "--models", "vit_a", "vit_b"])
+    assert gpu_check.main() == 0
+    out = capsys.readouterr().out
+    assert "vit_a train eager: ok 989 peak" in out and "vit_b train eager: ok 989 peak" in out
+
+    def broken(peak, names, steps):
+        raise ModuleNotFoundError("No module named 'vitlab'")
+    monkeypatch.setattr(gpu_check, "check_throughput", broken)
+    assert gpu_check.main() == 1
+    assert "throughput: FAILED No module named 'vitlab'" in capsys.readouterr().out
