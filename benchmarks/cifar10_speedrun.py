@@ -17,14 +17,18 @@ teacher trained once and reused; its forward pass on every batch is inside the s
 gives it the time the teacher's training left of MIN (MIN minus the ``cnn`` arm's training minutes), so that its
 row compares with a CNN trained for MIN minutes alone: DeiT's student against its teacher at equal total time.
 
-``--ablations`` trains the hybrid under the budget once as it is and once without each piece of the speed run,
-evaluated at the end only (one view), then evaluates the whole recipe's model again with mirror and with mirror +
-translate test-time augmentation, and prints each piece's gain. The whole recipe also runs with another seed: the
-difference between the two is the noise the gains are read against. The eight arms pair up under ``--jobs 2``
-(an arm left to run alone would have the machine to itself and train faster than the others).
+``--ablations`` trains the hybrid under the budget as it is and with each piece of the speed run taken away, added
+or changed (the levers: whitening, alternating flips, lookahead, label smoothing, BatchNorm-bias lr, progressive
+resizing and its start, EMA, a deeper or wider transformer, and hard distillation from a finished CNN run given as
+``--teacher``, trained once and reused), each with ``--seeds`` seeds (default 3), evaluated at the end only (one
+view); then it evaluates the whole recipe's models again with mirror and with mirror + translate test-time
+augmentation. Each row gives its seeds' mean and standard deviation and its gain on the whole recipe with that
+gain's standard error (the seed-to-seed noise it is read against). The arms run seed by seed and pair up under
+``--jobs 2`` (an arm left to run alone would have the machine to itself and train faster than the others).
 
     python benchmarks/cifar10_speedrun.py --budget 30 [--data ../shared/data/cifar10-jpg.tar.gz] [--out runs/speedrun]
-    python benchmarks/cifar10_speedrun.py --ablations --budget 4 --jobs 2 --threads 1 --out runs/speedrun-ablations
+    python benchmarks/cifar10_speedrun.py --ablations --budget 4 --jobs 2 --threads 1 --out runs/speedrun-ablations \
+        [--seeds 3] [--teacher runs/speedrun/cnn]
     python benchmarks/cifar10_speedrun.py --arms cnn,distilled --budget 30 --total 60 --out runs/speedrun
     python benchmarks/cifar10_speedrun.py --table-only --out runs/speedrun   # tabulate finished runs again
 
@@ -53,10 +57,10 @@ DISTILLED = ["--model-arg", "distilled=true", "--model-arg", "class_token=true",
              "--distill", "hard"]  # + --teacher OUT/cnn; DeiT reads the class and distillation tokens
 CIFAR10_TRAIN = 50_000  # images in a CNN-epoch
 THRESHOLDS = (0.80, 0.85, 0.90, 0.93, 0.94)
-# the hybrid without one piece of the speed run at a time: (row label, vitlab train options)
+# the hybrid with one piece of the speed run taken away ("-"), added ("+") or changed at a time:
+# (row label, vitlab train options); "+ hard distillation" needs a finished CNN run as its teacher (--teacher)
 ABLATIONS = {
     "full": ("the whole recipe", []),
-    "full-seed1": ("the whole recipe, seed 1 (the noise between two runs)", ["--seed", "1"]),
     "no-whiten": ("- whitening init (the first conv trained from PyTorch's init)",
                   ["--model-arg", "whiten_from_data=false"]),
     "no-altflip": ("- alternating flips (random flips instead)", ["--no-alternating-flip"]),
@@ -64,6 +68,13 @@ ABLATIONS = {
     "no-smoothing": ("- label smoothing 0.2", ["--label-smoothing", "0"]),
     "no-bnbias": ("- BatchNorm biases at a higher lr", ["--bn-bias-lr-scale", "1"]),
     "no-progressive": ("- progressive resizing (32x32 throughout)", ["--progressive-scale", "1"]),
+    "progressive-16": ("progressive resizing from 16x16 (16 -> 24 -> 32) instead of 24x24",
+                       ["--progressive-scale", "0.5"]),
+    "smoothing-0.1": ("label smoothing 0.1 instead of 0.2", ["--label-smoothing", "0.1"]),
+    "ema": ("+ EMA of the weights (decay 0.999)", ["--ema-decay", "0.999"]),
+    "deeper": ("+ 2 more transformer blocks (4)", ["--model-arg", "depth=4"]),
+    "wider": ("+ a wider transformer (384, 6 heads)", ["--model-arg", "embed_dim=384", "--model-arg", "num_heads=6"]),
+    "distilled": ("+ hard distillation from the CNN (--teacher)", DISTILLED),
 }
 ONE_VIEW = ["--no-tta", "--tta-translate", "0", "--eval-every", "100000"]
 
@@ -190,33 +201,92 @@ def student_budget(out: Path, budget: float, total: float | None) -> float:
     return left
 
 
-def ablation_table(out: Path, tta: dict[str, float | None]) -> str:
-    """One row per arm of ``ABLATIONS`` (final one-view top-1 and its difference from the whole recipe), then the
-    whole recipe's model with mirror and mirror + translate TTA."""
-    lines = ["| arm | epochs | img/s | top-1 | gain of the piece |", "|---|---|---|---|---|"]
-    full = read_summary(out / "full").top1 if is_finished(out / "full") else None
+def seed_folder(out: Path, arm: str, seed: int) -> Path:
+    """An ablation arm's run folder for one seed: ``arm`` for seed 0, ``arm-seedN`` for the others."""
+    return out / (arm if seed == 0 else f"{arm}-seed{seed}")
+
+
+def ablation_commands(out: Path, data: str, budget: float, seeds: int, teacher: Path | None,
+                      extra: list[str]) -> dict[str, list[str]]:
+    """Every arm of ``ABLATIONS`` once per seed, seed by seed (so that ``--jobs`` pairs arms of one seed), one view
+    at the end. The distillation arm runs only with a teacher (a finished CNN run, trained once and reused)."""
+    commands = {}
+    for seed in range(seeds):
+        for arm, (_, options) in ABLATIONS.items():
+            if arm == "distilled" and teacher is None:
+                continue
+            more = ["--teacher", str(teacher)] if arm == "distilled" else []
+            folder = seed_folder(out, arm, seed)
+            commands[folder.name] = arm_command(ARMS["hybrid"], folder, data, budget,
+                                                options + more + ONE_VIEW + ["--seed", str(seed)] + extra)
+    return commands
+
+
+def mean_sd(values: list[float]) -> tuple[float, float | None]:
+    """The mean and the sample standard deviation (None under two values)."""
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None
+
+
+def seeds_top1(out: Path, arm: str, seeds: int) -> list[float]:
+    return [read_summary(f).top1 for f in (seed_folder(out, arm, s) for s in range(seeds)) if is_finished(f)]
+
+
+def difference_se(arm: list[float], full: list[float]) -> float | None:
+    """The standard error of the difference of two means over independent seeds (None under two seeds a side)."""
+    if len(arm) < 2 or len(full) < 2:
+        return None
+    return (statistics.variance(arm) / len(arm) + statistics.variance(full) / len(full)) ** 0.5
+
+
+def paired_se(after: list[float], before: list[float]) -> float | None:
+    """The standard error of the mean difference of paired figures (one model measured two ways)."""
+    diffs = [a - b for a, b in zip(after, before)]
+    return statistics.stdev(diffs) / len(diffs) ** 0.5 if len(diffs) > 1 else None
+
+
+def gain_cell(gain: float, se: float | None) -> str:
+    """A gain in points with its noise; "beyond the noise" where it is more than twice its standard error."""
+    if se is None:
+        return f"{100 * gain:+.2f}"
+    return f"{100 * gain:+.2f} ± {100 * se:.2f}" + (" (beyond the noise)" if abs(gain) > 2 * se else "")
+
+
+def ablation_table(out: Path, tta: dict[str, list[float]], seeds: int = 1) -> str:
+    """One row per arm of ``ABLATIONS``: its seeds' final one-view top-1 (mean ± standard deviation) and its
+    difference from the whole recipe's with that difference's noise, then the whole recipe's models with mirror and
+    mirror + translate TTA. A piece taken away ("-") gained what its arm lost; any other arm gained what it adds."""
+    lines = ["| arm | seeds | epochs | img/s | top-1 (mean ± sd) | gain ± its noise |", "|---|---|---|---|---|---|"]
+    full = seeds_top1(out, "full", seeds)
     for arm, (label, _) in ABLATIONS.items():
-        if not is_finished(out / arm):
-            lines.append(f"| {label} | (not finished) | | | |")
+        top1 = seeds_top1(out, arm, seeds)
+        if not top1:
+            why = "needs --teacher" if arm == "distilled" else "not finished"
+            lines.append(f"| {label} | ({why}) | | | | |")
             continue
-        s = read_summary(out / arm)
-        sign = -1 if label.startswith("-") else 1  # a piece taken away gained what the arm lost
-        gain = "" if arm == "full" or full is None else f"{100 * sign * (s.top1 - full):+.2f}"
-        epochs = s.images_per_second * s.train_seconds / s.num_train  # images seen: the arms' budgets cut an epoch
-        lines.append(f"| {label} | {epochs:.2f} | {s.images_per_second:.0f} | {100 * s.top1:.2f}% | {gain} |")
+        done = [read_summary(f) for f in (seed_folder(out, arm, s) for s in range(seeds)) if is_finished(f)]
+        epochs = statistics.fmean(d.images_per_second * d.train_seconds / d.num_train for d in done)  # images seen
+        img_s = statistics.fmean(d.images_per_second for d in done)
+        mean, sd = mean_sd(top1)
+        sign = -1 if label.startswith("-") else 1
+        gain = "" if arm == "full" or not full else gain_cell(sign * (mean - statistics.fmean(full)),
+                                                             difference_se(top1, full))
+        spread = "" if sd is None else f" ± {100 * sd:.2f}"
+        lines.append(f"| {label} | {len(top1)} | {epochs:.2f} | {img_s:.0f} | {100 * mean:.2f}%{spread} | {gain} |")
     for label, top1 in tta.items():
-        if top1 is not None and full is not None:
-            lines.append(f"| the whole recipe {label} | | | {100 * top1:.2f}% | {100 * (top1 - full):+.2f} |")
+        if top1 and full:
+            mean, sd = mean_sd(top1)
+            spread = "" if sd is None else f" ± {100 * sd:.2f}"
+            lines.append(f"| the whole recipe {label} | {len(top1)} | | | {100 * mean:.2f}%{spread} | "
+                         f"{gain_cell(mean - statistics.fmean(full), paired_se(top1, full))} |")
     return "\n".join(lines)
 
 
-def tta_figures(folder: Path, data: str) -> dict[str, float | None]:
-    """The finished model of ``folder`` evaluated with mirror TTA and with mirror + translate TTA."""
+def tta_figures(out: Path, data: str, seeds: int = 1) -> dict[str, list[float]]:
+    """The whole recipe's finished models (one per seed) evaluated with mirror TTA and with mirror + translate TTA."""
     from vitlab.infer.eval import evaluate_folder
-    if not is_finished(folder):
-        return {}
-    return {"+ mirror TTA": evaluate_folder(folder, data, tta=True)["top1"],
-            "+ mirror + translate TTA": evaluate_folder(folder, data, tta=True, tta_translate=1)["top1"]}
+    folders = [f for f in (seed_folder(out, "full", s) for s in range(seeds)) if is_finished(f)]
+    return {"+ mirror TTA": [evaluate_folder(f, data, tta=True)["top1"] for f in folders],
+            "+ mirror + translate TTA": [evaluate_folder(f, data, tta=True, tta_translate=1)["top1"] for f in folders]}
 
 
 def main() -> None:
@@ -230,13 +300,21 @@ def main() -> None:
     ap.add_argument("--table-only", action="store_true", help="tabulate the run folders under --out, train nothing")
     ap.add_argument("--total", type=float, help="the distilled arm's budget is what the cnn arm's training left of "
                                                  "this many minutes (default: --budget for it too)")
+    ap.add_argument("--seeds", type=int, default=3, help="--ablations: seeds of every arm, for the noise each gain "
+                                                         "is read against (default 3)")
+    ap.add_argument("--teacher", type=Path, help="--ablations: a finished CNN run that the distillation arm learns "
+                                                 "from (without it that arm is left out)")
     ap.add_argument("--calibrate-steps", type=int, default=5, help="bare CNN steps timed for the box's calibration "
                                                                    "(0: none; default 5)")
     args, extra = ap.parse_known_args()  # anything else goes to vitlab train (e.g. --threads 2)
-    arms = list(ABLATIONS) if args.ablations else [a.strip() for a in args.arms.split(",") if a.strip()]
-    unknown = [a for a in arms if a not in ARMS and not args.ablations]
-    if args.budget <= 0 or unknown or args.jobs < 1 or args.calibrate_steps < 0:
-        ap.error(f"--budget must be > 0, --jobs >= 1, --calibrate-steps >= 0 and --arms a list of {', '.join(ARMS)}")
+    arms = [] if args.ablations else [a.strip() for a in args.arms.split(",") if a.strip()]
+    unknown = [a for a in arms if a not in ARMS]
+    if args.budget <= 0 or unknown or args.jobs < 1 or args.calibrate_steps < 0 or args.seeds < 1:
+        ap.error(f"--budget must be > 0, --jobs >= 1, --seeds >= 1, --calibrate-steps >= 0 and --arms a list of "
+                 f"{', '.join(ARMS)}")
+    if args.teacher is not None and not is_finished(args.teacher):
+        ap.error(f"--teacher {args.teacher}: not a finished run folder; accepted: the folder of a finished "
+                 f"vitlab train run (e.g. OUT/{TEACHER_ARM} of an earlier run of this benchmark)")
     if "distilled" in arms and (TEACHER_ARM not in arms or arms.index(TEACHER_ARM) > arms.index("distilled")) \
             and not is_finished(Path(args.out) / TEACHER_ARM) and not args.table_only:
         ap.error(f"the distilled arm's teacher is the {TEACHER_ARM} arm: list it first in --arms or finish it "
@@ -246,10 +324,11 @@ def main() -> None:
     out = Path(args.out)
     calibration = calibrate(args.calibrate_steps) if args.calibrate_steps else None
     if not args.table_only:
-        commands = {}
-        for arm in [a for a in arms if a != "distilled"]:  # the distilled arm runs once its teacher has finished
-            recipe, options = (ARMS["hybrid"], ABLATIONS[arm][1] + ONE_VIEW) if args.ablations else (ARMS[arm], [])
-            commands[arm] = arm_command(recipe, out / arm, args.data, args.budget, options + extra)
+        if args.ablations:
+            commands = ablation_commands(out, args.data, args.budget, args.seeds, args.teacher, extra)
+        else:
+            commands = {arm: arm_command(ARMS[arm], out / arm, args.data, args.budget, extra)
+                        for arm in arms if arm != "distilled"}  # the distilled arm runs once its teacher has finished
         run_arms(commands, args.jobs)
         if "distilled" in arms and not is_finished(out / TEACHER_ARM):
             print(f"distilled: not run, its teacher ({out / TEACHER_ARM}) did not finish", flush=True)
@@ -262,7 +341,9 @@ def main() -> None:
     if calibration:
         print(f"calibration: airbench_32's bare training step at {calibration:.0f} img/s on this box (batch 512, "
               f"median of {args.calibrate_steps}); one CNN-epoch = {CIFAR10_TRAIN / calibration / 60:.1f} min\n")
-    print(ablation_table(out, tta_figures(out / "full", args.data)) if args.ablations
+    if args.ablations:
+        print(f"{args.seeds} seed(s) an arm; a gain is beyond the noise where it is over twice its standard error\n")
+    print(ablation_table(out, tta_figures(out, args.data, args.seeds), args.seeds) if args.ablations
           else table(out, arms, calibration))
 
 

@@ -63,3 +63,41 @@ def test_the_student_gets_what_the_teacher_left_of_the_total(tmp_path):
     assert bench.student_budget(tmp_path, 30.0, 45.0) == pytest.approx(15.0)
     with pytest.raises(SystemExit, match="leaves the distilled student no time"):
         bench.student_budget(tmp_path, 30.0, 25.0)
+
+
+def test_ablations_run_every_arm_once_a_seed_and_distil_only_from_a_given_teacher(tmp_path):
+    without = bench.ablation_commands(tmp_path, "data.tar.gz", 4.0, 2, None, ["--threads", "1"])
+    assert "distilled" not in without and "distilled-seed1" not in without
+    assert len(without) == 2 * (len(bench.ABLATIONS) - 1)
+    first, second = list(without)[:len(bench.ABLATIONS) - 1], list(without)[len(bench.ABLATIONS) - 1:]
+    assert first[0] == "full" and second[0] == "full-seed1"  # seed by seed: --jobs pairs arms of one seed
+    cmd = without["ema-seed1"]
+    assert cmd[cmd.index("--out") + 1] == str(tmp_path / "ema-seed1") and cmd[cmd.index("--seed") + 1] == "1"
+    assert cmd[cmd.index("--ema-decay") + 1] == "0.999" and "--no-tta" in cmd and cmd[-2:] == ["--threads", "1"]
+    teacher = tmp_path / "cnn"
+    cmd = bench.ablation_commands(tmp_path, "data.tar.gz", 4.0, 1, teacher, [])["distilled"]
+    assert cmd[cmd.index("--teacher") + 1] == str(teacher) and cmd[cmd.index("--distill") + 1] == "hard"
+
+
+def test_the_ablation_table_reads_each_gain_against_the_seed_to_seed_noise(tmp_path):
+    for seed, (full, no_la, ema) in enumerate([(0.50, 0.46, 0.505), (0.52, 0.47, 0.52), (0.54, 0.45, 0.54)]):
+        fake_run(bench.seed_folder(tmp_path, "full", seed), 240.0, [full], model="vit_nano_airbench_32")
+        fake_run(bench.seed_folder(tmp_path, "no-lookahead", seed), 240.0, [no_la], model="vit_nano_airbench_32")
+        fake_run(bench.seed_folder(tmp_path, "ema", seed), 240.0, [ema], model="vit_nano_airbench_32")
+    tta = {"+ mirror TTA": [0.51, 0.53, 0.56]}
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in bench.ablation_table(tmp_path, tta, 3).splitlines()}
+    assert "| 3 | 0.48 | 100 | 52.00% ± 2.00 |" in rows["the whole recipe"]  # 240 s at 100 img/s: 0.48 epochs
+    # lookahead taken away loses 6 points: its gain is +6, with se sqrt(0.01^2 / 3 + 0.02^2 / 3) = 1.29 points
+    assert rows["- lookahead"].endswith("| 46.00% ± 1.00 | +6.00 ± 1.29 (beyond the noise) |")
+    # EMA adds 0.17 points, within the noise: sqrt(0.0176^2 / 3 + 0.02^2 / 3) = 1.54 points
+    assert rows["+ EMA of the weights (decay 0.999)"].endswith("| 52.17% ± 1.76 | +0.17 ± 1.54 |")
+    # TTA on the same models: paired differences 1, 1, 2 points, mean 1.33, se 0.58/sqrt(3) = 0.33
+    assert rows["the whole recipe + mirror TTA"].endswith("| 53.33% ± 2.52 | +1.33 ± 0.33 (beyond the noise) |")
+    assert "(needs --teacher)" in rows["+ hard distillation from the CNN (--teacher)"]
+    assert "(not finished)" in rows["- whitening init (the first conv trained from PyTorch's init)"]
+
+
+def test_one_seed_gives_gains_without_a_noise():
+    assert bench.gain_cell(0.012, None) == "+1.20"
+    assert bench.difference_se([0.5], [0.5, 0.6]) is None and bench.paired_se([0.5], [0.4]) is None
+    assert bench.gain_cell(-0.01, 0.006) == "-1.00 ± 0.60"
