@@ -19,16 +19,17 @@ row compares with a CNN trained for MIN minutes alone: DeiT's student against it
 
 ``--ablations`` trains the hybrid under the budget as it is and with each piece of the speed run taken away, added
 or changed (the levers: whitening, alternating flips, lookahead, label smoothing, BatchNorm-bias lr, progressive
-resizing and its start, EMA, a deeper or wider transformer, and hard distillation from a finished CNN run given as
-``--teacher``, trained once and reused), each with ``--seeds`` seeds (default 3), evaluated at the end only (one
-view); then it evaluates the whole recipe's models again with mirror and with mirror + translate test-time
-augmentation. Each row gives its seeds' mean and standard deviation and its gain on the whole recipe with that
-gain's standard error (the seed-to-seed noise it is read against). The arms run seed by seed and pair up under
-``--jobs 2`` (an arm left to run alone would have the machine to itself and train faster than the others).
+resizing, its start and its length, EMA, DeiT's augmentation, a deeper or wider transformer, and hard distillation
+from a finished CNN run given as ``--teacher``, trained once and reused), each with ``--seeds`` seeds (default 3),
+evaluated at the end only (one view); then it evaluates the whole recipe's models again with mirror and with mirror
++ translate test-time augmentation. Each row gives its seeds' mean and standard deviation and its gain on the whole
+recipe with that gain's standard error (the seed-to-seed noise it is read against). The arms run seed by seed and
+pair up under ``--jobs 2`` (an arm left to run alone would have the machine to itself and train faster than the
+others). ``--arms`` picks some of them (e.g. a few levers at a longer budget).
 
     python benchmarks/cifar10_speedrun.py --budget 30 [--data ../shared/data/cifar10-jpg.tar.gz] [--out runs/speedrun]
     python benchmarks/cifar10_speedrun.py --ablations --budget 4 --jobs 2 --threads 1 --out runs/speedrun-ablations \
-        [--seeds 3] [--teacher runs/speedrun/cnn]
+        [--seeds 3] [--teacher runs/speedrun/cnn] [--arms full,ema,progressive-quarter]
     python benchmarks/cifar10_speedrun.py --arms cnn,distilled --budget 30 --total 60 --out runs/speedrun
     python benchmarks/cifar10_speedrun.py --table-only --out runs/speedrun   # tabulate finished runs again
 
@@ -68,10 +69,14 @@ ABLATIONS = {
     "no-smoothing": ("- label smoothing 0.2", ["--label-smoothing", "0"]),
     "no-bnbias": ("- BatchNorm biases at a higher lr", ["--bn-bias-lr-scale", "1"]),
     "no-progressive": ("- progressive resizing (32x32 throughout)", ["--progressive-scale", "1"]),
+    "progressive-quarter": ("progressive resizing over the first quarter instead of half",
+                            ["--progressive-until", "0.25"]),
     "progressive-16": ("progressive resizing from 16x16 (16 -> 24 -> 32) instead of 24x24",
                        ["--progressive-scale", "0.5"]),
     "smoothing-0.1": ("label smoothing 0.1 instead of 0.2", ["--label-smoothing", "0.1"]),
     "ema": ("+ EMA of the weights (decay 0.999)", ["--ema-decay", "0.999"]),
+    "deit-augment": ("+ DeiT's augmentation (Mixup 0.8, CutMix 1.0, random erasing 0.25)",
+                     ["--mixup", "0.8", "--cutmix", "1.0", "--random-erasing", "0.25"]),
     "deeper": ("+ 2 more transformer blocks (4)", ["--model-arg", "depth=4"]),
     "wider": ("+ a wider transformer (384, 6 heads)", ["--model-arg", "embed_dim=384", "--model-arg", "num_heads=6"]),
     "distilled": ("+ hard distillation from the CNN (--teacher)", DISTILLED),
@@ -207,13 +212,13 @@ def seed_folder(out: Path, arm: str, seed: int) -> Path:
 
 
 def ablation_commands(out: Path, data: str, budget: float, seeds: int, teacher: Path | None,
-                      extra: list[str]) -> dict[str, list[str]]:
+                      extra: list[str], arms: list[str] | None = None) -> dict[str, list[str]]:
     """Every arm of ``ABLATIONS`` once per seed, seed by seed (so that ``--jobs`` pairs arms of one seed), one view
     at the end. The distillation arm runs only with a teacher (a finished CNN run, trained once and reused)."""
     commands = {}
     for seed in range(seeds):
         for arm, (_, options) in ABLATIONS.items():
-            if arm == "distilled" and teacher is None:
+            if (arms is not None and arm not in arms) or (arm == "distilled" and teacher is None):
                 continue
             more = ["--teacher", str(teacher)] if arm == "distilled" else []
             folder = seed_folder(out, arm, seed)
@@ -251,13 +256,15 @@ def gain_cell(gain: float, se: float | None) -> str:
     return f"{100 * gain:+.2f} ± {100 * se:.2f}" + (" (beyond the noise)" if abs(gain) > 2 * se else "")
 
 
-def ablation_table(out: Path, tta: dict[str, list[float]], seeds: int = 1) -> str:
+def ablation_table(out: Path, tta: dict[str, list[float]], seeds: int = 1, arms: list[str] | None = None) -> str:
     """One row per arm of ``ABLATIONS``: its seeds' final one-view top-1 (mean ± standard deviation) and its
     difference from the whole recipe's with that difference's noise, then the whole recipe's models with mirror and
     mirror + translate TTA. A piece taken away ("-") gained what its arm lost; any other arm gained what it adds."""
     lines = ["| arm | seeds | epochs | img/s | top-1 (mean ± sd) | gain ± its noise |", "|---|---|---|---|---|---|"]
     full = seeds_top1(out, "full", seeds)
     for arm, (label, _) in ABLATIONS.items():
+        if arms is not None and arm not in arms:
+            continue
         top1 = seeds_top1(out, arm, seeds)
         if not top1:
             why = "needs --teacher" if arm == "distilled" else "not finished"
@@ -294,7 +301,8 @@ def main() -> None:
     ap.add_argument("--budget", type=float, default=30.0, help="minutes of training per arm (default 30)")
     ap.add_argument("--data", default=str(ROOT.parent / "shared/data/cifar10-jpg.tar.gz"))
     ap.add_argument("--out", default="runs/speedrun", help="folder of the arms' run folders")
-    ap.add_argument("--arms", default="cnn,hybrid", help="which to run, in order (default cnn,hybrid)")
+    ap.add_argument("--arms", help="which to run, in order (default cnn,hybrid); with --ablations, which of its "
+                                   f"arms (default all: {', '.join(ABLATIONS)})")
     ap.add_argument("--ablations", action="store_true", help="the hybrid without each piece of the speed run")
     ap.add_argument("--jobs", type=int, default=1, help="arms trained side by side (give --threads too; default 1)")
     ap.add_argument("--table-only", action="store_true", help="tabulate the run folders under --out, train nothing")
@@ -307,11 +315,17 @@ def main() -> None:
     ap.add_argument("--calibrate-steps", type=int, default=5, help="bare CNN steps timed for the box's calibration "
                                                                    "(0: none; default 5)")
     args, extra = ap.parse_known_args()  # anything else goes to vitlab train (e.g. --threads 2)
-    arms = [] if args.ablations else [a.strip() for a in args.arms.split(",") if a.strip()]
-    unknown = [a for a in arms if a not in ARMS]
-    if args.budget <= 0 or unknown or args.jobs < 1 or args.calibrate_steps < 0 or args.seeds < 1:
-        ap.error(f"--budget must be > 0, --jobs >= 1, --seeds >= 1, --calibrate-steps >= 0 and --arms a list of "
-                 f"{', '.join(ARMS)}")
+    arms = [a.strip() for a in (args.arms or ("" if args.ablations else "cnn,hybrid")).split(",") if a.strip()]
+    known = ABLATIONS if args.ablations else ARMS
+    unknown = [a for a in arms if a not in known]
+    if unknown:
+        ap.error(f"--arms: unknown {', '.join(unknown)}; accepted: {', '.join(known)}")
+    chosen = (arms or None) if args.ablations else None  # the ablation arms to run (None: all)
+    if args.ablations:
+        arms = []
+    if args.budget <= 0 or args.jobs < 1 or args.calibrate_steps < 0 or args.seeds < 1:
+        ap.error(f"--budget {args.budget:g}, --jobs {args.jobs}, --seeds {args.seeds}, --calibrate-steps "
+                 f"{args.calibrate_steps}: accepted: --budget > 0, --jobs >= 1, --seeds >= 1, --calibrate-steps >= 0")
     if args.teacher is not None and not is_finished(args.teacher):
         ap.error(f"--teacher {args.teacher}: not a finished run folder; accepted: the folder of a finished "
                  f"vitlab train run (e.g. OUT/{TEACHER_ARM} of an earlier run of this benchmark)")
@@ -325,7 +339,7 @@ def main() -> None:
     calibration = calibrate(args.calibrate_steps) if args.calibrate_steps else None
     if not args.table_only:
         if args.ablations:
-            commands = ablation_commands(out, args.data, args.budget, args.seeds, args.teacher, extra)
+            commands = ablation_commands(out, args.data, args.budget, args.seeds, args.teacher, extra, chosen)
         else:
             commands = {arm: arm_command(ARMS[arm], out / arm, args.data, args.budget, extra)
                         for arm in arms if arm != "distilled"}  # the distilled arm runs once its teacher has finished
@@ -343,7 +357,7 @@ def main() -> None:
               f"median of {args.calibrate_steps}); one CNN-epoch = {CIFAR10_TRAIN / calibration / 60:.1f} min\n")
     if args.ablations:
         print(f"{args.seeds} seed(s) an arm; a gain is beyond the noise where it is over twice its standard error\n")
-    print(ablation_table(out, tta_figures(out, args.data, args.seeds), args.seeds) if args.ablations
+    print(ablation_table(out, tta_figures(out, args.data, args.seeds), args.seeds, chosen) if args.ablations
           else table(out, arms, calibration))
 
 

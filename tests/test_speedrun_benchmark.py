@@ -77,6 +77,19 @@ def test_ablations_run_every_arm_once_a_seed_and_distil_only_from_a_given_teache
     teacher = tmp_path / "cnn"
     cmd = bench.ablation_commands(tmp_path, "data.tar.gz", 4.0, 1, teacher, [])["distilled"]
     assert cmd[cmd.index("--teacher") + 1] == str(teacher) and cmd[cmd.index("--distill") + 1] == "hard"
+    some = bench.ablation_commands(tmp_path, "data.tar.gz", 30.0, 2, None, [], arms=["full", "progressive-quarter"])
+    assert list(some) == ["full", "progressive-quarter", "full-seed1", "progressive-quarter-seed1"]
+    cmd = some["progressive-quarter"]
+    assert cmd[cmd.index("--progressive-until") + 1] == "0.25" and cmd[cmd.index("--time-budget") + 1] == "30"
+
+
+def test_an_unknown_ablation_arm_is_refused_naming_the_accepted_ones():
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "cifar10_speedrun.py"), "--ablations",
+                           "--arms", "full,bogus", "--calibrate-steps", "0"], capture_output=True, text=True)
+    assert done.returncode == 2
+    assert "--arms: unknown bogus; accepted: full, no-whiten" in done.stderr and "progressive-quarter" in done.stderr
 
 
 def test_the_ablation_table_reads_each_gain_against_the_seed_to_seed_noise(tmp_path):
@@ -95,6 +108,8 @@ def test_the_ablation_table_reads_each_gain_against_the_seed_to_seed_noise(tmp_p
     assert rows["the whole recipe + mirror TTA"].endswith("| 53.33% ± 2.52 | +1.33 ± 0.33 (beyond the noise) |")
     assert "(needs --teacher)" in rows["+ hard distillation from the CNN (--teacher)"]
     assert "(not finished)" in rows["- whitening init (the first conv trained from PyTorch's init)"]
+    some = bench.ablation_table(tmp_path, {}, 3, arms=["full", "ema"]).splitlines()
+    assert len(some) == 4 and some[3].startswith("| + EMA of the weights")
 
 
 def test_one_seed_gives_gains_without_a_noise():
