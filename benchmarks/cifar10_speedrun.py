@@ -227,13 +227,15 @@ def ablation_commands(out: Path, data: str, budget: float, seeds: int, teacher: 
     return commands
 
 
-def mean_sd(values: list[float]) -> tuple[float, float | None]:
-    """The mean and the sample standard deviation (None under two values)."""
-    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None
+def mean_sd(values: list[float]) -> str:
+    """The mean in percent and, from two values on, ± the sample standard deviation in points."""
+    spread = f" ± {100 * statistics.stdev(values):.2f}" if len(values) > 1 else ""
+    return f"{100 * statistics.fmean(values):.2f}%{spread}"
 
 
-def seeds_top1(out: Path, arm: str, seeds: int) -> list[float]:
-    return [read_summary(f).top1 for f in (seed_folder(out, arm, s) for s in range(seeds)) if is_finished(f)]
+def seed_summaries(out: Path, arm: str, seeds: int) -> list:
+    """The summaries of an ablation arm's finished seeds."""
+    return [read_summary(f) for f in (seed_folder(out, arm, s) for s in range(seeds)) if is_finished(f)]
 
 
 def difference_se(arm: list[float], full: list[float]) -> float | None:
@@ -261,30 +263,26 @@ def ablation_table(out: Path, tta: dict[str, list[float]], seeds: int = 1, arms:
     difference from the whole recipe's with that difference's noise, then the whole recipe's models with mirror and
     mirror + translate TTA. A piece taken away ("-") gained what its arm lost; any other arm gained what it adds."""
     lines = ["| arm | seeds | epochs | img/s | top-1 (mean ± sd) | gain ± its noise |", "|---|---|---|---|---|---|"]
-    full = seeds_top1(out, "full", seeds)
+    full = [d.top1 for d in seed_summaries(out, "full", seeds)]
     for arm, (label, _) in ABLATIONS.items():
         if arms is not None and arm not in arms:
             continue
-        top1 = seeds_top1(out, arm, seeds)
-        if not top1:
+        done = seed_summaries(out, arm, seeds)
+        top1 = [d.top1 for d in done]
+        if not done:
             why = "needs --teacher" if arm == "distilled" else "not finished"
             lines.append(f"| {label} | ({why}) | | | | |")
             continue
-        done = [read_summary(f) for f in (seed_folder(out, arm, s) for s in range(seeds)) if is_finished(f)]
         epochs = statistics.fmean(d.images_per_second * d.train_seconds / d.num_train for d in done)  # images seen
         img_s = statistics.fmean(d.images_per_second for d in done)
-        mean, sd = mean_sd(top1)
         sign = -1 if label.startswith("-") else 1
-        gain = "" if arm == "full" or not full else gain_cell(sign * (mean - statistics.fmean(full)),
-                                                             difference_se(top1, full))
-        spread = "" if sd is None else f" ± {100 * sd:.2f}"
-        lines.append(f"| {label} | {len(top1)} | {epochs:.2f} | {img_s:.0f} | {100 * mean:.2f}%{spread} | {gain} |")
+        gain = "" if arm == "full" or not full else gain_cell(
+            sign * (statistics.fmean(top1) - statistics.fmean(full)), difference_se(top1, full))
+        lines.append(f"| {label} | {len(top1)} | {epochs:.2f} | {img_s:.0f} | {mean_sd(top1)} | {gain} |")
     for label, top1 in tta.items():
         if top1 and full:
-            mean, sd = mean_sd(top1)
-            spread = "" if sd is None else f" ± {100 * sd:.2f}"
-            lines.append(f"| the whole recipe {label} | {len(top1)} | | | {100 * mean:.2f}%{spread} | "
-                         f"{gain_cell(mean - statistics.fmean(full), paired_se(top1, full))} |")
+            gain = gain_cell(statistics.fmean(top1) - statistics.fmean(full), paired_se(top1, full))
+            lines.append(f"| the whole recipe {label} | {len(top1)} | | | {mean_sd(top1)} | {gain} |")
     return "\n".join(lines)
 
 
