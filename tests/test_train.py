@@ -413,6 +413,32 @@ def test_train_step_resizes_the_augmented_batch(name):
         assert model.eval()(images.float() / 255).shape == (4, 10)
 
 
+def test_under_progressive_resizing_the_teacher_sees_the_full_size_batch():
+    """The student trains on the resized batch; the loss, and so a teacher trained at 32x32, gets the same augmented
+    crop at 32x32, not resized (a CNN teacher at 16x16 would be a weaker teacher)."""
+    from vitlab.data.augment import AugmentConfig, BatchAugment
+    from vitlab.train.progressive import any_size
+    from vitlab.train.step import Batch, Stepper, train_step
+    from vitlab.train.tasks.distillation import TrainLoss
+    student = vitlab.create_model("vit_nano_patch4_32", num_classes=10, distilled=True)
+    teacher = vitlab.create_model("airbench_32", num_classes=10)
+    student_saw, teacher_saw = [], []
+    student.patch_embed.register_forward_hook(lambda m, i, o: student_saw.append(tuple(i[0].shape[-2:])))
+    teacher.register_forward_hook(lambda m, i, o: teacher_saw.append(i[0].detach().clone()))
+    any_size(student)
+    plain = AugmentConfig(crop="none", hflip=False, auto_augment="none", random_erasing=0, mixup=0, cutmix=0)
+    aug = BatchAugment(plain, (32, 32), (0.5,) * 3, (0.5,) * 3, 10)
+    opt = torch.optim.AdamW(student.parameters(), lr=1e-3)
+    images, labels = torch.randint(0, 256, (4, 3, 32, 32), dtype=torch.uint8), torch.arange(4)
+    for size in [(16, 16), None]:
+        train_step(Stepper(student, aug, TrainLoss(teacher, "hard"), opt, channels_last=True),
+                   Batch(images, labels, size))
+    assert student_saw == [(16, 16), (32, 32)]
+    assert [tuple(t.shape[-2:]) for t in teacher_saw] == [(32, 32), (32, 32)]
+    torch.testing.assert_close(teacher_saw[0], teacher_saw[1])  # the same images, unresized, both times
+    torch.testing.assert_close(teacher_saw[0], (images.float() / 255 - 0.5) / 0.5)
+
+
 def test_photos_stored_larger_than_the_training_size(tmp_path, cache_dir):
     """store_size keeps photos at 12 px (shorter side, centre square); training crops 8x8, evaluation resizes and
     centre-crops; the saved model takes 8x8."""

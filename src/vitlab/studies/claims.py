@@ -62,8 +62,8 @@ HYBRID_CNN, HYBRID_BIT_ARM = "CNN tokens (hybrid)", "BiT ResNetV2 tokens (the pa
 RESNET = {"model": "resnet10_32", "model_args": {"widths": [32, 64, 128, 256]}}
 AIRBENCH_RECIPE = "cifar10_airbench.yaml"  # the distillation's teacher: airbench's CNN with its own recipe
 FRACTIONS = (0.1, 0.25, 0.5, 1.0)
-# The distillation's students train at full size: the teacher sees the very images a student sees (Beyer et al.
-# 2022), and a CNN teacher trained at 32x32 is a weaker teacher on smaller ones.
+# The distillation's students train at full size, the size their teacher was trained at, as DeiT's students do (the
+# teacher sees the very crops a student sees, Beyer et al. 2022, at that size under progressive resizing too).
 FULL_SIZE: dict[str, Any] = {"progressive_scale": 1.0}
 TEACHER = "teacher"  # the value of ``teacher`` that stands for the study's teacher arm
 PRETRAINED = "pretrained:"  # ``init: pretrained:mae:3`` stands for the study's MAE pre-training run of 3 budgets
@@ -311,7 +311,7 @@ STUDIES: dict[str, Study] = {s.name: s for s in [
           notes=["The teacher is airbench's CNN with its own recipe (SGD, lookahead), trained first for twice a "
                  "student's budget; a distilled student also runs the teacher on every batch inside its budget, "
                  "so it sees fewer images. The students train at full size, without progressive resizing: the "
-                 "teacher sees the very images a student sees, and at 24x24 it would be a weaker teacher. 'hard, "
+                 "size the teacher was trained at, as DeiT's students do. 'hard, "
                  "class token only' is the same-size ViT without a distillation token, its class head learning "
                  "from both the labels and the teacher (DeiT's 'hard distillation' row)."]),
     Study("locality", "GPSA's convolutional prior helps most when data is scarce; the gain shrinks with data.",

@@ -84,7 +84,9 @@ def train_step(s: Stepper, b: Batch) -> tuple[torch.Tensor, torch.Tensor]:
 
     The batch is split into ``accum_steps`` micro-batches whose gradients add up before the step
     (under DistributedDataParallel only the last one synchronises). ``b.size`` resizes the augmented
-    batch (progressive resizing). DistributedDataParallel averages the ranks' gradients, so a rank with
+    batch the model sees (progressive resizing); the loss is given the augmented batch at its full size, so that a
+    teacher trained at that size sees the student's very crop as it was trained to (at 24x24 a CNN trained at 32x32
+    is a weaker teacher). DistributedDataParallel averages the ranks' gradients, so a rank with
     one image more or less weighs its loss by ``b.share`` and the step follows the whole batch's mean. With a
     ``scaler`` (fp16) the loss is scaled and a step whose gradients are not finite is skipped. Returns the batch's
     summed loss and its count of correct predictions, as tensors on the device: reading them is left to the
@@ -97,15 +99,17 @@ def train_step(s: Stepper, b: Batch) -> tuple[torch.Tensor, torch.Tensor]:
     hits = torch.zeros((), dtype=torch.long, device=device)
     chunks = list(zip(images.chunk(s.accum_steps), b.labels.chunk(s.accum_steps)))
     for i, (xb, yb) in enumerate(chunks):
-        x, targets = s.augment(xb, yb)
-        x = resize(x, b.size)
+        full, targets = s.augment(xb, yb)
+        if s.channels_last:
+            full = full.contiguous(memory_format=torch.channels_last)
+        x = resize(full, b.size)
         if s.channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
         sync = i == len(chunks) - 1 or not isinstance(net, nn.parallel.DistributedDataParallel)
         with contextlib.nullcontext() if sync else net.no_sync():
             with autocast(device, s.precision):
                 outputs = net(x)
-                loss = s.loss(x, outputs, targets)
+                loss = s.loss(full, outputs, targets)  # a teacher sees the augmented batch at its full size
             scaled = loss * (len(xb) / len(images) * b.share)  # the mean over the whole batch, all ranks
             (scaler.scale(scaled) if scaler is not None else scaled).backward()
         loss_sum += loss.detach().float() * len(xb)

@@ -4,7 +4,8 @@ hard: (1 - alpha) * CE(class head, targets) + alpha * CE(distillation head, teac
 soft: (1 - alpha) * CE(class head, targets) + alpha * tau^2 * KL(softmax(teacher / tau) || softmax(student / tau))
 
 ``targets`` are the (mixed, smoothed) soft targets of the batch; the teacher sees the same
-augmented images. A student without a distillation token is distilled through its class head.
+augmented images, at their full size under progressive resizing (the student may see them smaller).
+A student without a distillation token is distilled through its class head.
 The KL term is averaged over the batch (DeiT's code divides its sum by batch x classes instead).
 """
 from __future__ import annotations
