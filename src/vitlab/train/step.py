@@ -100,11 +100,11 @@ def train_step(s: Stepper, b: Batch) -> tuple[torch.Tensor, torch.Tensor]:
     chunks = list(zip(images.chunk(s.accum_steps), b.labels.chunk(s.accum_steps)))
     for i, (xb, yb) in enumerate(chunks):
         full, targets = s.augment(xb, yb)
-        if s.channels_last:
-            full = full.contiguous(memory_format=torch.channels_last)
         x = resize(full, b.size)
         if s.channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
+        if x.shape[-2:] == full.shape[-2:]:
+            full = x  # not resized: the loss takes the very tensor the model took
         sync = i == len(chunks) - 1 or not isinstance(net, nn.parallel.DistributedDataParallel)
         with contextlib.nullcontext() if sync else net.no_sync():
             with autocast(device, s.precision):
