@@ -38,6 +38,7 @@ Any other option goes to every ``vitlab train`` (e.g. ``--threads 2``, ``--tta-t
 from __future__ import annotations
 
 import argparse
+import signal
 import statistics
 import subprocess
 import sys
@@ -137,20 +138,30 @@ def arm_command(recipe: Path, out: Path, data: str, budget: float, extra: list[s
             "--time-budget", f"{budget:g}", "--budget-counts", "training", "--eval-every", "1", *extra]
 
 
-def run_arms(commands: dict[str, list[str]], jobs: int) -> None:
-    """Run the arms' commands, ``jobs`` at a time (each alone on the machine with 1), and say how each ended."""
+def run_arms(commands: dict[str, list[str]], jobs: int, start=subprocess.Popen, wait=time.sleep) -> None:
+    """Run the arms' commands, ``jobs`` at a time (each alone on the machine with 1), and say how each ended. Stopped
+    (Ctrl-C, SIGTERM, an error), it stops the arms still training, so that none goes on writing its run folder and
+    taking the cores of the next benchmark."""
     waiting, running = list(commands.items()), []
-    while waiting or running:
-        while waiting and len(running) < jobs:
-            name, cmd = waiting.pop(0)
-            print("$", " ".join(cmd), flush=True)
-            running.append((name, subprocess.Popen(cmd), time.perf_counter()))
-        time.sleep(1)
-        for item in [r for r in running if r[1].poll() is not None]:
-            name, proc, t0 = item
-            running.remove(item)
-            print(f"{name}: exit {proc.returncode}{' (vitlab train failed)' if proc.returncode else ''}, "
-                  f"{(time.perf_counter() - t0) / 60:.1f} min of wall time", flush=True)
+    try:
+        while waiting or running:
+            while waiting and len(running) < jobs:
+                name, cmd = waiting.pop(0)
+                print("$", " ".join(cmd), flush=True)
+                running.append((name, start(cmd), time.perf_counter()))
+            wait(1)
+            for item in [r for r in running if r[1].poll() is not None]:
+                name, proc, t0 = item
+                running.remove(item)
+                print(f"{name}: exit {proc.returncode}{' (vitlab train failed)' if proc.returncode else ''}, "
+                      f"{(time.perf_counter() - t0) / 60:.1f} min of wall time", flush=True)
+    finally:
+        for name, proc, _ in running:
+            if proc.poll() is None:
+                proc.terminate()  # its run folder keeps its last checkpoint: vitlab train --resume goes on
+                print(f"{name}: stopped", flush=True)
+        for _, proc, _ in running:
+            proc.wait()
 
 
 def fmt_time(seconds: float | None, calibration: float | None = None) -> str:
@@ -359,5 +370,10 @@ def main() -> None:
           else table(out, arms, calibration))
 
 
+def stop_on_sigterm(signum, frame):
+    raise SystemExit(128 + signum)  # so that run_arms' cleanup runs under kill as under Ctrl-C
+
+
 if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, stop_on_sigterm)
     main()

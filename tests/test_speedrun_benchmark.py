@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib.util
 import itertools
+import subprocess
+import sys
 
 import pytest
 from conftest import ROOT
@@ -116,3 +118,20 @@ def test_one_seed_gives_gains_without_a_noise():
     assert bench.gain_cell(0.012, None) == "+1.20"
     assert bench.difference_se([0.5], [0.5, 0.6]) is None and bench.paired_se([0.5], [0.4]) is None
     assert bench.gain_cell(-0.01, 0.006) == "-1.00 ± 0.60"
+
+
+def test_stopped_it_stops_the_arms_still_training():
+    started = []
+
+    def start(cmd):
+        started.append(subprocess.Popen(cmd))
+        return started[-1]
+
+    def ctrl_c(seconds):
+        raise KeyboardInterrupt
+
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    with pytest.raises(KeyboardInterrupt):
+        bench.run_arms({"a": sleeper, "b": sleeper, "c": sleeper}, jobs=2, start=start, wait=ctrl_c)
+    assert len(started) == 2  # the third arm never started
+    assert all(p.poll() is not None for p in started)  # and neither of the two goes on training
