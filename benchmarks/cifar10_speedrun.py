@@ -76,6 +76,8 @@ ABLATIONS = {
                        ["--progressive-scale", "0.5"]),
     "smoothing-0.1": ("label smoothing 0.1 instead of 0.2", ["--label-smoothing", "0.1"]),
     "ema": ("+ EMA of the weights (decay 0.999)", ["--ema-decay", "0.999"]),
+    "ema-late": ("+ EMA begun where the resizing ends (decay 0.995, from half of the schedule)",
+                 ["--ema-decay", "0.995", "--ema-start", "0.5"]),
     "deit-augment": ("+ DeiT's augmentation (Mixup 0.8, CutMix 1.0, random erasing 0.25)",
                      ["--mixup", "0.8", "--cutmix", "1.0", "--random-erasing", "0.25"]),
     "deeper": ("+ 2 more transformer blocks (4)", ["--model-arg", "depth=4"]),

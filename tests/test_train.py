@@ -299,6 +299,7 @@ def test_predict_top_k_with_class_names(tmp_path, cache_dir, capsys):
     (["--data", "/nonexistent/images"], "/nonexistent/images"),
     (["--distill", "soft"], "needs a teacher"),
     (["--progressive-scale", "1.5"], "progressive_scale=1.5 is not valid; accepted: a number > 0 and <= 1"),
+    (["--ema-start", "0.5"], "ema_start=0.5 needs an EMA to begin: --ema-decay"),
 ])
 def test_bad_options_fail_clearly(tmp_path, cache_dir, args, message):
     proc = run_cli("train", "--out", tmp_path / "bad", "--epochs", "1", *args, check=False)
@@ -451,3 +452,29 @@ def test_photos_stored_larger_than_the_training_size(tmp_path, cache_dir):
     assert summary["num_test"] == 12 and 0 <= summary["top1"] <= 1
     model = vitlab.load(tmp_path / "run")
     assert model.pretrained_cfg["input_size"] == [3, 8, 8] or tuple(model.pretrained_cfg["input_size"]) == (3, 8, 8)
+
+
+def test_ema_update_copies_at_decay_0_and_lerps_otherwise():
+    from vitlab.train.step import ema_update
+
+    model, ema = torch.nn.Linear(3, 2), torch.nn.Linear(3, 2)
+    before = [p.detach().clone() for p in ema.parameters()]
+    ema_update(ema, model, 0.75)
+    for e, b, m in zip(ema.parameters(), before, model.parameters()):
+        assert torch.allclose(e, 0.75 * b + 0.25 * m)
+    ema_update(ema, model, 0.0)
+    assert all(torch.equal(e, m) for e, m in zip(ema.parameters(), model.parameters()))
+
+
+def test_ema_start_lets_the_copy_follow_the_model_until_then(tmp_path, cache_dir, monkeypatch):
+    import vitlab.train.step as step
+
+    decays, update = [], step.ema_update
+    monkeypatch.setattr(step, "ema_update", lambda e, m, d: (decays.append(d), update(e, m, d)))
+    train(load_recipe(None, model="vit_micro_patch2_8", epochs=2, batch_size=64, ema_decay=0.9, ema_start=0.5,
+                      precision="fp32", threads=1, seed=0, out=str(tmp_path / "run")), log=lambda s: None)
+    half = len(decays) // 2  # an epoch-counted run: progress is step / steps, the second epoch starts at 0.5
+    assert len(decays) % 2 == 0 and decays == [0.0] * half + [0.9] * half
+    first, second = metrics(tmp_path / "run")
+    assert first["ema_test_top1"] == first["test_top1"]  # the copy is the model itself until the average begins
+    assert second["ema_test_top1"] is not None

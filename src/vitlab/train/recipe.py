@@ -89,6 +89,8 @@ class Recipe(Settings):
                                    "bias) after N epochs (0 = never)")
     clip_grad: float | None = Field(1.0, ge=0, description="gradient norm clipping (0 or null = off)")
     ema_decay: float = Field(0.0, ge=0, lt=1, description="EMA of the weights (0 = off, e.g. 0.999)")
+    ema_start: float = Field(0.0, ge=0, lt=1, description="share of the schedule at which the EMA begins to "
+                             "average (before it the copy follows the model; e.g. progressive_until)")
     early_stop: int = Field(0, ge=0, description="stop after N evaluations without improvement (0 = off)")
     plateau_patience: int = Field(0, ge=0, description="scale the lr after N evaluations without improvement (0 = off)")
     plateau_factor: float = Field(0.5, gt=0, lt=1, description="lr factor on a plateau")
@@ -142,6 +144,9 @@ class Recipe(Settings):
         check_pretrain(self)
         if self.tta_translate and not self.tta:
             raise ValueError(f"tta_translate={self.tta_translate} needs tta: true (--tta); accepted without it: 0")
+        if self.ema_start and not self.ema_decay:
+            raise ValueError(f"ema_start={self.ema_start:g} needs an EMA to begin: --ema-decay, e.g. 0.999; "
+                             "accepted without it: 0")
         if self.batch_size % self.accum_steps:
             raise ValueError(f"batch_size={self.batch_size} is not valid with accum_steps={self.accum_steps}; "
                              "accepted: a multiple of accum_steps")

@@ -33,13 +33,24 @@ def unwrap(net: nn.Module) -> nn.Module:
 
 @torch.no_grad()
 def ema_update(ema: nn.Module, model: nn.Module, decay: float) -> None:
-    """ema = decay * ema + (1 - decay) * model, for every floating-point tensor (others are copied)."""
+    """ema = decay * ema + (1 - decay) * model, for every floating-point tensor (others are copied); decay 0 copies
+    the model exactly."""
     e_float = [e for e in ema.state_dict().values() if e.dtype.is_floating_point]
     m_float = [m for m in model.state_dict().values() if m.dtype.is_floating_point]
-    torch._foreach_lerp_(e_float, m_float, 1.0 - decay)
+    if decay == 0:
+        torch._foreach_copy_(e_float, m_float)
+    else:
+        torch._foreach_lerp_(e_float, m_float, 1.0 - decay)
     for e, m in zip(ema.state_dict().values(), model.state_dict().values()):
         if not e.dtype.is_floating_point:
             e.copy_(m)
+
+
+def ema_decay_at(progress: float, decay: float, start: float) -> float:
+    """The EMA's decay at ``progress`` (the share of the schedule done): 0 before ``start``, so that the copy follows
+    the model and its average begins there (e.g. where progressive resizing ends, so that it holds no weights
+    trained at a smaller size), and ``decay`` from then on."""
+    return decay if progress >= start else 0.0
 
 
 def correct(outputs: Any, targets: torch.Tensor) -> torch.Tensor:

@@ -78,7 +78,7 @@ from .setup import (
     set_fast_math,
 )
 from .state import TrainState, save_checkpoint
-from .step import Batch, EpochMeter, Stepper, channels_last_helps, train_step
+from .step import Batch, EpochMeter, Stepper, channels_last_helps, ema_decay_at, train_step
 from .tasks import EvalSplit, Task, task_for
 from .tensorboard import TensorBoardLog
 
@@ -483,6 +483,7 @@ def train_epoch(run: Run) -> tuple[EpochRow | None, bool]:
         lr = warmup_cosine(p, r.lr, r.min_lr, r.warmup, share) * state.plateau.scale
         size = nets.resize.size_at(p)
         set_lr(state.optimizer, lr)  # times each group's lr_scale (layer decay, BatchNorm biases, SGD)
+        stepper.ema_decay = ema_decay_at(p, r.ema_decay, r.ema_start)
         images = run.inputs.augment.alternate(images, batches[i], epoch, r.seed)
         loss, hits = train_step(stepper, Batch(images, labels, size, share=len(images) * d.world / sizes[i]))
         state.step += 1
