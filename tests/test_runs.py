@@ -107,3 +107,30 @@ def test_run_clock_follows_its_time_source():
     assert not clock.keep_back(1.0) and clock.reserve == 10.0  # never less than already reserved
     steps = RunClock(d, total_steps=10, now=lambda: t[0])
     assert steps.progress(step=3) == 0.3
+
+
+def test_a_runs_throughput_weighs_each_epoch_by_its_time():
+    from vitlab.runs.format import EpochRow, run_images_per_second
+
+    def row(epoch, step, rate):
+        return EpochRow(epoch=epoch, step=step, train_loss=1.0, train_acc=0.5, lr=0.1, images_per_second=rate)
+
+    # 100 steps at 1,000 img/s then 100 at 100 img/s (batch b): 200 b images in 0.1 b + 1.0 b seconds
+    assert run_images_per_second([row(1, 100, 1000.0), row(2, 200, 100.0)]) == pytest.approx(200 / 1.1)
+    assert run_images_per_second([row(1, 50, 300.0)]) == pytest.approx(300.0)
+    assert run_images_per_second([]) is None
+
+
+def test_the_summary_and_an_unfinished_runs_row_give_the_runs_throughput(real_runs, tmp_path):
+    from vitlab.runs.format import run_images_per_second
+
+    vit, _, _ = real_runs
+    history = read_history(vit)
+    rates = [h.images_per_second for h in history]
+    assert min(rates) < max(rates)  # progressive resizing: epochs at different speeds
+    assert read_summary(vit).images_per_second == pytest.approx(run_images_per_second(history))
+    unfinished = tmp_path / "unfinished"
+    unfinished.mkdir()
+    for name in ("config.yaml", "metrics.jsonl"):
+        (unfinished / name).write_bytes((vit / name).read_bytes())
+    assert read_run(unfinished)["images_per_second"] == pytest.approx(run_images_per_second(history))

@@ -12,7 +12,16 @@ from typing import Any
 
 from .figures import plot_runs
 from .folder import claim_file, figure_metadata
-from .format import METRICS, SUMMARY, EpochRow, is_finished, read_config, read_history, read_summary
+from .format import (
+    METRICS,
+    SUMMARY,
+    EpochRow,
+    is_finished,
+    read_config,
+    read_history,
+    read_summary,
+    run_images_per_second,
+)
 
 COLUMNS = [("run", "run"), ("status", "status"), ("model", "model"), ("params", "parameters"), ("data", "data"),
            ("epochs", "epochs"), ("train", "train_seconds"), ("wall", "wall_seconds"),
@@ -38,11 +47,10 @@ def read_run(path: str | os.PathLike) -> dict[str, Any]:
                    images_per_second=s.images_per_second, top1=s.top1, top5=s.top5)
         return row
     tested = [h for h in history if h.test_top1 is not None]
-    rates = [h.images_per_second for h in history]
     planned = recipe.get("epochs") if not recipe.get("time_budget") else None
     row.update(status=f"unfinished ({len(history)}/{planned} epochs)" if planned else "unfinished",
                epochs=len(history), train_seconds=history[-1].elapsed_seconds if history else None,
-               wall_seconds=None, images_per_second=sum(rates) / len(rates) if rates else None,
+               wall_seconds=None, images_per_second=run_images_per_second(history),
                top1=tested[-1].test_top1 if tested else None, top5=tested[-1].test_top5 if tested else None)
     return row
 

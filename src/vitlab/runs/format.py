@@ -108,6 +108,22 @@ class EpochRow:
                 + f" lr {self.lr:.2e} {self.images_per_second:.0f} img/s")
 
 
+def run_images_per_second(history: Sequence[EpochRow]) -> float | None:
+    """A run's training throughput from its epochs: each epoch's rate weighted by its training time (its steps over
+    its rate; the steps of a run are of one batch size), so that short fast epochs (progressive resizing's small
+    inputs) count for the time they took, not as much as the slow ones. None for a run without epochs."""
+    seconds, steps, before = 0.0, 0, 0
+    for h in history:
+        n = h.step - before
+        before = h.step
+        if n > 0 and h.images_per_second > 0:
+            seconds, steps = seconds + n / h.images_per_second, steps + n
+    if steps == 0:
+        rates = [h.images_per_second for h in history]
+        return sum(rates) / len(rates) if rates else None
+    return steps / seconds
+
+
 @dataclass
 class Summary:
     """summary.json: the finished run's final test metrics, what it ran on and how long it took.
@@ -120,7 +136,7 @@ class Summary:
     top5: float | None
     test_loss: float
     per_class: dict[str, float] | None  # test top-1 of each class, by class name
-    images_per_second: float      # mean over the epochs
+    images_per_second: float      # over the run: the epochs' rates weighted by their time
     train_seconds: float          # training time on the run's clock (from the first step; a time budget counts it)
     epochs: int
     steps: int

@@ -37,6 +37,7 @@ from ..runs.format import (
     config_values,
     has_config,
     read_config,
+    run_images_per_second,
     write_metrics,
     write_summary,
 )
@@ -608,7 +609,7 @@ def finish(run: Run, final_metrics: dict | None, stopped_early: bool, t_start: f
     m = final_metrics["logits"]
     summary = Summary(
         top1=m["top1"], top5=m["top5"], test_loss=m["loss"], per_class=m["per_class"],
-        images_per_second=sum(h.images_per_second for h in history) / len(history),
+        images_per_second=run_images_per_second(history),
         train_seconds=state.seconds, epochs=len(history), steps=state.step, stopped_early=stopped_early,
         model=model_name(model), parameters=run.nets.n_params, precision=run.precision, device=str(d.device),
         data=data.name, num_train=len(data.train.images), num_test=len(data.test.images),
