@@ -118,10 +118,7 @@ def run_images_per_second(history: Sequence[EpochRow]) -> float | None:
         before = h.step
         if n > 0 and h.images_per_second > 0:
             seconds, steps = seconds + n / h.images_per_second, steps + n
-    if steps == 0:
-        rates = [h.images_per_second for h in history]
-        return sum(rates) / len(rates) if rates else None
-    return steps / seconds
+    return steps / seconds if steps else None
 
 
 @dataclass
