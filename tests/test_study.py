@@ -499,3 +499,34 @@ def test_a_study_of_some_arms_reports_them_and_is_incomplete_until_the_rest_are_
     assert [r["label"] for r in whole["rows"]] == [a.label for a in STUDIES["pos-embed"].arms]
     assert whole["verdict"] == "not separated"  # one seed
     assert whole["rows"][0]["top1"] == part["rows"][0]["top1"] and whole["rows"][0]["runs"] == part["rows"][0]["runs"]
+
+
+def test_a_stopped_study_stops_the_runs_it_started(tmp_path, monkeypatch):
+    """Ctrl-C or SIGTERM to a study with --jobs 2 while its runs train: every run it started is stopped (none goes on
+    writing unsupervised), their logs closed and their claims released, and the interrupt goes on up."""
+    import subprocess
+    import sys
+
+    from vitlab.progress import Progress
+    from vitlab.studies import runner
+    started, real_popen = [], subprocess.Popen
+
+    def child(folder, recipe):  # a run that would train for a minute, started as the study starts its runs
+        return [sys.executable, "-c", "import time; time.sleep(60)"]
+
+    def popen(*args, **kwargs):
+        started.append(real_popen(*args, **kwargs))
+        return started[-1]
+
+    def log(line):  # the study's log line after its second run started: stopped there, as by Ctrl-C
+        if len(started) == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner, "_child_command", child)
+    monkeypatch.setattr(runner.subprocess, "Popen", popen)
+    jobs = [(name, load_recipe(None, out=str(tmp_path / "runs" / name))) for name in ("a", "b", "c")]
+    with pytest.raises(KeyboardInterrupt), Progress(total=3, desc="runs", disable=True) as bar:
+        runner._train_arms(jobs, 2, log, bar)
+    assert len(started) == 2  # the third never began
+    assert [p.poll() for p in started] == [-15, -15]  # stopped (SIGTERM), not left running
+    assert not list((tmp_path / "runs").glob("*.lock"))

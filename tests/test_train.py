@@ -109,6 +109,29 @@ def test_resume_after_kill_matches_uninterrupted(tmp_path, cache_dir):
     assert (a["top1"], a["test_loss"], a["per_class"]) == (b["top1"], b["test_loss"], b["per_class"])
 
 
+def test_sigterm_stops_a_run_as_ctrl_c_does_and_names_the_command_that_continues_it(tmp_path, cache_dir):
+    """`kill PID` (SIGTERM, a scheduler's stop) mid-run: exit 130 with one last line that names the --resume
+    command, nothing looks finished, and that command finishes the run."""
+    common = [*TINY, "--epochs", "8", "--cache-dir", cache_dir]
+    out = tmp_path / "stopped"
+    proc = subprocess.Popen([sys.executable, "-m", "vitlab", "train", *map(str, common), "--out", str(out)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    for line in proc.stderr:
+        if line.startswith("epoch 2:"):
+            break
+    proc.send_signal(signal.SIGTERM)
+    rest = proc.stderr.read()
+    proc.wait()
+    proc.stderr.close()
+    assert proc.returncode == 130, rest
+    assert rest.strip().splitlines()[-1] == ("vitlab train: interrupted; continue from its last finished epoch with: "
+                                             f"vitlab train --resume {out}")
+    assert not (out / "summary.json").exists() and len(metrics(out)) < 8
+    run_cli("train", "--resume", out)
+    assert len(metrics(out)) == 8 and (out / "summary.json").is_file()
+
+
 @pytest.mark.slow
 def test_two_process_torchrun_matches_one_process(tmp_path, cache_dir):
     common = [*TINY, "--epochs", "2", "--cache-dir", cache_dir, "--drop-path", "0", "--padding", "0",

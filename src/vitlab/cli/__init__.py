@@ -7,10 +7,13 @@ made from their one declaration in the training recipe (``options.add_option``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import errno
+import signal
 import sys
 import tempfile
+import threading
 import typing
 from pathlib import Path
 
@@ -54,7 +57,8 @@ def main(argv: list[str] | None = None) -> int:
         for option in ("out", "resume"):
             if getattr(args, option, None):
                 check_writable(getattr(args, option), option)
-        return args.func(args)
+        with sigterm_interrupts():
+            return args.func(args)
     except RuntimeError as e:
         if args.command != "study":
             raise
@@ -74,8 +78,39 @@ def main(argv: list[str] | None = None) -> int:
         print(f"vitlab {args.command}: stopped: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print(f"vitlab {args.command}: interrupted", file=sys.stderr)
+        print(f"vitlab {args.command}: interrupted{how_to_continue(args)}", file=sys.stderr)
         return 130
+
+
+@contextlib.contextmanager
+def sigterm_interrupts():
+    """SIGTERM (`kill`, a job scheduler's stop) stops the command as Ctrl-C does: through its cleanup (a study
+    stops its runs, the run folder's lock is released), with the same last line, instead of dying mid-write."""
+    if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
+        yield
+        return
+
+    def interrupt(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: a second one does not cut the cleanup short
+        raise KeyboardInterrupt
+
+    before = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+def how_to_continue(args: argparse.Namespace) -> str:
+    """The end of the 'interrupted' line: the command that continues the work, where there is one."""
+    from ..runs.format import CHECKPOINT
+    if args.command in ("train", "pretrain"):
+        folder = getattr(args, "resume", None) or getattr(args, "out", None)
+        if folder and (Path(folder) / CHECKPOINT).is_file():
+            return f"; continue from its last finished epoch with: vitlab {args.command} --resume {folder}"
+    if args.command == "study":
+        return "; the same command again continues it (finished runs are kept, unfinished ones resume)"
+    return ""
 
 
 def subparser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:

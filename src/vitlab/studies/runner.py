@@ -224,6 +224,36 @@ def _train_arms(jobs: list[tuple[str, Recipe]], parallel: int, log: Callable[[st
         return
     pending = list(jobs)
     running: list[tuple[str, Path, subprocess.Popen, Any]] = []  # name, run folder, child, its log's handle
+    try:
+        _supervise(pending, running, parallel, log, bar)
+    finally:  # stopped (Ctrl-C, SIGTERM, an error): no run goes on training unsupervised
+        stop_children(running)
+
+
+def stop_children(running: list[tuple[str, Path, subprocess.Popen, Any]], wait: float = 60.0) -> None:
+    """Stop the runs still training: SIGTERM (each stops as on Ctrl-C, its run folder whole, from its last
+    checkpoint on the next start), then SIGKILL for any still there after ``wait`` seconds; their logs are closed
+    and their claims released."""
+    deadline = time.monotonic() + min(wait, 2.0)  # after Ctrl-C at a terminal the runs stop on their own SIGINT
+    while any(proc.poll() is None for _, _, proc, _ in running) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for _, _, proc, _ in running:
+        if proc.poll() is None:
+            proc.terminate()
+    for _, folder, proc, handle in running:
+        try:
+            proc.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        handle.close()
+        _beside(folder, ".lock").unlink(missing_ok=True)
+    running.clear()
+
+
+def _supervise(pending: list[tuple[str, Recipe]], running: list[tuple[str, Path, subprocess.Popen, Any]],
+               parallel: int, log: Callable[[str], None], bar) -> None:
+    """Start the pending runs as child processes, ``parallel`` at a time, until every one has ended."""
     failed = []
     while pending or running:
         while len(running) < parallel and (k := next_ready([r for _, r in pending])) is not None:
