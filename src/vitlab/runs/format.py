@@ -77,7 +77,7 @@ class EpochRow:
     train_loss: float
     train_acc: float | None       # on the augmented training batches (None: pre-training, which has no labels)
     lr: float                     # the learning rate of the epoch's last step
-    images_per_second: float      # training throughput of this epoch on this process
+    images_per_second: float      # training throughput of this epoch, all ranks together
     input_size: list[int] | None = field(default=None, metadata=OMIT)  # progressive resizing: the last size
     test_loss: float | None = field(default=None, metadata=OMIT)  # pre-training: the objective's held-out loss
     test_top1: float | None = field(default=None, metadata=OMIT)
