@@ -132,6 +132,33 @@ def test_sigterm_stops_a_run_as_ctrl_c_does_and_names_the_command_that_continues
     assert len(metrics(out)) == 8 and (out / "summary.json").is_file()
 
 
+@pytest.mark.parametrize("command", ["train", "pretrain"])
+def test_the_interrupted_line_names_the_run_folder_the_config_chose(command, tmp_path, capsys, monkeypatch):
+    """A run whose folder comes from the config file (no --out), stopped after a checkpoint: the last line names
+    that folder's --resume command; stopped before any checkpoint, it names none."""
+    import vitlab.train as training
+    out = tmp_path / "from-config"
+    config = tmp_path / "recipe.yaml"
+    config.write_text(f"out: {out}\nepochs: 2\n")
+    checkpointed = [True]
+
+    def stopped(recipe, resume=False):
+        out.mkdir(exist_ok=True)
+        if checkpointed[0]:
+            (out / "checkpoint.pt").write_bytes(b"")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(training, "train", stopped)
+    method = ["--method", "mae"] if command == "pretrain" else []
+    assert main([command, "--config", str(config), *method]) == 130
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"vitlab {command}: interrupted; continue from its last finished epoch with: vitlab {command} --resume {out}")
+    (out / "checkpoint.pt").unlink()
+    checkpointed[0] = False
+    assert main([command, "--config", str(config), *method]) == 130
+    assert capsys.readouterr().err.strip().splitlines()[-1] == f"vitlab {command}: interrupted"
+
+
 @pytest.mark.slow
 def test_two_process_torchrun_matches_one_process(tmp_path, cache_dir):
     common = [*TINY, "--epochs", "2", "--cache-dir", cache_dir, "--drop-path", "0", "--padding", "0",

@@ -49,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
         given["model_args"] = train_cli.parse_model_args(args.model_arg)
     options = train_cli.parse_model_args(args.pretrain_arg or [], "--pretrain-arg", "mask_ratio=0.75")
     recipe = load_recipe(args.config, out=args.out, pretrain=args.method, pretrain_args=options or None, **given)
+    args.out = recipe.out  # as train's: the 'interrupted' line names the run folder
     summary = train(recipe)
     if summary:
         print(train_cli.result_line(summary, recipe.out))

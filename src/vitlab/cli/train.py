@@ -84,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
         if args.model_arg:
             given["model_args"] = parse_model_args(args.model_arg)
         recipe = load_recipe(args.config, out=args.out, **given)
+    args.out = recipe.out  # the run folder, named by --out or by the config: the 'interrupted' line names it
     summary = train(recipe, resume=bool(args.resume))
     if summary:
         print(result_line(summary, recipe.out))
