@@ -159,6 +159,38 @@ def test_the_interrupted_line_names_the_run_folder_the_config_chose(command, tmp
     assert capsys.readouterr().err.strip().splitlines()[-1] == f"vitlab {command}: interrupted"
 
 
+def test_under_torchrun_one_rank_says_interrupted_and_names_the_torchrun_command(tmp_path, capsys, monkeypatch):
+    """torchrun stops every rank: rank 0 prints the one 'interrupted' line, and its --resume command is launched
+    as the run was; the other ranks print none."""
+    import vitlab.train as training
+    out = tmp_path / "run"
+    config = tmp_path / "recipe.yaml"
+    config.write_text(f"out: {out}\nepochs: 2\n")
+
+    def stopped(recipe, resume=False):
+        out.mkdir(exist_ok=True)
+        (out / "checkpoint.pt").write_bytes(b"")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(training, "train", stopped)
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    monkeypatch.setenv("RANK", "0")
+    assert main(["train", "--config", str(config)]) == 130
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "vitlab train: interrupted; continue from its last finished epoch with: "
+        f"torchrun --nproc-per-node 4 -m vitlab train --resume {out}")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # two nodes of two
+    assert main(["train", "--config", str(config)]) == 130
+    assert "torchrun --nnodes 2 (and the same rendezvous options) --nproc-per-node 2 -m vitlab train --resume" in (
+        capsys.readouterr().err)
+    for rank in ("1", "3"):
+        monkeypatch.setenv("RANK", rank)
+        assert main(["train", "--config", str(config)]) == 130
+        assert "interrupted" not in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_two_process_torchrun_matches_one_process(tmp_path, cache_dir):
     common = [*TINY, "--epochs", "2", "--cache-dir", cache_dir, "--drop-path", "0", "--padding", "0",

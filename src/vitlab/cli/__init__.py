@@ -10,6 +10,7 @@ import argparse
 import contextlib
 import difflib
 import errno
+import os
 import signal
 import sys
 import tempfile
@@ -78,7 +79,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"vitlab {args.command}: stopped: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print(f"vitlab {args.command}: interrupted{how_to_continue(args)}", file=sys.stderr)
+        if int(os.environ.get("RANK", "0")) == 0:  # under torchrun every rank is stopped: the first says so, once
+            print(f"vitlab {args.command}: interrupted{how_to_continue(args)}", file=sys.stderr)
         return 130
 
 
@@ -107,10 +109,21 @@ def how_to_continue(args: argparse.Namespace) -> str:
     if args.command in ("train", "pretrain"):
         folder = getattr(args, "resume", None) or getattr(args, "out", None)
         if folder and (Path(folder) / CHECKPOINT).is_file():
-            return f"; continue from its last finished epoch with: vitlab {args.command} --resume {folder}"
+            return f"; continue from its last finished epoch with: {launcher()}vitlab {args.command} --resume {folder}"
     if args.command == "study":
         return "; the same command again continues it (finished runs are kept, unfinished ones resume)"
     return ""
+
+
+def launcher() -> str:
+    """How this process was started, as the head of a command line: "" alone, torchrun's when torchrun started it
+    (a run it trains resumes under the same launch)."""
+    if "MASTER_ADDR" not in os.environ or "WORLD_SIZE" not in os.environ:
+        return ""
+    world = int(os.environ["WORLD_SIZE"])
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    nodes = "" if local == world else f"--nnodes {world // local} (and the same rendezvous options) "
+    return f"torchrun {nodes}--nproc-per-node {local} -m "
 
 
 def subparser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
