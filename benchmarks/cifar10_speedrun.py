@@ -19,13 +19,17 @@ row compares with a CNN trained for MIN minutes alone: DeiT's student against it
 
 ``--ablations`` trains the hybrid under the budget as it is and with each piece of the speed run taken away, added
 or changed (the levers: whitening, alternating flips, lookahead, label smoothing, BatchNorm-bias lr, progressive
-resizing, its start and its length, EMA, DeiT's augmentation, a deeper or wider transformer, and hard distillation
-from a finished CNN run given as ``--teacher``, trained once and reused), each with ``--seeds`` seeds (default 3),
-evaluated at the end only (one view); then it evaluates the whole recipe's models again with mirror and with mirror
-+ translate test-time augmentation. Each row gives its seeds' mean and standard deviation and its gain on the whole
-recipe with that gain's standard error (the seed-to-seed noise it is read against). The arms run seed by seed and
-pair up under ``--jobs 2`` (an arm left to run alone would have the machine to itself and train faster than the
-others). ``--arms`` picks some of them (e.g. a few levers at a longer budget).
+resizing, its start and its length, EMA, DeiT's augmentation, a light Mixup or random erasing alone, a deeper or
+wider transformer, and hard distillation from a finished CNN run given as ``--teacher``, trained once and reused),
+each with ``--seeds`` seeds (default 3), evaluated at the end only (one view); then it evaluates the whole recipe's
+models again with mirror and with mirror + translate test-time augmentation. Each row gives its seeds' mean and
+standard deviation and its gain on the whole recipe with that gain's standard error (the seed-to-seed noise it is
+read against). The arms run seed by seed and pair up under ``--jobs 2`` (an arm left to run alone would have the
+machine to itself and train faster than the others). ``--arms`` picks some of them (e.g. a few levers at a longer
+budget).
+
+Run again into the same ``--out`` (with more seeds, say), it keeps the arms already finished there, resumes those a
+stopped benchmark left unfinished, and trains the rest; the table reads them all.
 
     python benchmarks/cifar10_speedrun.py --budget 30 [--data ../shared/data/cifar10-jpg.tar.gz] [--out runs/speedrun]
     python benchmarks/cifar10_speedrun.py --ablations --budget 4 --jobs 2 --threads 1 --out runs/speedrun-ablations \
@@ -49,7 +53,7 @@ import torch
 import torch.nn.functional as F
 
 import vitlab
-from vitlab.runs.format import is_finished, read_history, read_summary
+from vitlab.runs.format import CHECKPOINT, is_finished, read_history, read_summary
 
 ROOT = Path(__file__).resolve().parents[1]
 ARMS = {"cnn": ROOT / "recipes/cifar10_airbench.yaml", "hybrid": ROOT / "recipes/cifar10_hybrid_speedrun.yaml",
@@ -141,6 +145,23 @@ def cnn_epochs(seconds: float, calibration: float | None) -> float | None:
 def arm_command(recipe: Path, out: Path, data: str, budget: float, extra: list[str]) -> list[str]:
     return [sys.executable, "-m", "vitlab", "train", "--config", str(recipe), "--data", data, "--out", str(out),
             "--time-budget", f"{budget:g}", "--budget-counts", "training", "--eval-every", "1", *extra]
+
+
+def still_to_run(commands: dict[str, list[str]]) -> dict[str, list[str]]:
+    """The arms' commands less those whose run folder is finished (kept, not trained again: the benchmark run again
+    with more seeds or arms trains what is missing); an unfinished one, of a stopped benchmark, resumes from its
+    last checkpoint."""
+    todo = {}
+    for name, cmd in commands.items():
+        folder = Path(cmd[cmd.index("--out") + 1])
+        if is_finished(folder):
+            print(f"{name}: finished already in {folder}, kept", flush=True)
+        elif (folder / CHECKPOINT).is_file():
+            runtime = cmd[cmd.index("--threads"):cmd.index("--threads") + 2] if "--threads" in cmd else []
+            todo[name] = [*cmd[:cmd.index("train") + 1], "--resume", str(folder), *runtime]
+        else:
+            todo[name] = cmd
+    return todo
 
 
 def run_arms(commands: dict[str, list[str]], jobs: int, start=subprocess.Popen, wait=time.sleep) -> None:
@@ -357,13 +378,14 @@ def main() -> None:
         else:
             commands = {arm: arm_command(ARMS[arm], out / arm, args.data, args.budget, extra)
                         for arm in arms if arm != "distilled"}  # the distilled arm runs once its teacher has finished
-        run_arms(commands, args.jobs)
+        run_arms(still_to_run(commands), args.jobs)
         if "distilled" in arms and not is_finished(out / TEACHER_ARM):
             print(f"distilled: not run, its teacher ({out / TEACHER_ARM}) did not finish", flush=True)
         elif "distilled" in arms:
             budget = student_budget(out, args.budget, args.total)
-            run_arms({"distilled": arm_command(ARMS["distilled"], out / "distilled", args.data, budget,
-                                               DISTILLED + ["--teacher", str(out / TEACHER_ARM)] + extra)}, 1)
+            student = arm_command(ARMS["distilled"], out / "distilled", args.data, budget,
+                                  DISTILLED + ["--teacher", str(out / TEACHER_ARM)] + extra)
+            run_arms(still_to_run({"distilled": student}), 1)
     what = "ablations of the hybrid" if args.ablations else "time-to-accuracy"
     print(f"\nCIFAR-10 {what}, budget {args.budget:g} min of training per arm, on {machine()}")
     if calibration:

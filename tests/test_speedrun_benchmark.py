@@ -85,6 +85,21 @@ def test_ablations_run_every_arm_once_a_seed_and_distil_only_from_a_given_teache
     assert cmd[cmd.index("--progressive-until") + 1] == "0.25" and cmd[cmd.index("--time-budget") + 1] == "30"
 
 
+def test_the_benchmark_run_again_keeps_finished_arms_and_resumes_stopped_ones(tmp_path, capsys):
+    """Run again with more seeds into the same folder: a finished arm is kept (not refused, not trained again), one
+    a stopped benchmark left unfinished resumes from its checkpoint with the same threads, a new one trains."""
+    commands = bench.ablation_commands(tmp_path, "data.tar.gz", 60.0, 2, None, ["--threads", "1"], arms=["full"])
+    fake_run(tmp_path / "full", 3600.0, [0.88])
+    (tmp_path / "full-seed1").mkdir()
+    (tmp_path / "full-seed1" / "checkpoint.pt").write_bytes(b"")
+    todo = bench.still_to_run(commands)
+    assert list(todo) == ["full-seed1"]
+    assert todo["full-seed1"][-5:] == ["train", "--resume", str(tmp_path / "full-seed1"), "--threads", "1"]
+    assert capsys.readouterr().out.strip() == f"full: finished already in {tmp_path / 'full'}, kept"
+    (tmp_path / "full-seed1" / "checkpoint.pt").unlink()  # stopped before its first checkpoint: trained anew
+    assert bench.still_to_run(commands) == {"full-seed1": commands["full-seed1"]}
+
+
 def test_an_unknown_ablation_arm_is_refused_naming_the_accepted_ones():
     import subprocess
     import sys
