@@ -118,7 +118,8 @@ def how_to_continue(args: argparse.Namespace) -> str:
 def launcher() -> str:
     """How this process was started, as the head of a command line: "" alone, torchrun's when torchrun started it
     (a run it trains resumes under the same launch)."""
-    if "MASTER_ADDR" not in os.environ or "WORLD_SIZE" not in os.environ:
+    from ..train.distributed import started_by_torchrun
+    if not started_by_torchrun():
         return ""
     world = int(os.environ["WORLD_SIZE"])
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world))

@@ -35,6 +35,11 @@ class Dist:
         return self.control is not None
 
 
+def started_by_torchrun() -> bool:
+    """Whether torchrun started this process (it sets the world's size and the rendezvous address)."""
+    return "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ
+
+
 def init_distributed(device: str = "auto") -> Dist:
     """Join the process group torchrun describes in the environment, or run alone."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -44,7 +49,7 @@ def init_distributed(device: str = "auto") -> Dist:
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
     control = None
-    if "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ:  # started by torchrun
+    if started_by_torchrun():
         if not dist.is_initialized():
             join_group("nccl" if dev.type == "cuda" else "gloo")
         control = dist.new_group(backend="gloo") if dev.type == "cuda" else dist.group.WORLD
