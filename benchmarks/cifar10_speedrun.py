@@ -22,11 +22,13 @@ or changed (the levers: whitening, alternating flips, lookahead, label smoothing
 resizing, its start and its length, EMA, DeiT's augmentation, a light Mixup or random erasing alone, a deeper or
 wider transformer, and hard distillation from a finished CNN run given as ``--teacher``, trained once and reused),
 each with ``--seeds`` seeds (default 3), evaluated at the end only (one view); then it evaluates the whole recipe's
-models again with mirror and with mirror + translate test-time augmentation. Each row gives its seeds' mean and
-standard deviation and its gain on the whole recipe with that gain's standard error (the seed-to-seed noise it is
-read against). The arms run seed by seed and pair up under ``--jobs 2`` (an arm left to run alone would have the
-machine to itself and train faster than the others). ``--arms`` picks some of them (e.g. a few levers at a longer
-budget).
+models (and those of the arms named in ``--tta-arms``) again with mirror and with mirror + translate test-time
+augmentation, once: each evaluation is kept beside its run (``RUN.tta-mirror``, ``RUN.tta-mirror-translate``:
+`vitlab eval`'s folders, with their confusion matrices) and read back while it is newer than the run. Each row
+gives its seeds' mean and standard deviation and its gain on the whole recipe with that gain's standard error (the
+seed-to-seed noise it is read against). The arms run seed by seed and pair up under ``--jobs 2`` (an arm left to
+run alone would have the machine to itself and train faster than the others). ``--arms`` picks some of them (e.g. a
+few levers at a longer budget).
 
 Run again into the same ``--out`` (with more seeds, say), it keeps the arms already finished there, resumes those a
 stopped benchmark left unfinished, and trains the rest; the table reads them all.
@@ -36,6 +38,7 @@ stopped benchmark left unfinished, and trains the rest; the table reads them all
         [--seeds 3] [--teacher runs/speedrun/cnn] [--arms full,ema,progressive-quarter]
     python benchmarks/cifar10_speedrun.py --arms cnn,distilled --budget 30 --total 60 --out runs/speedrun
     python benchmarks/cifar10_speedrun.py --table-only --out runs/speedrun   # tabulate finished runs again
+    python benchmarks/cifar10_speedrun.py --ablations --table-only --tta-arms light-mix --out runs/speedrun-ablations
 
 Any other option goes to every ``vitlab train`` (e.g. ``--threads 2``, ``--tta-translate 0`` for mirror TTA only).
 """
@@ -53,7 +56,7 @@ import torch
 import torch.nn.functional as F
 
 import vitlab
-from vitlab.runs.format import CHECKPOINT, is_finished, read_history, read_summary
+from vitlab.runs.format import CHECKPOINT, SUMMARY, is_finished, read_eval_summary, read_history, read_summary
 
 ROOT = Path(__file__).resolve().parents[1]
 ARMS = {"cnn": ROOT / "recipes/cifar10_airbench.yaml", "hybrid": ROOT / "recipes/cifar10_hybrid_speedrun.yaml",
@@ -92,6 +95,7 @@ ABLATIONS = {
     "distilled": ("+ hard distillation from the CNN (--teacher)", DISTILLED),
 }
 ONE_VIEW = ["--no-tta", "--tta-translate", "0", "--eval-every", "100000"]
+TTA_VIEWS = {"+ mirror TTA": 0, "+ mirror + translate TTA": 1}  # row label: pixels of translation beside the mirror
 
 
 def machine() -> str:
@@ -295,10 +299,13 @@ def gain_cell(gain: float, se: float | None) -> str:
     return f"{100 * gain:+.2f} ± {100 * se:.2f}" + (" (beyond the noise)" if abs(gain) > 2 * se else "")
 
 
-def ablation_table(out: Path, tta: dict[str, list[float]], seeds: int = 1, arms: list[str] | None = None) -> str:
+def ablation_table(out: Path, tta: dict[str, dict[str, list[float]]], seeds: int = 1,
+                   arms: list[str] | None = None) -> str:
     """One row per arm of ``ABLATIONS``: its seeds' final one-view top-1 (mean ± standard deviation) and its
-    difference from the whole recipe's with that difference's noise, then the whole recipe's models with mirror and
-    mirror + translate TTA. A piece taken away ("-") gained what its arm lost; any other arm gained what it adds."""
+    difference from the whole recipe's with that difference's noise; then, per arm of ``tta`` (arm: {TTA row label:
+    its seeds' top-1}), its models with test-time augmentation: the whole recipe's against its own one-view figures
+    (paired: the same models), another arm's against the whole recipe's with the same TTA. A piece taken away ("-")
+    gained what its arm lost; any other arm gained what it adds."""
     lines = ["| arm | seeds | epochs | img/s | top-1 (mean ± sd) | gain ± its noise |", "|---|---|---|---|---|---|"]
     full = [d.top1 for d in seed_summaries(out, "full", seeds)]
     for arm, (label, _) in ABLATIONS.items():
@@ -316,19 +323,47 @@ def ablation_table(out: Path, tta: dict[str, list[float]], seeds: int = 1, arms:
         gain = "" if arm == "full" or not full else gain_cell(
             sign * (statistics.fmean(top1) - statistics.fmean(full)), difference_se(top1, full))
         lines.append(f"| {label} | {len(top1)} | {epochs:.2f} | {img_s:.0f} | {mean_sd(top1)} | {gain} |")
-    for label, top1 in tta.items():
-        if top1 and full:
-            gain = gain_cell(statistics.fmean(top1) - statistics.fmean(full), paired_se(top1, full))
-            lines.append(f"| the whole recipe {label} | {len(top1)} | | | {mean_sd(top1)} | {gain} |")
+    for arm, figures in tta.items():
+        for view, top1 in figures.items():
+            against = full if arm == "full" else tta.get("full", {}).get(view, [])
+            if not top1 or not against:
+                continue
+            se = paired_se(top1, against) if arm == "full" else difference_se(top1, against)
+            label = ABLATIONS[arm][0]
+            sign = -1 if label.startswith("-") else 1
+            gain = gain_cell(sign * (statistics.fmean(top1) - statistics.fmean(against)), se)
+            lines.append(f"| {label} {view} | {len(top1)} | | | {mean_sd(top1)} | {gain} |")
     return "\n".join(lines)
 
 
-def tta_figures(out: Path, data: str, seeds: int = 1) -> dict[str, list[float]]:
-    """The whole recipe's finished models (one per seed) evaluated with mirror TTA and with mirror + translate TTA."""
-    from vitlab.infer.eval import evaluate_folder
-    folders = [f for f in (seed_folder(out, "full", s) for s in range(seeds)) if is_finished(f)]
-    return {"+ mirror TTA": [evaluate_folder(f, data, tta=True)["top1"] for f in folders],
-            "+ mirror + translate TTA": [evaluate_folder(f, data, tta=True, tta_translate=1)["top1"] for f in folders]}
+def tta_top1(run: Path, data: str, translate: int, evaluate=None) -> float:
+    """A finished run's model's top-1 with mirror TTA (and, with ``translate``, the views shifted by that many
+    pixels), evaluated once: `vitlab eval`'s folder beside the run (``RUN.tta-mirror`` or
+    ``RUN.tta-mirror-translate``) is read back while it is newer than the run's summary and of the same views (one
+    that cannot be read is evaluated again)."""
+    where = run.with_name(f"{run.name}.tta-mirror{'-translate' if translate else ''}")
+    if is_finished(where) and (where / SUMMARY).stat().st_mtime >= (run / SUMMARY).stat().st_mtime:
+        try:
+            kept = read_eval_summary(where)
+        except ValueError:
+            kept = None
+        if kept is not None and kept.tta and kept.tta_translate == translate:
+            return kept.top1
+    if evaluate is None:
+        from vitlab.infer.eval import evaluate_folder as evaluate
+    print(f"{run.name}: evaluating with mirror{' + translate' if translate else ''} TTA into {where}", flush=True)
+    return evaluate(run, data, out=where, tta=True, tta_translate=translate)["top1"]
+
+
+def tta_figures(out: Path, data: str, seeds: int = 1, arms: tuple[str, ...] | list[str] = ("full",),
+                evaluate=None) -> dict[str, dict[str, list[float]]]:
+    """The finished models of each of ``arms`` (one per seed) with mirror TTA and with mirror + translate TTA."""
+    figures = {}
+    for arm in arms:
+        runs = [f for f in (seed_folder(out, arm, s) for s in range(seeds)) if is_finished(f)]
+        figures[arm] = {view: [tta_top1(f, data, translate, evaluate) for f in runs]
+                        for view, translate in TTA_VIEWS.items()}
+    return figures
 
 
 def main() -> None:
@@ -347,6 +382,9 @@ def main() -> None:
                                                          "is read against (default 3)")
     ap.add_argument("--teacher", type=Path, help="--ablations: a finished CNN run that the distillation arm learns "
                                                  "from (without it that arm is left out)")
+    ap.add_argument("--tta-arms", default="full", help="--ablations: the arms whose models are also evaluated with "
+                                                        "mirror and mirror + translate TTA (default full; full is "
+                                                        "always one)")
     ap.add_argument("--calibrate-steps", type=int, default=5, help="bare CNN steps timed for the box's calibration "
                                                                    "(0: none; default 5)")
     args, extra = ap.parse_known_args()  # anything else goes to vitlab train (e.g. --threads 2)
@@ -358,6 +396,10 @@ def main() -> None:
     chosen = (arms or None) if args.ablations else None  # the ablation arms to run (None: all)
     if args.ablations:
         arms = []
+    tta_arms = ["full"] + [a.strip() for a in args.tta_arms.split(",") if a.strip() and a.strip() != "full"]
+    unknown = [a for a in tta_arms if a not in ABLATIONS]
+    if unknown:
+        ap.error(f"--tta-arms: unknown {', '.join(unknown)}; accepted: {', '.join(ABLATIONS)}")
     if args.budget <= 0 or args.jobs < 1 or args.calibrate_steps < 0 or args.seeds < 1:
         ap.error(f"--budget {args.budget:g}, --jobs {args.jobs}, --seeds {args.seeds}, --calibrate-steps "
                  f"{args.calibrate_steps}: accepted: --budget > 0, --jobs >= 1, --seeds >= 1, --calibrate-steps >= 0")
@@ -386,6 +428,7 @@ def main() -> None:
             student = arm_command(ARMS["distilled"], out / "distilled", args.data, budget,
                                   DISTILLED + ["--teacher", str(out / TEACHER_ARM)] + extra)
             run_arms(still_to_run({"distilled": student}), 1)
+    tta = tta_figures(out, args.data, args.seeds, tta_arms) if args.ablations else {}  # before the table's header
     what = "ablations of the hybrid" if args.ablations else "time-to-accuracy"
     print(f"\nCIFAR-10 {what}, budget {args.budget:g} min of training per arm, on {machine()}")
     if calibration:
@@ -393,7 +436,7 @@ def main() -> None:
               f"median of {args.calibrate_steps}); one CNN-epoch = {CIFAR10_TRAIN / calibration / 60:.1f} min\n")
     if args.ablations:
         print(f"{args.seeds} seed(s) an arm; a gain is beyond the noise where it is over twice its standard error\n")
-    print(ablation_table(out, tta_figures(out, args.data, args.seeds), args.seeds, chosen) if args.ablations
+    print(ablation_table(out, tta, args.seeds, chosen) if args.ablations
           else table(out, arms, calibration))
 
 

@@ -107,6 +107,9 @@ def test_an_unknown_ablation_arm_is_refused_naming_the_accepted_ones():
                            "--arms", "full,bogus", "--calibrate-steps", "0"], capture_output=True, text=True)
     assert done.returncode == 2
     assert "--arms: unknown bogus; accepted: full, no-whiten" in done.stderr and "progressive-quarter" in done.stderr
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "cifar10_speedrun.py"), "--ablations",
+                           "--tta-arms", "light-mix,bogus", "--calibrate-steps", "0"], capture_output=True, text=True)
+    assert done.returncode == 2 and "--tta-arms: unknown bogus; accepted: full, no-whiten" in done.stderr
 
 
 def test_the_ablation_table_reads_each_gain_against_the_seed_to_seed_noise(tmp_path):
@@ -114,7 +117,7 @@ def test_the_ablation_table_reads_each_gain_against_the_seed_to_seed_noise(tmp_p
         fake_run(bench.seed_folder(tmp_path, "full", seed), 240.0, [full], model="vit_nano_airbench_32")
         fake_run(bench.seed_folder(tmp_path, "no-lookahead", seed), 240.0, [no_la], model="vit_nano_airbench_32")
         fake_run(bench.seed_folder(tmp_path, "ema", seed), 240.0, [ema], model="vit_nano_airbench_32")
-    tta = {"+ mirror TTA": [0.51, 0.53, 0.56]}
+    tta = {"full": {"+ mirror TTA": [0.51, 0.53, 0.56]}, "ema": {"+ mirror TTA": [0.50, 0.55, 0.57]}}
     rows = {line.split(" | ")[0].lstrip("| "): line for line in bench.ablation_table(tmp_path, tta, 3).splitlines()}
     assert "| 3 | 0.48 | 100 | 52.00% ± 2.00 |" in rows["the whole recipe"]  # 240 s at 100 img/s: 0.48 epochs
     # lookahead taken away loses 6 points: its gain is +6, with se sqrt(0.01^2 / 3 + 0.02^2 / 3) = 1.29 points
@@ -123,10 +126,49 @@ def test_the_ablation_table_reads_each_gain_against_the_seed_to_seed_noise(tmp_p
     assert rows["+ EMA of the weights (decay 0.999)"].endswith("| 52.17% ± 1.76 | +0.17 ± 1.54 |")
     # TTA on the same models: paired differences 1, 1, 2 points, mean 1.33, se 0.58/sqrt(3) = 0.33
     assert rows["the whole recipe + mirror TTA"].endswith("| 53.33% ± 2.52 | +1.33 ± 0.33 (beyond the noise) |")
+    # another arm's TTA against the whole recipe's with the same TTA, over independent seeds:
+    # 54.00 - 53.33 = +0.67, se sqrt(0.0361^2 / 3 + 0.0252^2 / 3) = 2.54 points
+    assert rows["+ EMA of the weights (decay 0.999) + mirror TTA"].endswith("| 54.00% ± 3.61 | +0.67 ± 2.54 |")
     assert "(needs --teacher)" in rows["+ hard distillation from the CNN (--teacher)"]
     assert "(not finished)" in rows["- whitening init (the first conv trained from PyTorch's init)"]
     some = bench.ablation_table(tmp_path, {}, 3, arms=["full", "ema"]).splitlines()
     assert len(some) == 4 and some[3].startswith("| + EMA of the weights")
+
+
+def test_tta_is_evaluated_once_beside_the_run_and_again_when_the_run_is_newer(tmp_path, capsys):
+    """The TTA figures come from `vitlab eval` folders beside the runs (RUN.tta-mirror, RUN.tta-mirror-translate),
+    evaluated on the first call and read back on the next; a run finished again after them is evaluated anew."""
+    import os
+
+    from vitlab.runs.format import EvalSummary, write_summary
+    calls = []
+
+    def evaluate(run, data, out, tta, tta_translate):
+        calls.append((run.name, tta_translate))
+        top1 = 0.90 + 0.01 * tta_translate + 0.001 * len(calls)
+        write_summary(out, EvalSummary(str(run), data, tta, {}, top1, 0.99, {}, tta_translate))
+        return {"top1": top1}
+
+    for seed in range(2):
+        fake_run(bench.seed_folder(tmp_path, "full", seed), 60.0, [0.88])
+        fake_run(bench.seed_folder(tmp_path, "light-mix", seed), 60.0, [0.89])
+    first = bench.tta_figures(tmp_path, "data.tar.gz", 2, ["full", "light-mix"], evaluate)
+    assert len(calls) == 8 and ("light-mix-seed1", 1) in calls
+    assert first["full"]["+ mirror TTA"] == pytest.approx([0.901, 0.902])
+    assert first["light-mix"]["+ mirror + translate TTA"] == pytest.approx([0.917, 0.918])
+    assert "full: evaluating with mirror TTA into" in capsys.readouterr().out
+    assert bench.tta_figures(tmp_path, "data.tar.gz", 2, ["full", "light-mix"], evaluate) == first
+    assert len(calls) == 8  # read back, not evaluated again
+    run = tmp_path / "full-seed1" / "summary.json"
+    later = (tmp_path / "full-seed1.tta-mirror" / "summary.json").stat().st_mtime + 10
+    os.utime(run, (later, later))  # the run finished again after its evaluation
+    again = bench.tta_figures(tmp_path, "data.tar.gz", 2, ["full"], evaluate)
+    assert calls[8:] == [("full-seed1", 0), ("full-seed1", 1)]
+    assert again["full"]["+ mirror TTA"] == pytest.approx([0.901, 0.909])
+    (tmp_path / "full.tta-mirror" / "summary.json").write_text('{"top1": 0.9')  # cut short: evaluated again
+    assert bench.tta_top1(tmp_path / "full", "data.tar.gz", 0, evaluate) == pytest.approx(0.911)
+    assert bench.tta_top1(tmp_path / "full", "data.tar.gz", 0, evaluate) == pytest.approx(0.911)
+    assert len(calls) == 11
 
 
 def test_one_seed_gives_gains_without_a_noise():

@@ -183,6 +183,10 @@ class EvalSummary:
     def to_dict(self) -> dict[str, Any]:
         return _to_dict(self)
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> EvalSummary:
+        return _from_dict(cls, data, SUMMARY)
+
 
 # --- writers ---
 
@@ -292,6 +296,14 @@ def read_summary(folder: Path) -> Summary:
     path = Path(folder) / SUMMARY
     try:
         return Summary.from_dict(read_json_object(path))
+    except ValueError as e:
+        raise ValueError(f"{folder}: {e}") from None
+
+
+def read_eval_summary(folder: Path) -> EvalSummary:
+    """The summary.json of a `vitlab eval --out` folder."""
+    try:
+        return EvalSummary.from_dict(read_json_object(Path(folder) / SUMMARY))
     except ValueError as e:
         raise ValueError(f"{folder}: {e}") from None
 
