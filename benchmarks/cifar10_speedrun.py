@@ -90,7 +90,7 @@ ABLATIONS = {
     "light-mix": ("+ light Mixup (alpha 0.2, no CutMix), against the overfitting of long runs",
                   ["--mixup", "0.2", "--cutmix", "0"]),
     "erasing": ("+ random erasing 0.25 alone", ["--random-erasing", "0.25"]),
-    "wd-0.2": ("weight decay 0.2 instead of 0.05, against the overfitting of long runs", ["--weight-decay", "0.2"]),
+    "wd-0.2": ("weight decay 0.2 instead of 0.05", ["--weight-decay", "0.2"]),
     "deeper": ("+ 2 more transformer blocks (4)", ["--model-arg", "depth=4"]),
     "wider": ("+ a wider transformer (384, 6 heads)", ["--model-arg", "embed_dim=384", "--model-arg", "num_heads=6"]),
     "distilled": ("+ hard distillation from the CNN (--teacher)", DISTILLED),
