@@ -75,3 +75,25 @@ def test_python_m_vitlab_and_the_console_script_reach_the_same_main():
     assert '\nvitlab = "vitlab.cli:main"\n' in pyproject and vitlab.cli.main is main
     source = (Path(vitlab.cli.__file__).parents[1] / "__main__.py").read_text()
     assert "from .cli import main" in source
+
+
+def test_null_on_the_command_line_takes_a_recipe_s_value_away(tmp_path, capsys):
+    """``--time-budget null`` sets the field to None, as ``time_budget: null`` does in a recipe (an option not given
+    leaves the recipe's value); on a field that takes no none, it is the recipe's one-line refusal."""
+    from vitlab.cli.train import SKIP
+    from vitlab.train import load_recipe
+    from vitlab.train.recipe import AUGMENT_FIELDS, FIELDS
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("data: digits\ntime_budget: 30\nepochs: 10\nrandom_erasing: 0.25\n")
+
+    def loaded(*argv: str):
+        args = build_parser().parse_args(["train", "--config", str(recipe), *argv])
+        return load_recipe(args.config, **{n: getattr(args, n) for n in [*FIELDS, *AUGMENT_FIELDS] if n not in SKIP})
+    assert loaded().time_budget == 30
+    assert loaded("--time-budget", "null", "--epochs", "13").time_budget is None
+    assert loaded("--time-budget", "~").time_budget is None and loaded("--time-budget", "7").time_budget == 7
+    assert loaded("--crop", "none").augment.crop == "none"  # a word of the field's own, not YAML's none
+    assert exit_code(["train", "--config", str(recipe), "--epochs", "null", "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "epochs" in err and "accepted: an integer >= 1" in err, err
+    assert not (tmp_path / "x").exists()

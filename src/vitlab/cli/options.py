@@ -12,7 +12,7 @@ from pydantic import TypeAdapter, ValidationError
 from pydantic.fields import FieldInfo
 
 from ..settings import accepted
-from ..train.recipe import AUGMENT_FIELDS, FIELDS
+from ..train.recipe import AUGMENT_FIELDS, FIELDS, NULL
 
 UNSET: Any = object()
 
@@ -39,7 +39,8 @@ def help_text(info: FieldInfo, help_: str | None = None, default: Any = UNSET) -
 
 def add_recipe_option(parser: argparse.ArgumentParser, name: str) -> None:
     """``--name`` for ``vitlab train``: the value stays text (None = not given) and the recipe coerces and checks
-    it, so a bad value on the command line gets the same one-line message as in a YAML recipe."""
+    it, so a bad value on the command line gets the same one-line message as in a YAML recipe. ``null`` (YAML's
+    word for none) sets a field to None, as in a recipe: ``--time-budget null`` takes a recipe's budget away."""
     info = field(name)
     annotation, text = info.annotation, help_text(info)
     if is_bool(annotation):
@@ -49,14 +50,22 @@ def add_recipe_option(parser: argparse.ArgumentParser, name: str) -> None:
     else:
         kinds = {annotation, typing.get_origin(annotation), *typing.get_args(annotation)}
         numeric = not {str, typing.Literal} & kinds
-        parser.add_argument(flag(name), default=None, metavar=name.upper(), type=_scalar if numeric else None,
+        parser.add_argument(flag(name), default=None, metavar=name.upper(), type=_scalar if numeric else _text,
                             help=text)
 
 
 def _scalar(value: str) -> Any:
-    """Numbers as numbers (so an error shows 0, not '0'); 1e-3 stays text for the recipe to coerce."""
-    parsed = yaml.safe_load(value)
+    """Numbers as numbers (so an error shows 0, not '0'), ``null`` as ``NULL``; 1e-3 stays text for the recipe to
+    coerce."""
+    parsed = yaml.safe_load(value) if value.strip() else value
+    if parsed is None:
+        return NULL
     return parsed if isinstance(parsed, (int, float)) and not isinstance(parsed, bool) else value
+
+
+def _text(value: str) -> Any:
+    """Text as it is, ``null`` (or ``~``, YAML's other word for none) as ``NULL``."""
+    return NULL if value.strip() in ("null", "Null", "NULL", "~") else value
 
 
 def add_option(parser: argparse.ArgumentParser | argparse._ActionsContainer, name: str, *, default: Any = UNSET,

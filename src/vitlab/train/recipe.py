@@ -162,6 +162,16 @@ class Recipe(Settings):
 FIELDS = dict(Recipe.model_fields)
 
 
+class _Null:
+    """An override that sets a field to None (``--time-budget null``): None itself means "not given"."""
+
+    def __repr__(self) -> str:
+        return "null"
+
+
+NULL = _Null()
+
+
 def check_finetune(r: Recipe) -> None:
     """Fine-tuning options that make no sense together (or without --init): one line naming them."""
     if not r.init and (r.head_init != "auto" or r.freeze_blocks):
@@ -247,7 +257,8 @@ def make_recipe(values: dict[str, Any]) -> Recipe:
 
 
 def load_recipe(path: str | Path | None = None, **overrides: Any) -> Recipe:
-    """A Recipe from a YAML file (optional) updated by overrides (None = not given); unknown keys are an error."""
+    """A Recipe from a YAML file (optional) updated by overrides (None = not given, ``NULL`` = set to None);
+    unknown keys are an error."""
     values: dict[str, Any] = {}
     if path is not None:
         p = Path(path)
@@ -260,7 +271,7 @@ def load_recipe(path: str | Path | None = None, **overrides: Any) -> Recipe:
         if not isinstance(loaded, dict):
             raise ValueError(f"recipe {p} must be a mapping of option: value")
         values = _nested(loaded)
-    given = _nested({k: v for k, v in overrides.items() if v is not None})
+    given = _nested({k: None if v is NULL else v for k, v in overrides.items() if v is not None})
     file_args, given_args = values.get("model_args"), given.get("model_args")
     values = {**values, **given, "augment": {**values.get("augment", {}), **given.get("augment", {})}}
     if isinstance(file_args, dict) and isinstance(given_args, dict):
