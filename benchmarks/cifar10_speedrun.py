@@ -28,7 +28,9 @@ augmentation, once: each evaluation is kept beside its run (``RUN.tta-mirror``, 
 gives its seeds' mean and standard deviation and its gain on the whole recipe with that gain's standard error (the
 seed-to-seed noise it is read against). The arms run seed by seed and pair up under ``--jobs 2`` (an arm left to
 run alone would have the machine to itself and train faster than the others). ``--arms`` picks some of them (e.g. a
-few levers at a longer budget).
+few levers at a longer budget). ``--epochs N`` trains every arm N epochs instead of a time budget: the arms
+compared at equal epochs, e.g. on a GPU at the epoch count a CPU's budget reaches (``--device cuda --precision
+fp32`` go to vitlab train with the other options).
 
 Run again into the same ``--out`` (with more seeds, say), it keeps the arms already finished there, resumes those a
 stopped benchmark left unfinished, and trains the rest; the table reads them all.
@@ -37,6 +39,8 @@ stopped benchmark left unfinished, and trains the rest; the table reads them all
     python benchmarks/cifar10_speedrun.py --ablations --budget 4 --jobs 2 --threads 1 --out runs/speedrun-ablations \
         [--seeds 3] [--teacher runs/speedrun/cnn] [--arms full,ema,progressive-quarter]
     python benchmarks/cifar10_speedrun.py --arms cnn,distilled --budget 30 --total 60 --out runs/speedrun
+    python benchmarks/cifar10_speedrun.py --ablations --arms full,wd-0.2 --seeds 4 --jobs 4 --epochs 13 \
+        --device cuda --precision fp32 --threads 1 --calibrate-steps 0 --out runs/speedrun-gpu-13ep
     python benchmarks/cifar10_speedrun.py --table-only --out runs/speedrun   # tabulate finished runs again
     python benchmarks/cifar10_speedrun.py --ablations --table-only --tta-arms light-mix --out runs/speedrun-ablations
 
@@ -91,6 +95,7 @@ ABLATIONS = {
                   ["--mixup", "0.2", "--cutmix", "0"]),
     "erasing": ("+ random erasing 0.25 alone", ["--random-erasing", "0.25"]),
     "wd-0.2": ("weight decay 0.2 instead of 0.05", ["--weight-decay", "0.2"]),
+    "wd-0.8": ("weight decay 0.8 instead of 0.05", ["--weight-decay", "0.8"]),
     "deeper": ("+ 2 more transformer blocks (4)", ["--model-arg", "depth=4"]),
     "wider": ("+ a wider transformer (384, 6 heads)", ["--model-arg", "embed_dim=384", "--model-arg", "num_heads=6"]),
     "distilled": ("+ hard distillation from the CNN (--teacher)", DISTILLED),
@@ -147,9 +152,14 @@ def cnn_epochs(seconds: float, calibration: float | None) -> float | None:
     return None if calibration is None else seconds * calibration / CIFAR10_TRAIN
 
 
-def arm_command(recipe: Path, out: Path, data: str, budget: float, extra: list[str]) -> list[str]:
+def arm_command(recipe: Path, out: Path, data: str, budget: float, extra: list[str],
+                epochs: int | None = None) -> list[str]:
+    """``vitlab train`` of one arm: its schedule laid over ``budget`` minutes of training, or over ``epochs``
+    epochs where given (the recipe's time budget taken away)."""
+    length = (["--time-budget", f"{budget:g}", "--budget-counts", "training"] if epochs is None
+              else ["--time-budget", "null", "--epochs", str(epochs)])
     return [sys.executable, "-m", "vitlab", "train", "--config", str(recipe), "--data", data, "--out", str(out),
-            "--time-budget", f"{budget:g}", "--budget-counts", "training", "--eval-every", "1", *extra]
+            *length, "--eval-every", "1", *extra]
 
 
 def still_to_run(commands: dict[str, list[str]]) -> dict[str, list[str]]:
@@ -254,7 +264,8 @@ def seed_folder(out: Path, arm: str, seed: int) -> Path:
 
 
 def ablation_commands(out: Path, data: str, budget: float, seeds: int, teacher: Path | None,
-                      extra: list[str], arms: list[str] | None = None) -> dict[str, list[str]]:
+                      extra: list[str], arms: list[str] | None = None, epochs: int | None = None
+                      ) -> dict[str, list[str]]:
     """Every arm of ``ABLATIONS`` once per seed, seed by seed (so that ``--jobs`` pairs arms of one seed), one view
     at the end. The distillation arm runs only with a teacher (a finished CNN run, trained once and reused)."""
     commands = {}
@@ -265,7 +276,7 @@ def ablation_commands(out: Path, data: str, budget: float, seeds: int, teacher: 
             more = ["--teacher", str(teacher)] if arm == "distilled" else []
             folder = seed_folder(out, arm, seed)
             commands[folder.name] = arm_command(ARMS["hybrid"], folder, data, budget,
-                                                options + more + ONE_VIEW + ["--seed", str(seed)] + extra)
+                                                options + more + ONE_VIEW + ["--seed", str(seed)] + extra, epochs)
     return commands
 
 
@@ -370,6 +381,8 @@ def tta_figures(out: Path, data: str, seeds: int = 1, arms: tuple[str, ...] | li
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--budget", type=float, default=30.0, help="minutes of training per arm (default 30)")
+    ap.add_argument("--epochs", type=int, help="epochs per arm instead of a time budget: arms compared at equal "
+                                               "epochs (e.g. on a GPU, at the epochs a CPU's budget reaches)")
     ap.add_argument("--data", default=str(ROOT.parent / "shared/data/cifar10-jpg.tar.gz"))
     ap.add_argument("--out", default="runs/speedrun", help="folder of the arms' run folders")
     ap.add_argument("--arms", help="which to run, in order (default cnn,hybrid); with --ablations, which of its "
@@ -401,9 +414,12 @@ def main() -> None:
     unknown = [a for a in tta_arms if a not in ABLATIONS]
     if unknown:
         ap.error(f"--tta-arms: unknown {', '.join(unknown)}; accepted: {', '.join(ABLATIONS)}")
-    if args.budget <= 0 or args.jobs < 1 or args.calibrate_steps < 0 or args.seeds < 1:
-        ap.error(f"--budget {args.budget:g}, --jobs {args.jobs}, --seeds {args.seeds}, --calibrate-steps "
-                 f"{args.calibrate_steps}: accepted: --budget > 0, --jobs >= 1, --seeds >= 1, --calibrate-steps >= 0")
+    if args.budget <= 0 or args.jobs < 1 or args.calibrate_steps < 0 or args.seeds < 1 or (args.epochs or 1) < 1:
+        ap.error(f"--budget {args.budget:g}, --epochs {args.epochs}, --jobs {args.jobs}, --seeds {args.seeds}, "
+                 f"--calibrate-steps {args.calibrate_steps}: accepted: --budget > 0, --epochs >= 1, --jobs >= 1, "
+                 f"--seeds >= 1, --calibrate-steps >= 0")
+    if args.epochs is not None and args.total is not None:
+        ap.error("--total counts minutes and --epochs counts epochs; accepted: one of them")
     if args.teacher is not None and not is_finished(args.teacher):
         ap.error(f"--teacher {args.teacher}: not a finished run folder; accepted: the folder of a finished "
                  f"vitlab train run (e.g. OUT/{TEACHER_ARM} of an earlier run of this benchmark)")
@@ -417,9 +433,10 @@ def main() -> None:
     calibration = calibrate(args.calibrate_steps) if args.calibrate_steps else None
     if not args.table_only:
         if args.ablations:
-            commands = ablation_commands(out, args.data, args.budget, args.seeds, args.teacher, extra, chosen)
+            commands = ablation_commands(out, args.data, args.budget, args.seeds, args.teacher, extra, chosen,
+                                         args.epochs)
         else:
-            commands = {arm: arm_command(ARMS[arm], out / arm, args.data, args.budget, extra)
+            commands = {arm: arm_command(ARMS[arm], out / arm, args.data, args.budget, extra, args.epochs)
                         for arm in arms if arm != "distilled"}  # the distilled arm runs once its teacher has finished
         run_arms(still_to_run(commands), args.jobs)
         if "distilled" in arms and not is_finished(out / TEACHER_ARM):
@@ -427,11 +444,12 @@ def main() -> None:
         elif "distilled" in arms:
             budget = student_budget(out, args.budget, args.total)
             student = arm_command(ARMS["distilled"], out / "distilled", args.data, budget,
-                                  DISTILLED + ["--teacher", str(out / TEACHER_ARM)] + extra)
+                                  DISTILLED + ["--teacher", str(out / TEACHER_ARM)] + extra, args.epochs)
             run_arms(still_to_run({"distilled": student}), 1)
     tta = tta_figures(out, args.data, args.seeds, tta_arms) if args.ablations else {}  # before the table's header
     what = "ablations of the hybrid" if args.ablations else "time-to-accuracy"
-    print(f"\nCIFAR-10 {what}, budget {args.budget:g} min of training per arm, on {machine()}")
+    length = f"budget {args.budget:g} min of training" if args.epochs is None else f"{args.epochs} epochs"
+    print(f"\nCIFAR-10 {what}, {length} per arm, on {machine()}")
     if calibration:
         print(f"calibration: airbench_32's bare training step at {calibration:.0f} img/s on this box (batch 512, "
               f"median of {args.calibrate_steps}); one CNN-epoch = {CIFAR10_TRAIN / calibration / 60:.1f} min\n")

@@ -192,3 +192,22 @@ def test_stopped_it_stops_the_arms_still_training():
         bench.run_arms({"a": sleeper, "b": sleeper, "c": sleeper}, jobs=2, start=start, wait=ctrl_c)
     assert len(started) == 2  # the third arm never started
     assert all(p.poll() is not None for p in started)  # and neither of the two goes on training
+
+
+def test_epochs_replace_the_time_budget_of_every_arm(tmp_path):
+    """--epochs N: each arm trains N epochs, the recipe's own time budget taken away (``--time-budget null``), so
+    that arms compare at equal epochs on a machine of any speed."""
+    cmd = bench.ablation_commands(tmp_path, "data.tar.gz", 30.0, 1, None, [], arms=["wd-0.2"], epochs=13)["wd-0.2"]
+    assert cmd[cmd.index("--epochs") + 1] == "13" and cmd[cmd.index("--time-budget") + 1] == "null"
+    assert "--budget-counts" not in cmd and cmd[cmd.index("--weight-decay") + 1] == "0.2"
+    cmd = bench.arm_command(bench.ARMS["cnn"], tmp_path / "cnn", "data.tar.gz", 30.0, [])
+    assert cmd[cmd.index("--time-budget") + 1] == "30" and "--epochs" not in cmd
+
+
+def test_epochs_and_a_total_in_minutes_are_refused_together():
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "cifar10_speedrun.py"), "--arms",
+                           "cnn,distilled", "--epochs", "13", "--total", "60", "--calibrate-steps", "0"],
+                          capture_output=True, text=True)
+    assert done.returncode == 2 and "accepted: one of them" in done.stderr
