@@ -58,6 +58,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+import yaml
 
 import vitlab
 from vitlab.runs.format import CHECKPOINT, SUMMARY, is_finished, read_eval_summary, read_history, read_summary
@@ -100,6 +101,8 @@ ABLATIONS = {
     "wider": ("+ a wider transformer (384, 6 heads)", ["--model-arg", "embed_dim=384", "--model-arg", "num_heads=6"]),
     "distilled": ("+ hard distillation from the CNN (--teacher)", DISTILLED),
 }
+# a run's config.yaml values that are not the recipe: where it ran and how often it was evaluated on the way
+WHERE = ("out", "data", "cache_dir", "threads", "workers", "device", "download", "log", "eval_every")
 ONE_VIEW = ["--no-tta", "--tta-translate", "0", "--eval-every", "100000"]
 TTA_VIEWS = {"+ mirror TTA": 0, "+ mirror + translate TTA": 1}  # row label: pixels of translation beside the mirror
 
@@ -162,14 +165,41 @@ def arm_command(recipe: Path, out: Path, data: str, budget: float, extra: list[s
             *length, "--eval-every", "1", *extra]
 
 
+def recipe_changes(folder: Path, cmd: list[str]) -> str:
+    """What differs between the recipe a run folder was trained with and the one ``cmd`` (a `vitlab train` command
+    line) trains now, as ``key old -> new``; '' when nothing does, or when the folder has no recipe to compare. Where
+    to compute, the thread count, the data's path and the folder's own place are not the recipe."""
+    from vitlab.cli import build_parser
+    from vitlab.cli.train import recipe_of
+    from vitlab.runs.format import config_values, read_config
+
+    def plain(config: dict) -> dict:
+        config = yaml.safe_load(yaml.safe_dump(config))  # tuples as lists, as config.yaml reads back
+        augment = {f"augment.{k}": v for k, v in config.pop("augment", {}).items()}
+        return {k: v for k, v in {**config, **augment}.items() if k not in WHERE}
+    then = read_config(folder)
+    if not then:
+        return ""
+    recipe = recipe_of(build_parser().parse_args(cmd[cmd.index("train"):]))
+    then, now = plain(then), plain(config_values(recipe, None))
+    # a value that only one of them has is an option added or removed since that run, which ran as vitlab did then
+    keys = sorted(k for k in then.keys() & now.keys() if then[k] != now[k])
+    return ", ".join(f"{k} {then[k]!r} -> {now[k]!r}" for k in keys)
+
+
 def still_to_run(commands: dict[str, list[str]]) -> dict[str, list[str]]:
     """The arms' commands less those whose run folder is finished (kept, not trained again: the benchmark run again
     with more seeds or arms trains what is missing); an unfinished one, of a stopped benchmark, resumes from its
-    last checkpoint."""
+    last checkpoint. A finished run of another recipe than its arm's now (the recipe file or the arm changed since)
+    is refused in one line: kept, it would stand in the table for what it is not."""
     todo = {}
     for name, cmd in commands.items():
         folder = Path(cmd[cmd.index("--out") + 1])
         if is_finished(folder):
+            changes = recipe_changes(folder, cmd)
+            if changes:
+                raise ValueError(f"{name}: {folder} holds a finished run of another recipe than the arm's now "
+                                 f"({changes}); accepted: another --out, or that folder moved aside")
             print(f"{name}: finished already in {folder}, kept", flush=True)
         elif (folder / CHECKPOINT).is_file():
             runtime = cmd[cmd.index("--threads"):cmd.index("--threads") + 2] if "--threads" in cmd else []
@@ -430,6 +460,12 @@ def main() -> None:
     if "--threads" in extra:
         torch.set_num_threads(int(extra[extra.index("--threads") + 1]))
     out = Path(args.out)
+
+    def to_run(commands: dict[str, list[str]]) -> dict[str, list[str]]:
+        try:
+            return still_to_run(commands)
+        except ValueError as e:  # a finished run of another recipe in --out
+            ap.error(str(e))
     calibration = calibrate(args.calibrate_steps) if args.calibrate_steps else None
     if not args.table_only:
         if args.ablations:
@@ -438,14 +474,14 @@ def main() -> None:
         else:
             commands = {arm: arm_command(ARMS[arm], out / arm, args.data, args.budget, extra, args.epochs)
                         for arm in arms if arm != "distilled"}  # the distilled arm runs once its teacher has finished
-        run_arms(still_to_run(commands), args.jobs)
+        run_arms(to_run(commands), args.jobs)
         if "distilled" in arms and not is_finished(out / TEACHER_ARM):
             print(f"distilled: not run, its teacher ({out / TEACHER_ARM}) did not finish", flush=True)
         elif "distilled" in arms:
             budget = student_budget(out, args.budget, args.total)
             student = arm_command(ARMS["distilled"], out / "distilled", args.data, budget,
                                   DISTILLED + ["--teacher", str(out / TEACHER_ARM)] + extra, args.epochs)
-            run_arms(still_to_run({"distilled": student}), 1)
+            run_arms(to_run({"distilled": student}), 1)
     tta = tta_figures(out, args.data, args.seeds, tta_arms) if args.ablations else {}  # before the table's header
     what = "ablations of the hybrid" if args.ablations else "time-to-accuracy"
     length = f"budget {args.budget:g} min of training" if args.epochs is None else f"{args.epochs} epochs"

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 from conftest import ROOT
 
 from vitlab.runs.format import EpochRow, Summary, write_metrics, write_summary
@@ -211,3 +212,30 @@ def test_epochs_and_a_total_in_minutes_are_refused_together():
                            "cnn,distilled", "--epochs", "13", "--total", "60", "--calibrate-steps", "0"],
                           capture_output=True, text=True)
     assert done.returncode == 2 and "accepted: one of them" in done.stderr
+
+
+def test_a_finished_run_of_another_recipe_is_refused_not_kept(tmp_path):
+    """Run again after the recipe or an arm changed, the folder's finished run would stand in the table for what it
+    is not: refused in one line that names what changed; the same recipe trained elsewhere (threads, data path,
+    evaluations) is kept."""
+    from vitlab.runs.format import config_values, write_config_values
+    from vitlab.train import load_recipe
+    commands = bench.ablation_commands(tmp_path, "data.tar.gz", 30.0, 1, None, ["--threads", "2"],
+                                       arms=["full", "wd-0.2"])
+    for arm, decay in (("full", 0.05), ("wd-0.2", 0.2)):
+        fake_run(tmp_path / arm, 1800.0, [0.88])
+        r = load_recipe(bench.ARMS["hybrid"], data="elsewhere/data.tar.gz", time_budget=30, budget_counts="training",
+                        weight_decay=decay, tta=False, tta_translate=0, eval_every=3, threads=1, seed=0,
+                        out=str(tmp_path / arm))
+        write_config_values(tmp_path / arm, config_values(r, None))
+    assert bench.recipe_changes(tmp_path / "wd-0.2", commands["wd-0.2"]) == ""
+    older = yaml.safe_load((tmp_path / "full" / "config.yaml").read_text())
+    del older["max_nonfinite"], older["augment"]["pad_mode"]  # written by a vitlab before these options
+    (tmp_path / "full" / "config.yaml").write_text(yaml.safe_dump(older))
+    assert bench.still_to_run(commands) == {}
+    changed = {**commands, "full": [*commands["full"], "--weight-decay", "0.8"]}  # the recipe's decay changed
+    with pytest.raises(ValueError, match=r"^full: .* another recipe than the arm's now \(weight_decay 0.05 -> 0.8\); "
+                                         r"accepted: another --out"):
+        bench.still_to_run(changed)
+    longer = bench.ablation_commands(tmp_path, "data.tar.gz", 60.0, 1, None, [], arms=["full"])
+    assert bench.recipe_changes(tmp_path / "full", longer["full"]) == "time_budget 30.0 -> 60.0"

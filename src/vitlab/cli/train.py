@@ -71,6 +71,15 @@ def _number(value) -> float:
         return float("nan")
 
 
+def recipe_of(args: argparse.Namespace):
+    """The recipe a ``vitlab train`` command line (not ``--resume``) trains: ``--config``, then the options given."""
+    from ..train import load_recipe
+    given = {name: getattr(args, name) for name in [*FIELDS, *AUGMENT_FIELDS] if name not in SKIP}
+    if args.model_arg:
+        given["model_args"] = parse_model_args(args.model_arg)
+    return load_recipe(args.config, out=args.out, **given)
+
+
 def run(args: argparse.Namespace) -> int:
     from ..runs.format import CONFIG_YAML, read_config
     from ..train import load_recipe, train
@@ -80,10 +89,7 @@ def run(args: argparse.Namespace) -> int:
             raise FileNotFoundError(f"{folder} is not a run folder: it has no {CONFIG_YAML}")
         recipe = load_recipe(folder / CONFIG_YAML, out=str(folder), **resume_options(args, read_config(folder)))
     else:
-        given = {name: getattr(args, name) for name in [*FIELDS, *AUGMENT_FIELDS] if name not in SKIP}
-        if args.model_arg:
-            given["model_args"] = parse_model_args(args.model_arg)
-        recipe = load_recipe(args.config, out=args.out, **given)
+        recipe = recipe_of(args)
     args.out = recipe.out  # the run folder, named by --out or by the config: the 'interrupted' line names it
     summary = train(recipe, resume=bool(args.resume))
     if summary:
