@@ -19,21 +19,22 @@ row compares with a CNN trained for MIN minutes alone: DeiT's student against it
 
 ``--ablations`` trains the hybrid under the budget as it is and with each piece of the speed run taken away, added
 or changed (the levers: whitening, alternating flips, lookahead, label smoothing, BatchNorm-bias lr, progressive
-resizing, its start and its length, EMA, DeiT's augmentation, a light Mixup or random erasing alone, a deeper or
-wider transformer, and hard distillation from a finished CNN run given as ``--teacher``, trained once and reused),
-each with ``--seeds`` seeds (default 3), evaluated at the end only (one view); then it evaluates the whole recipe's
-models (and those of the arms named in ``--tta-arms``) again with mirror and with mirror + translate test-time
-augmentation, once: each evaluation is kept beside its run (``RUN.tta-mirror``, ``RUN.tta-mirror-translate``:
-`vitlab eval`'s folders, with their confusion matrices) and read back while it is newer than the run. Each row
-gives its seeds' mean and standard deviation and its gain on the whole recipe with that gain's standard error (the
-seed-to-seed noise it is read against). The arms run seed by seed and pair up under ``--jobs 2`` (an arm left to
-run alone would have the machine to itself and train faster than the others). ``--arms`` picks some of them (e.g. a
-few levers at a longer budget). ``--epochs N`` trains every arm N epochs instead of a time budget: the arms
-compared at equal epochs, e.g. on a GPU at the epoch count a CPU's budget reaches (``--device cuda --precision
-fp32`` go to vitlab train with the other options).
+resizing, its start and its length, EMA, DeiT's augmentation, a light Mixup or random erasing alone, the weight
+decay, a deeper or wider transformer, and hard distillation from a finished CNN run given as ``--teacher``, trained
+once and reused), each with ``--seeds`` seeds (default 3), evaluated at the end only (one view); then it evaluates
+the whole recipe's models (and those of the arms named in ``--tta-arms``) again with mirror and with mirror +
+translate test-time augmentation, once: each evaluation is kept beside its run (``RUN.tta-mirror``,
+``RUN.tta-mirror-translate``: `vitlab eval`'s folders, with their confusion matrices) and read back while it is
+newer than the run. Each row gives its seeds' mean and standard deviation and its gain on the whole recipe with
+that gain's standard error (the seed-to-seed noise it is read against). The arms run seed by seed and pair up under
+``--jobs 2`` (an arm left to run alone would have the machine to itself and train faster than the others).
+``--arms`` picks some of them (e.g. a few levers at a longer budget). ``--epochs N`` trains every arm N epochs
+instead of a time budget: the arms compared at equal epochs, e.g. on a GPU at the epoch count a CPU's budget
+reaches (``--device cuda --precision fp32`` go to vitlab train with the other options).
 
 Run again into the same ``--out`` (with more seeds, say), it keeps the arms already finished there, resumes those a
-stopped benchmark left unfinished, and trains the rest; the table reads them all.
+stopped benchmark left unfinished, and trains the rest; the table reads them all. A finished run of another recipe
+than its arm's now (the recipe file or the arm changed since) is refused in one line that names what changed.
 
     python benchmarks/cifar10_speedrun.py --budget 30 [--data ../shared/data/cifar10-jpg.tar.gz] [--out runs/speedrun]
     python benchmarks/cifar10_speedrun.py --ablations --budget 4 --jobs 2 --threads 1 --out runs/speedrun-ablations \
@@ -95,8 +96,8 @@ ABLATIONS = {
     "light-mix": ("+ light Mixup (alpha 0.2, no CutMix), against the overfitting of long runs",
                   ["--mixup", "0.2", "--cutmix", "0"]),
     "erasing": ("+ random erasing 0.25 alone", ["--random-erasing", "0.25"]),
-    "wd-0.2": ("weight decay 0.2 instead of 0.05", ["--weight-decay", "0.2"]),
-    "wd-0.8": ("weight decay 0.8 instead of 0.05", ["--weight-decay", "0.8"]),
+    "wd-0.05": ("weight decay 0.05 (the recipe's first) instead of 0.8", ["--weight-decay", "0.05"]),
+    "wd-0.2": ("weight decay 0.2 instead of 0.8", ["--weight-decay", "0.2"]),
     "deeper": ("+ 2 more transformer blocks (4)", ["--model-arg", "depth=4"]),
     "wider": ("+ a wider transformer (384, 6 heads)", ["--model-arg", "embed_dim=384", "--model-arg", "num_heads=6"]),
     "distilled": ("+ hard distillation from the CNN (--teacher)", DISTILLED),

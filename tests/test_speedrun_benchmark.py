@@ -222,7 +222,7 @@ def test_a_finished_run_of_another_recipe_is_refused_not_kept(tmp_path):
     from vitlab.train import load_recipe
     commands = bench.ablation_commands(tmp_path, "data.tar.gz", 30.0, 1, None, ["--threads", "2"],
                                        arms=["full", "wd-0.2"])
-    for arm, decay in (("full", 0.05), ("wd-0.2", 0.2)):
+    for arm, decay in (("full", None), ("wd-0.2", 0.2)):  # None: the recipe's own
         fake_run(tmp_path / arm, 1800.0, [0.88])
         r = load_recipe(bench.ARMS["hybrid"], data="elsewhere/data.tar.gz", time_budget=30, budget_counts="training",
                         weight_decay=decay, tta=False, tta_translate=0, eval_every=3, threads=1, seed=0,
@@ -233,9 +233,10 @@ def test_a_finished_run_of_another_recipe_is_refused_not_kept(tmp_path):
     del older["max_nonfinite"], older["augment"]["pad_mode"]  # written by a vitlab before these options
     (tmp_path / "full" / "config.yaml").write_text(yaml.safe_dump(older))
     assert bench.still_to_run(commands) == {}
-    changed = {**commands, "full": [*commands["full"], "--weight-decay", "0.8"]}  # the recipe's decay changed
-    with pytest.raises(ValueError, match=r"^full: .* another recipe than the arm's now \(weight_decay 0.05 -> 0.8\); "
-                                         r"accepted: another --out"):
+    decay = load_recipe(bench.ARMS["hybrid"]).weight_decay
+    changed = {**commands, "full": [*commands["full"], "--weight-decay", "0.3"]}  # as if the recipe's decay changed
+    with pytest.raises(ValueError, match=rf"^full: .* another recipe than the arm's now "
+                                         rf"\(weight_decay {decay} -> 0.3\); accepted: another --out"):
         bench.still_to_run(changed)
     longer = bench.ablation_commands(tmp_path, "data.tar.gz", 60.0, 1, None, [], arms=["full"])
     assert bench.recipe_changes(tmp_path / "full", longer["full"]) == "time_budget 30.0 -> 60.0"
