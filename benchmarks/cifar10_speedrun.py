@@ -59,7 +59,6 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-import yaml
 
 import vitlab
 from vitlab.runs.format import CHECKPOINT, SUMMARY, is_finished, read_eval_summary, read_history, read_summary
@@ -102,8 +101,6 @@ ABLATIONS = {
     "wider": ("+ a wider transformer (384, 6 heads)", ["--model-arg", "embed_dim=384", "--model-arg", "num_heads=6"]),
     "distilled": ("+ hard distillation from the CNN (--teacher)", DISTILLED),
 }
-# a run's config.yaml values that are not the recipe: where it ran and how often it was evaluated on the way
-WHERE = ("out", "data", "cache_dir", "threads", "workers", "device", "download", "log", "eval_every")
 ONE_VIEW = ["--no-tta", "--tta-translate", "0", "--eval-every", "100000"]
 TTA_VIEWS = {"+ mirror TTA": 0, "+ mirror + translate TTA": 1}  # row label: pixels of translation beside the mirror
 
@@ -168,16 +165,19 @@ def arm_command(recipe: Path, out: Path, data: str, budget: float, extra: list[s
 
 def recipe_changes(folder: Path, cmd: list[str]) -> str:
     """What differs between the recipe a run folder was trained with and the one ``cmd`` (a `vitlab train` command
-    line) trains now, as ``key old -> new``; '' when nothing does, or when the folder has no recipe to compare. Where
-    to compute, the thread count, the data's path and the folder's own place are not the recipe."""
+    line) trains now, as ``key old -> new``; '' when nothing does, or when the folder has no recipe to compare. The
+    recipe as a checkpoint records it (less where it ran and how it reported), with its length, less the data's
+    path."""
     from vitlab.cli import build_parser
     from vitlab.cli.train import recipe_of
     from vitlab.runs.format import config_values, read_config
+    from vitlab.runs.identity import recipe_record
 
     def plain(config: dict) -> dict:
-        config = yaml.safe_load(yaml.safe_dump(config))  # tuples as lists, as config.yaml reads back
-        augment = {f"augment.{k}": v for k, v in config.pop("augment", {}).items()}
-        return {k: v for k, v in {**config, **augment}.items() if k not in WHERE}
+        record = {**recipe_record(config), "epochs": config.get("epochs"), "time_budget": config.get("time_budget")}
+        record.pop("data", None)
+        augment = {f"augment.{k}": v for k, v in record.pop("augment", {}).items()}
+        return {**record, **augment}
     then = read_config(folder)
     if not then:
         return ""

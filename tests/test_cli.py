@@ -80,15 +80,12 @@ def test_python_m_vitlab_and_the_console_script_reach_the_same_main():
 def test_null_on_the_command_line_takes_a_recipe_s_value_away(tmp_path, capsys):
     """``--time-budget null`` sets the field to None, as ``time_budget: null`` does in a recipe (an option not given
     leaves the recipe's value); on a field that takes no none, it is the recipe's one-line refusal."""
-    from vitlab.cli.train import SKIP
-    from vitlab.train import load_recipe
-    from vitlab.train.recipe import AUGMENT_FIELDS, FIELDS
+    from vitlab.cli.train import recipe_of
     recipe = tmp_path / "r.yaml"
     recipe.write_text("data: digits\ntime_budget: 30\nepochs: 10\nrandom_erasing: 0.25\n")
 
     def loaded(*argv: str):
-        args = build_parser().parse_args(["train", "--config", str(recipe), *argv])
-        return load_recipe(args.config, **{n: getattr(args, n) for n in [*FIELDS, *AUGMENT_FIELDS] if n not in SKIP})
+        return recipe_of(build_parser().parse_args(["train", "--config", str(recipe), *argv]))
     assert loaded().time_budget == 30
     assert loaded("--time-budget", "null", "--epochs", "13").time_budget is None
     assert loaded("--time-budget", "~").time_budget is None and loaded("--time-budget", "7").time_budget == 7
