@@ -3,9 +3,10 @@
 Runs ``vitlab train`` with recipes/cifar10_airbench.yaml (airbench_32) and then with
 recipes/cifar10_hybrid_speedrun.yaml (the hybrid ViT), one after the other, each under a budget of ``--budget``
 minutes of training with an evaluation after every epoch, and prints one table: the training time at which each
-first reached 80, 85, 90, 93 and 94% test top-1, and its final top-1, with the CPU (or GPU) named. Training time
-is what speed runs time: the run's clock from its first step, evaluations not counted (``--budget-counts
-training``); the wall time of each arm is longer by its evaluations.
+first reached 80, 85, 90, 93 and 94% test top-1, its final top-1, and its final model's top-1 with mirror +
+translate TTA (six views, evaluated once and kept beside the run as ``RUN.tta-mirror-translate``), with the CPU
+(or GPU) named. Training time is what speed runs time: the run's clock from its first step, evaluations not counted
+(``--budget-counts training``); the wall time of each arm is longer by its evaluations.
 
 Every figure is printed beside the box's calibration: airbench_32's bare training step (forward, backward, SGD on
 random 32x32 images, channels-last, the arms' thread count), in training images a second. Times are also given in
@@ -265,16 +266,21 @@ def teacher_seconds(out: Path) -> float:
     return read_summary(folder).train_seconds if is_finished(folder) else 0.0
 
 
-def table(out: Path, arms: list[str], calibration: float | None = None) -> str:
-    """The time-to-accuracy table; the distilled arm's times include its teacher's training."""
+def table(out: Path, arms: list[str], calibration: float | None = None,
+          six_views: dict[str, float] | None = None) -> str:
+    """The time-to-accuracy table; the distilled arm's times include its teacher's training. ``six_views``: each
+    finished arm's final model with mirror + translate TTA (a column of its own where given)."""
     unit = " (CNN-epochs)" if calibration else ""
     head = ["arm", "model", "epochs", "img/s", *[f"to {100 * t:.0f}%{unit}" for t in THRESHOLDS], "final top-1",
-            f"trained{unit}"]
+            f"trained{unit}"] + (["final, mirror + translate TTA"] if six_views is not None else [])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for a in arms:
         before = teacher_seconds(out) if a == "distilled" else 0.0
         label = f"{a} (+ its teacher's {before / 60:.1f} min)" if before else a
-        lines.append("| " + " | ".join(arm_row(label, out / a, calibration, before)) + " |")
+        row = arm_row(label, out / a, calibration, before)
+        if six_views is not None:
+            row.append(f"{100 * six_views[a]:.2f}%" if a in six_views else "")
+        lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
 
@@ -483,7 +489,10 @@ def main() -> None:
             student = arm_command(ARMS["distilled"], out / "distilled", args.data, budget,
                                   DISTILLED + ["--teacher", str(out / TEACHER_ARM)] + extra, args.epochs)
             run_arms(to_run({"distilled": student}), 1)
-    tta = tta_figures(out, args.data, args.seeds, tta_arms) if args.ablations else {}  # before the table's header
+    # the TTA evaluations print as they go, so before the table's header
+    tta = tta_figures(out, args.data, args.seeds, tta_arms) if args.ablations else {}
+    six_views = None if args.ablations else {a: tta_top1(out / a, args.data, TTA_VIEWS["+ mirror + translate TTA"])
+                                             for a in arms if is_finished(out / a)}
     what = "ablations of the hybrid" if args.ablations else "time-to-accuracy"
     length = f"budget {args.budget:g} min of training" if args.epochs is None else f"{args.epochs} epochs"
     print(f"\nCIFAR-10 {what}, {length} per arm, on {machine()}")
@@ -493,7 +502,7 @@ def main() -> None:
     if args.ablations:
         print(f"{args.seeds} seed(s) an arm; a gain is beyond the noise where it is over twice its standard error\n")
     print(ablation_table(out, tta, args.seeds, chosen) if args.ablations
-          else table(out, arms, calibration))
+          else table(out, arms, calibration, six_views))
 
 
 def stop_on_sigterm(signum, frame):

@@ -59,6 +59,18 @@ def test_the_table_reads_thresholds_in_cnn_epochs_and_counts_the_teacher_into_th
     assert "| 50.0 min (6.0) |" in student and student.rstrip(" |").endswith("50.0 min (6.0)")
 
 
+def test_the_table_gives_each_finished_arm_its_six_view_figure_in_a_column_of_its_own(tmp_path):
+    fake_run(tmp_path / "cnn", 1800.0, [0.70, 0.86, 0.905])
+    fake_run(tmp_path / "hybrid", 1800.0, [0.80, 0.89], model="vit_nano_airbench_32")
+    head, _, cnn, hybrid, student = bench.table(tmp_path, ["cnn", "hybrid", "distilled"], 100.0,
+                                                {"cnn": 0.9123, "hybrid": 0.9031}).splitlines()
+    assert head.rstrip(" |").endswith("final, mirror + translate TTA")
+    assert cnn.rstrip(" |").endswith("| 90.50% | 30.0 min (3.6) | 91.23%")
+    assert hybrid.rstrip(" |").endswith("| 89.00% | 30.0 min (3.6) | 90.31%")
+    assert "(not finished)" in student and student.count("|") == head.count("|")
+    assert "mirror + translate" not in bench.table(tmp_path, ["cnn"], 100.0)  # without the figures, no column
+
+
 def test_the_student_gets_what_the_teacher_left_of_the_total(tmp_path):
     fake_run(tmp_path / "cnn", 1800.0, [0.9])
     assert bench.student_budget(tmp_path, 30.0, None) == 30.0
