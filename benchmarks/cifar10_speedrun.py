@@ -14,9 +14,12 @@ CNN-epochs, the time this box's CNN step takes for 50,000 images, so that runs o
 alike. ``--calibrate-steps 0`` skips it.
 
 ``distilled`` is the hybrid with a distillation token, hard-distilled from the ``cnn`` arm's finished model (the
-teacher trained once and reused; its forward pass on every batch is inside the student's budget). ``--total MIN``
-gives it the time the teacher's training left of MIN (MIN minus the ``cnn`` arm's training minutes), so that its
-row compares with a CNN trained for MIN minutes alone: DeiT's student against its teacher at equal total time.
+teacher trained once and reused; its forward pass on every batch is inside the student's budget).
+``distilled-once`` is the same student with ``--teacher-once``: the teacher's predictions on every training image
+and its mirror image made once before the first step (their time inside the student's budget), so that the student
+trains at the hybrid's own speed but learns the teacher's view of the uncropped image. ``--total MIN`` gives each
+student the time the teacher's training left of MIN (MIN minus the ``cnn`` arm's training minutes), so that its row
+compares with a CNN trained for MIN minutes alone: DeiT's student against its teacher at equal total time.
 
 ``--ablations`` trains the hybrid under the budget as it is and with each piece of the speed run taken away, added
 or changed (the levers: whitening, alternating flips, lookahead, label smoothing, BatchNorm-bias lr, progressive
@@ -40,7 +43,7 @@ than its arm's now (the recipe file or the arm changed since) is refused in one 
     python benchmarks/cifar10_speedrun.py --budget 30 [--data ../shared/data/cifar10-jpg.tar.gz] [--out runs/speedrun]
     python benchmarks/cifar10_speedrun.py --ablations --budget 4 --jobs 2 --threads 1 --out runs/speedrun-ablations \
         [--seeds 3] [--teacher runs/speedrun/cnn] [--arms full,ema,progressive-quarter]
-    python benchmarks/cifar10_speedrun.py --arms cnn,distilled --budget 30 --total 60 --out runs/speedrun
+    python benchmarks/cifar10_speedrun.py --arms cnn,distilled,distilled-once --budget 30 --total 60 --out runs/speedrun
     python benchmarks/cifar10_speedrun.py --ablations --arms full,wd-0.2 --seeds 4 --jobs 4 --epochs 13 \
         --device cuda --precision fp32 --threads 1 --calibrate-steps 0 --out runs/speedrun-gpu-13ep
     python benchmarks/cifar10_speedrun.py --table-only --out runs/speedrun   # tabulate finished runs again
@@ -66,10 +69,13 @@ from vitlab.runs.format import CHECKPOINT, SUMMARY, is_finished, read_eval_summa
 
 ROOT = Path(__file__).resolve().parents[1]
 ARMS = {"cnn": ROOT / "recipes/cifar10_airbench.yaml", "hybrid": ROOT / "recipes/cifar10_hybrid_speedrun.yaml",
-        "distilled": ROOT / "recipes/cifar10_hybrid_speedrun.yaml"}
-TEACHER_ARM = "cnn"  # the distilled arm's teacher: the CNN arm's finished run
+        "distilled": ROOT / "recipes/cifar10_hybrid_speedrun.yaml",
+        "distilled-once": ROOT / "recipes/cifar10_hybrid_speedrun.yaml"}
+TEACHER_ARM = "cnn"  # the distilled arms' teacher: the CNN arm's finished run
 DISTILLED = ["--model-arg", "distilled=true", "--model-arg", "class_token=true", "--model-arg", "global_pool=token",
              "--distill", "hard"]  # + --teacher OUT/cnn; DeiT reads the class and distillation tokens
+# the students and their options besides --teacher: the teacher on every batch, or its predictions made once
+STUDENTS = {"distilled": DISTILLED, "distilled-once": DISTILLED + ["--teacher-once"]}
 CIFAR10_TRAIN = 50_000  # images in a CNN-epoch
 THRESHOLDS = (0.80, 0.85, 0.90, 0.93, 0.94)
 # the hybrid with one piece of the speed run taken away ("-"), added ("+") or changed at a time:
@@ -100,7 +106,9 @@ ABLATIONS = {
     "wd-0.2": ("weight decay 0.2 instead of 0.8", ["--weight-decay", "0.2"]),
     "deeper": ("+ 2 more transformer blocks (4)", ["--model-arg", "depth=4"]),
     "wider": ("+ a wider transformer (384, 6 heads)", ["--model-arg", "embed_dim=384", "--model-arg", "num_heads=6"]),
-    "distilled": ("+ hard distillation from the CNN (--teacher)", DISTILLED),
+    "distilled": ("+ hard distillation from the CNN (--teacher)", STUDENTS["distilled"]),
+    "distilled-once": ("+ hard distillation from the CNN, its predictions made once before training (--teacher)",
+                       STUDENTS["distilled-once"]),
 }
 ONE_VIEW = ["--no-tta", "--tta-translate", "0", "--eval-every", "100000"]
 TTA_VIEWS = {"+ mirror TTA": 0, "+ mirror + translate TTA": 1}  # row label: pixels of translation beside the mirror
@@ -275,7 +283,7 @@ def table(out: Path, arms: list[str], calibration: float | None = None,
             f"trained{unit}"] + (["final, mirror + translate TTA"] if six_views is not None else [])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for a in arms:
-        before = teacher_seconds(out) if a == "distilled" else 0.0
+        before = teacher_seconds(out) if a in STUDENTS else 0.0
         label = f"{a} (+ its teacher's {before / 60:.1f} min)" if before else a
         row = arm_row(label, out / a, calibration, before)
         if six_views is not None:
@@ -295,6 +303,13 @@ def student_budget(out: Path, budget: float, total: float | None) -> float:
     return left
 
 
+def student_commands(out: Path, students: list[str], data: str, budget: float, extra: list[str],
+                     epochs: int | None = None) -> dict[str, list[str]]:
+    """The students' commands, each learning from the teacher arm's finished run under ``out``."""
+    return {a: arm_command(ARMS[a], out / a, data, budget, STUDENTS[a] + ["--teacher", str(out / TEACHER_ARM)] + extra,
+                           epochs) for a in students}
+
+
 def seed_folder(out: Path, arm: str, seed: int) -> Path:
     """An ablation arm's run folder for one seed: ``arm`` for seed 0, ``arm-seedN`` for the others."""
     return out / (arm if seed == 0 else f"{arm}-seed{seed}")
@@ -308,9 +323,9 @@ def ablation_commands(out: Path, data: str, budget: float, seeds: int, teacher: 
     commands = {}
     for seed in range(seeds):
         for arm, (_, options) in ABLATIONS.items():
-            if (arms is not None and arm not in arms) or (arm == "distilled" and teacher is None):
+            if (arms is not None and arm not in arms) or (arm in STUDENTS and teacher is None):
                 continue
-            more = ["--teacher", str(teacher)] if arm == "distilled" else []
+            more = ["--teacher", str(teacher)] if arm in STUDENTS else []
             folder = seed_folder(out, arm, seed)
             commands[folder.name] = arm_command(ARMS["hybrid"], folder, data, budget,
                                                 options + more + ONE_VIEW + ["--seed", str(seed)] + extra, epochs)
@@ -363,7 +378,7 @@ def ablation_table(out: Path, tta: dict[str, dict[str, list[float]]], seeds: int
         done = seed_summaries(out, arm, seeds)
         top1 = [d.top1 for d in done]
         if not done:
-            why = "needs --teacher" if arm == "distilled" else "not finished"
+            why = "needs --teacher" if arm in STUDENTS else "not finished"
             lines.append(f"| {label} | ({why}) | | | | |")
             continue
         epochs = statistics.fmean(d.images_per_second * d.train_seconds / d.num_train for d in done)  # images seen
@@ -427,8 +442,8 @@ def main() -> None:
     ap.add_argument("--ablations", action="store_true", help="the hybrid without each piece of the speed run")
     ap.add_argument("--jobs", type=int, default=1, help="arms trained side by side (give --threads too; default 1)")
     ap.add_argument("--table-only", action="store_true", help="tabulate the run folders under --out, train nothing")
-    ap.add_argument("--total", type=float, help="the distilled arm's budget is what the cnn arm's training left of "
-                                                 "this many minutes (default: --budget for it too)")
+    ap.add_argument("--total", type=float, help="the distilled arms' budget is what the cnn arm's training left of "
+                                                 "this many minutes (default: --budget for them too)")
     ap.add_argument("--seeds", type=int, default=3, help="--ablations: seeds of every arm, for the noise each gain "
                                                          "is read against (default 3)")
     ap.add_argument("--teacher", type=Path, help="--ablations: a finished CNN run that the distillation arm learns "
@@ -460,9 +475,10 @@ def main() -> None:
     if args.teacher is not None and not is_finished(args.teacher):
         ap.error(f"--teacher {args.teacher}: not a finished run folder; accepted: the folder of a finished "
                  f"vitlab train run (e.g. OUT/{TEACHER_ARM} of an earlier run of this benchmark)")
-    if "distilled" in arms and (TEACHER_ARM not in arms or arms.index(TEACHER_ARM) > arms.index("distilled")) \
+    students = [a for a in arms if a in STUDENTS]
+    if students and (TEACHER_ARM not in arms or arms.index(TEACHER_ARM) > arms.index(students[0])) \
             and not is_finished(Path(args.out) / TEACHER_ARM) and not args.table_only:
-        ap.error(f"the distilled arm's teacher is the {TEACHER_ARM} arm: list it first in --arms or finish it "
+        ap.error(f"the {students[0]} arm's teacher is the {TEACHER_ARM} arm: list it first in --arms or finish it "
                  f"under --out first")
     if "--threads" in extra:
         torch.set_num_threads(int(extra[extra.index("--threads") + 1]))
@@ -480,15 +496,13 @@ def main() -> None:
                                          args.epochs)
         else:
             commands = {arm: arm_command(ARMS[arm], out / arm, args.data, args.budget, extra, args.epochs)
-                        for arm in arms if arm != "distilled"}  # the distilled arm runs once its teacher has finished
+                        for arm in arms if arm not in STUDENTS}  # the students run once their teacher has finished
         run_arms(to_run(commands), args.jobs)
-        if "distilled" in arms and not is_finished(out / TEACHER_ARM):
-            print(f"distilled: not run, its teacher ({out / TEACHER_ARM}) did not finish", flush=True)
-        elif "distilled" in arms:
+        if students and not is_finished(out / TEACHER_ARM):
+            print(f"{', '.join(students)}: not run, the teacher ({out / TEACHER_ARM}) did not finish", flush=True)
+        elif students:
             budget = student_budget(out, args.budget, args.total)
-            student = arm_command(ARMS["distilled"], out / "distilled", args.data, budget,
-                                  DISTILLED + ["--teacher", str(out / TEACHER_ARM)] + extra, args.epochs)
-            run_arms(to_run({"distilled": student}), 1)
+            run_arms(to_run(student_commands(out, students, args.data, budget, extra, args.epochs)), 1)
     # the TTA evaluations print as they go, so before the table's header
     tta = tta_figures(out, args.data, args.seeds, tta_arms) if args.ablations else {}
     six_views = None if args.ablations else {a: tta_top1(out / a, args.data, TTA_VIEWS["+ mirror + translate TTA"])

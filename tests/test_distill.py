@@ -112,6 +112,89 @@ def test_teacher_input_is_renormalised_and_converted():
     torch.testing.assert_close(t, expect)
 
 
+class LinearTeacher(nn.Module):
+    """A linear teacher of 2x2 grey images that counts its calls."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc = nn.Linear(4, 3)
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        return self.fc(x.flatten(1))
+
+
+def test_teacher_once_keeps_each_image_s_mean_with_its_mirror_and_looks_it_up_by_index():
+    teacher = LinearTeacher()
+    images = torch.randint(0, 256, (6, 1, 2, 2), dtype=torch.uint8)
+    loss_fn = TrainLoss(teacher, "hard", alpha=0.5)
+    loss_fn.predict_once(images, (0.5,), (0.25,), batch_size=4)
+    x = (images.float() / 255 - 0.5) / 0.25
+    with torch.no_grad():
+        expect = (teacher.fc(x.flatten(1)) + teacher.fc(x.flip(-1).flatten(1))) / 2
+    torch.testing.assert_close(loss_fn.kept, expect)
+    calls = teacher.calls
+    cls, dist, _, targets = _batch()
+    index = torch.tensor([5, 0, 3, 3])
+    loss = loss_fn(torch.zeros(4, 1, 2, 2), (cls, dist), targets, index)
+    hard = torch.nn.functional.one_hot(expect[index].argmax(1), 3).float()
+    assert loss.item() == pytest.approx(0.5 * _ce(cls.detach(), targets) + 0.5 * _ce(dist.detach(), hard), rel=1e-6)
+    assert teacher.calls == calls  # looked up, not predicted again
+    with pytest.raises(ValueError, match="index in the training set"):
+        loss_fn(torch.zeros(4, 1, 2, 2), (cls, dist), targets)
+
+
+class Clock:
+    """A fake clock: every reading is 0.05 s after the one before, and ``t`` may be moved on by hand."""
+
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        self.t += 0.05
+        return self.t
+
+
+def test_teacher_once_predicts_before_the_first_step_and_counts_it_as_training_time(tmp_path, cache_dir,
+                                                                                     monkeypatch):
+    """The student's run makes the teacher's predictions once (50 s on the fake clock), counts them in its training
+    seconds, and never runs the teacher in a step."""
+    from vitlab.train import load_recipe, train
+    teacher_out = tmp_path / "teacher"
+    train(load_recipe(None, model="vit_micro_patch2_8", epochs=1, precision="fp32", threads=1, out=str(teacher_out)))
+    clock, made = Clock(), {}
+    real = TrainLoss.predict_once
+
+    def predict_once(self, images, *args, **kwargs):
+        real(self, images, *args, **kwargs)
+        clock.t += 50
+        made["images"], made["kept"] = len(images), self.kept
+        self.teacher.forward = lambda x: pytest.fail("the teacher ran in a step")
+
+    monkeypatch.setattr(TrainLoss, "predict_once", predict_once)
+    lines = []
+    summary = train(load_recipe(None, model="vit_micro_patch2_8", teacher=str(teacher_out), teacher_once=True,
+                                mixup=0, cutmix=0, epochs=1, batch_size=64, precision="fp32", threads=1,
+                                out=str(tmp_path / "student")), log=lines.append, now=clock)
+    assert made["kept"].shape == (made["images"], 10) and made["images"] == summary["num_train"]
+    assert any(line.endswith("made once in 50 s (counted as training time)") for line in lines), lines
+    assert 50 < summary["train_seconds"] < 50 + 200 * 0.05  # the predictions, then one epoch's readings
+    assert summary["distill"] == "hard"
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"teacher_once": True}, "teacher_once needs a teacher model"),
+    ({"teacher_once": True, "distill": "self"}, "not distill='self'"),
+    ({"teacher_once": True, "teacher": "t", "mixup": 0.2, "cutmix": 0}, "not the images that mixup 0.2 mix"),
+])
+def test_teacher_once_without_a_teacher_or_with_mixed_images_is_refused(options, message):
+    from vitlab.train import load_recipe
+    with pytest.raises(ValueError, match=message):
+        load_recipe(None, **options)
+
+
 def _run(*args, torchrun=False):
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     prefix = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29533"] \

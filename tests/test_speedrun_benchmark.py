@@ -71,6 +71,22 @@ def test_the_table_gives_each_finished_arm_its_six_view_figure_in_a_column_of_it
     assert "mirror + translate" not in bench.table(tmp_path, ["cnn"], 100.0)  # without the figures, no column
 
 
+def test_both_students_learn_from_the_teacher_arm_and_count_its_time(tmp_path):
+    """The student on every batch and the one whose teacher predicts once: both learn from OUT/cnn under the budget
+    the teacher left, only the second with --teacher-once, and each row starts after the teacher's training."""
+    commands = bench.student_commands(tmp_path, ["distilled", "distilled-once"], "data.tar.gz", 12.5,
+                                      ["--threads", "2"])
+    for arm, cmd in commands.items():
+        assert cmd[cmd.index("--out") + 1] == str(tmp_path / arm)
+        assert cmd[cmd.index("--teacher") + 1] == str(tmp_path / "cnn")
+        assert cmd[cmd.index("--time-budget") + 1] == "12.5"
+        assert ("--teacher-once" in cmd) == (arm == "distilled-once") and cmd[-2:] == ["--threads", "2"]
+    fake_run(tmp_path / "cnn", 1800.0, [0.9])
+    fake_run(tmp_path / "distilled-once", 1200.0, [0.82, 0.91], model="vit_nano_airbench_32")
+    row = bench.table(tmp_path, ["cnn", "distilled-once"]).splitlines()[-1]
+    assert row.startswith("| distilled-once (+ its teacher's 30.0 min) |") and "| 50.0 min |" in row
+
+
 def test_the_student_gets_what_the_teacher_left_of_the_total(tmp_path):
     fake_run(tmp_path / "cnn", 1800.0, [0.9])
     assert bench.student_budget(tmp_path, 30.0, None) == 30.0
@@ -82,16 +98,20 @@ def test_the_student_gets_what_the_teacher_left_of_the_total(tmp_path):
 
 def test_ablations_run_every_arm_once_a_seed_and_distil_only_from_a_given_teacher(tmp_path):
     without = bench.ablation_commands(tmp_path, "data.tar.gz", 4.0, 2, None, ["--threads", "1"])
-    assert "distilled" not in without and "distilled-seed1" not in without
-    assert len(without) == 2 * (len(bench.ABLATIONS) - 1)
-    first, second = list(without)[:len(bench.ABLATIONS) - 1], list(without)[len(bench.ABLATIONS) - 1:]
+    assert not {"distilled", "distilled-seed1", "distilled-once", "distilled-once-seed1"} & set(without)
+    per_seed = len(bench.ABLATIONS) - len(bench.STUDENTS)
+    assert len(without) == 2 * per_seed
+    first, second = list(without)[:per_seed], list(without)[per_seed:]
     assert first[0] == "full" and second[0] == "full-seed1"  # seed by seed: --jobs pairs arms of one seed
     cmd = without["ema-seed1"]
     assert cmd[cmd.index("--out") + 1] == str(tmp_path / "ema-seed1") and cmd[cmd.index("--seed") + 1] == "1"
     assert cmd[cmd.index("--ema-decay") + 1] == "0.999" and "--no-tta" in cmd and cmd[-2:] == ["--threads", "1"]
     teacher = tmp_path / "cnn"
-    cmd = bench.ablation_commands(tmp_path, "data.tar.gz", 4.0, 1, teacher, [])["distilled"]
-    assert cmd[cmd.index("--teacher") + 1] == str(teacher) and cmd[cmd.index("--distill") + 1] == "hard"
+    students = bench.ablation_commands(tmp_path, "data.tar.gz", 4.0, 1, teacher, [])
+    for arm in ("distilled", "distilled-once"):
+        cmd = students[arm]
+        assert cmd[cmd.index("--teacher") + 1] == str(teacher) and cmd[cmd.index("--distill") + 1] == "hard"
+        assert ("--teacher-once" in cmd) == (arm == "distilled-once")
     some = bench.ablation_commands(tmp_path, "data.tar.gz", 30.0, 2, None, [], arms=["full", "progressive-quarter"])
     assert list(some) == ["full", "progressive-quarter", "full-seed1", "progressive-quarter-seed1"]
     cmd = some["progressive-quarter"]

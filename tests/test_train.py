@@ -522,6 +522,28 @@ def test_under_progressive_resizing_the_teacher_sees_the_full_size_batch():
     torch.testing.assert_close(teacher_saw[0], (images.float() / 255 - 0.5) / 0.5)
 
 
+def test_the_loss_gets_each_micro_batch_s_places_in_the_training_set():
+    """With gradient accumulation, each micro-batch's loss is given the training-set indices of its own images (what
+    a teacher whose predictions were made once looks them up by)."""
+    from vitlab.data.augment import AugmentConfig, BatchAugment
+    from vitlab.train.step import Batch, Stepper, train_step
+    from vitlab.train.tasks.supervised import HeadsLoss
+
+    class Recording(HeadsLoss):
+        def forward(self, images, outputs, targets, index=None):
+            given.append(index.tolist())
+            return super().forward(images, outputs, targets)
+
+    given = []
+    model = vitlab.create_model("vit_micro_patch2_8", num_classes=10, in_chans=1)
+    aug = BatchAugment(AugmentConfig(mixup=0, cutmix=0), (8, 8), (0.5,), (0.5,), 10)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    images, labels = torch.randint(0, 256, (6, 1, 8, 8), dtype=torch.uint8), torch.arange(6)
+    train_step(Stepper(model, aug, Recording(), opt, accum_steps=2), Batch(images, labels, index=torch.tensor(
+        [40, 7, 3, 12, 0, 5])))
+    assert given == [[40, 7, 3], [12, 0, 5]]
+
+
 def test_photos_stored_larger_than_the_training_size(tmp_path, cache_dir):
     """store_size keeps photos at 12 px (shorter side, centre square); training crops 8x8, evaluation resizes and
     centre-crops; the saved model takes 8x8."""

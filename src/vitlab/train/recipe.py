@@ -109,6 +109,10 @@ class Recipe(Settings):
                                  "from an EMA copy of the student (no --teacher)")
     tau: float = Field(1.0, gt=0, description="soft distillation temperature")
     alpha: float = Field(0.5, ge=0, le=1, description="distillation loss weight")
+    teacher_once: bool = Field(False, description="the teacher's predictions on every training image (the mean over "
+                               "it and its mirror image) made once before the first step, their time counted as "
+                               "training, instead of on every augmented batch: the student trains at its own speed, "
+                               "and the teacher does not see its crops")
     # execution
     device: Device = Field("auto", description="auto picks CUDA when PyTorch sees a GPU")
     precision: Precision = Field(
@@ -140,6 +144,8 @@ class Recipe(Settings):
             raise ValueError(f"distill={self.distill!r} needs a teacher: --teacher MODEL_FOLDER")
         if self.teacher and self.distill == "none":
             object.__setattr__(self, "distill", "hard")  # DeiT's default; no re-validation loop
+        if self.teacher_once:
+            check_teacher_once(self)
         check_finetune(self)
         check_pretrain(self)
         if self.tta_translate and not self.tta:
@@ -184,6 +190,17 @@ def check_finetune(r: Recipe) -> None:
     if r.freeze_backbone and r.layer_decay < 1:
         raise ValueError(f"layer_decay={r.layer_decay:g} is not valid with freeze_backbone: only the head trains, "
                          "at the full lr; accepted with freeze_backbone: layer_decay 1")
+
+
+def check_teacher_once(r: Recipe) -> None:
+    """A teacher whose predictions are made once needs a fixed teacher and unmixed images: one line otherwise."""
+    if r.distill not in ("hard", "soft"):
+        raise ValueError(f"teacher_once needs a teacher model (--teacher MODEL_FOLDER, --distill hard or soft), not "
+                         f"distill={r.distill!r}; accepted without one: teacher_once false")
+    mixed = [f"{k} {v:g}" for k, v in (("mixup", r.augment.mixup), ("cutmix", r.augment.cutmix)) if v]
+    if mixed:
+        raise ValueError(f"teacher_once predicts each training image once, not the images that {' and '.join(mixed)} "
+                         "mix; accepted with it: mixup 0 and cutmix 0")
 
 
 def check_pretrain(r: Recipe) -> None:

@@ -62,7 +62,7 @@ def correct(outputs: Any, targets: torch.Tensor) -> torch.Tensor:
 @dataclass
 class Stepper:
     """What every step of a run uses: the network as it runs, the augmentation, the task's loss (called as
-    ``loss(x, outputs, targets)``) and its count of correct predictions, the optimiser and its settings."""
+    ``loss(x, outputs, targets, index)``) and its count of correct predictions, the optimiser and its settings."""
 
     net: nn.Module
     augment: BatchAugment
@@ -80,14 +80,16 @@ class Stepper:
 
 @dataclass
 class Batch:
-    """A step's inputs: a uint8 batch and its labels, the input size (progressive resizing; None: as augmented)
-    and ``share``, this rank's part of the whole batch times the number of ranks (1 where the ranks hold equal
-    parts)."""
+    """A step's inputs: a uint8 batch and its labels, the input size (progressive resizing; None: as augmented),
+    ``share``, this rank's part of the whole batch times the number of ranks (1 where the ranks hold equal parts),
+    and ``index``, the images' places in the training set (for a loss that looks up what it made of them before:
+    a teacher's predictions made once; None where unknown)."""
 
     images: torch.Tensor
     labels: torch.Tensor
     size: tuple[int, int] | None = None
     share: float = 1.0
+    index: torch.Tensor | None = None
 
 
 def train_step(s: Stepper, b: Batch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -108,8 +110,9 @@ def train_step(s: Stepper, b: Batch) -> tuple[torch.Tensor, torch.Tensor]:
     optimizer.zero_grad(set_to_none=True)
     loss_sum = torch.zeros((), device=device)
     hits = torch.zeros((), dtype=torch.long, device=device)
-    chunks = list(zip(images.chunk(s.accum_steps), b.labels.chunk(s.accum_steps)))
-    for i, (xb, yb) in enumerate(chunks):
+    index = b.index.chunk(s.accum_steps) if b.index is not None else [None] * s.accum_steps
+    chunks = list(zip(images.chunk(s.accum_steps), b.labels.chunk(s.accum_steps), index))
+    for i, (xb, yb, ib) in enumerate(chunks):
         full, targets = s.augment(xb, yb)
         x = resize(full, b.size)
         if s.channels_last:
@@ -120,7 +123,7 @@ def train_step(s: Stepper, b: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         with contextlib.nullcontext() if sync else net.no_sync():
             with autocast(device, s.precision):
                 outputs = net(x)
-                loss = s.loss(full, outputs, targets)  # a teacher sees the augmented batch at its full size
+                loss = s.loss(full, outputs, targets, ib)  # a teacher sees the augmented batch at its full size
             scaled = loss * (len(xb) / len(images) * b.share)  # the mean over the whole batch, all ranks
             (scaler.scale(scaled) if scaler is not None else scaled).backward()
         loss_sum += loss.detach().float() * len(xb)

@@ -310,6 +310,9 @@ def set_up(r: Recipe, d: Dist, resume: bool, log: Callable[[str], None], now: Ca
         log(f"resuming {out} after epoch {state.epoch}")
     elif resume:
         log(f"no checkpoint in {out} yet: starting the run from the beginning")
+    spent = task.prepare(inputs.data.train.images, inputs.view, max(inputs.batch_size // d.world, 256), now)
+    if ckpt is None:  # a resumed run counted them in its first session
+        state.seconds += spent
     resize = ProgressiveResize(model, inputs.img_size, r.progressive_scale, r.progressive_until, log)
     nets = Nets(model=model, net=run_net(model, r, d), n_params=n_params, channels_last=channels_last, resize=resize,
                 lookahead=Lookahead(model, r.lookahead_every, r.lookahead_decay) if r.lookahead_every else None)
@@ -486,7 +489,8 @@ def train_epoch(run: Run) -> tuple[EpochRow | None, bool]:
         set_lr(state.optimizer, lr)  # times each group's lr_scale (layer decay, BatchNorm biases, SGD)
         stepper.ema_decay = ema_decay_at(p, r.ema_decay, r.ema_start)
         images = run.inputs.augment.alternate(images, batches[i], epoch, r.seed)
-        loss, hits = train_step(stepper, Batch(images, labels, size, share=len(images) * d.world / sizes[i]))
+        loss, hits = train_step(stepper, Batch(images, labels, size, share=len(images) * d.world / sizes[i],
+                                               index=batches[i]))
         state.step += 1
         run.task.after_step(nets.model)
         if nets.lookahead is not None:

@@ -8,8 +8,11 @@ is then asked, in the order the run needs them:
 - ``check_model(model)``, ``num_classes(classes)``, ``fit_init_head(model, classes)``: what the model must be
   (an encoder without a head for pre-training, a classifier of the data's classes otherwise);
 - ``wrap(model, mean, std)``: what trains (the model, or an objective around it);
-- ``make_loss(device, classes, mean, std)``: an ``nn.Module`` called as ``loss(x, outputs, targets)`` on the
-  augmented batch, the network's outputs and the soft targets (its ``train()`` is called every epoch);
+- ``make_loss(device, classes, mean, std)``: an ``nn.Module`` called as ``loss(x, outputs, targets, index)`` on
+  the augmented batch, the network's outputs, the soft targets and the images' places in the training set (its
+  ``train()`` is called every epoch);
+- ``prepare(images, view, batch_size, now)``: work done once over the training images before the first step (a
+  teacher's predictions made once), which returns its seconds: a fresh run counts them as training time;
 - ``correct(outputs, targets)``: the step's count of correct predictions (0 without labels);
 - ``after_step(model)``: anything a step leaves to the task (an EMA teacher's update);
 - ``evaluate(model, split)``: metrics per head on the held-out split (``EvalSplit``);
@@ -89,6 +92,12 @@ class Task:
     # -- a step
     def make_loss(self, device: torch.device, classes: Sequence[str], mean: tuple, std: tuple) -> nn.Module:
         raise NotImplementedError
+
+    def prepare(self, images: torch.Tensor, view: Callable | None, batch_size: int,
+                now: Callable[[], float]) -> float:
+        """Work done once over the training images (uint8; ``view``: how stored images larger than the training size
+        are seen whole) before the first step; returns the seconds it took by ``now`` (0: none to do)."""
+        return 0.0
 
     def correct(self, outputs: Any, targets: torch.Tensor) -> torch.Tensor:
         """How many predictions match the targets' argmax (0 for a task without predictions of the labels)."""

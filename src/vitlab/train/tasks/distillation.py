@@ -5,12 +5,16 @@ soft: (1 - alpha) * CE(class head, targets) + alpha * tau^2 * KL(softmax(teacher
 
 ``targets`` are the (mixed, smoothed) soft targets of the batch; the teacher sees the same
 augmented images, at their full size under progressive resizing (the student may see them smaller).
+With ``teacher_once`` it sees instead every training image and its mirror image once, before the first step, and
+the mean of its two logits is looked up for each image of a batch (its crop and flip not seen): the student then
+trains at its own speed, as the relabelled-ImageNet and fast knowledge distillation work does, at the price of
+DeiT's consistent views.
 A student without a distillation token is distilled through its class head.
 The KL term is averaged over the batch (DeiT's code divides its sum by batch x classes instead).
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -18,6 +22,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ... import checkpoint
+from ...data.augment import normalize
+from ...devices import to_device
+from ...progress import Progress
+from ..metrics import head_logits
 from .supervised import Supervised, heads_loss, soft_target_cross_entropy
 
 if TYPE_CHECKING:
@@ -38,6 +46,7 @@ class TrainLoss(nn.Module):
             raise ValueError(f"{kind} distillation needs a teacher")
         self.kind, self.tau, self.alpha = kind, tau, alpha
         self.teacher = teacher
+        self.kept: torch.Tensor | None = None  # the teacher's logits by training image, where made once
         if teacher is not None:
             teacher.eval().requires_grad_(False)
         self.renorm = None
@@ -72,7 +81,34 @@ class TrainLoss(nn.Module):
             x = F.interpolate(x, size=tuple(size), mode="bicubic", align_corners=False)
         return x
 
-    def forward(self, images: torch.Tensor, outputs, targets: torch.Tensor) -> torch.Tensor:
+    @torch.no_grad()
+    def predict_once(self, images: torch.Tensor, mean: Sequence[float], std: Sequence[float], batch_size: int,
+                     view: Callable | None = None) -> None:
+        """The teacher's logits for every image of ``images`` (uint8, the training set), the mean over it and its
+        mirror image, kept for ``forward`` to look up by index (``teacher_once``)."""
+        device = next(self.teacher.parameters()).device
+        quiet = torch.distributed.is_initialized() and torch.distributed.get_rank() != 0
+        kept = []
+        with Progress(total=len(images), desc="the teacher's predictions", unit="img", disable=quiet) as bar:
+            for start in range(0, len(images), batch_size):
+                batch = to_device(images[start:start + batch_size], device)
+                x = normalize(view(batch) if view is not None else batch, mean, std)
+                kept.append(head_logits(self.teacher, self.teacher_input(x), tta=True)["logits"].float())
+                bar.update(len(batch))
+        self.kept = torch.cat(kept)
+
+    def teacher_logits(self, images: torch.Tensor, index: torch.Tensor | None) -> torch.Tensor:
+        """The teacher's logits for the batch: looked up by ``index`` where they were made once, else made now."""
+        kept = self.kept
+        if kept is None:
+            return self.teacher(self.teacher_input(images)).float()
+        if index is None:
+            raise ValueError("the teacher's predictions were made once, by training image: the loss needs the "
+                             "batch's index in the training set")
+        return kept.index_select(0, to_device(index, kept.device))
+
+    def forward(self, images: torch.Tensor, outputs, targets: torch.Tensor,
+                index: torch.Tensor | None = None) -> torch.Tensor:
         if isinstance(outputs, tuple):
             cls, dist = outputs
         else:
@@ -81,7 +117,7 @@ class TrainLoss(nn.Module):
             return heads_loss(outputs, targets)
         base = soft_target_cross_entropy(cls, targets)
         with torch.no_grad():
-            teacher_logits = self.teacher(self.teacher_input(images)).float()
+            teacher_logits = self.teacher_logits(images, index)
         if self.kind == "hard":
             kd = F.cross_entropy(dist, teacher_logits.argmax(dim=1))
         else:
@@ -110,4 +146,17 @@ class Distillation(Supervised):
         self.log(f"teacher: {r.teacher} ({type(teacher).__name__}), {r.distill} distillation")
         teacher_norm = (teacher.pretrained_cfg["mean"], teacher.pretrained_cfg["std"])
         self.loss = TrainLoss(teacher, r.distill, r.tau, r.alpha, student_norm=(mean, std), teacher_norm=teacher_norm)
+        self.mean, self.std = mean, std
         return self.loss
+
+    def prepare(self, images: torch.Tensor, view: Callable | None, batch_size: int,
+                now: Callable[[], float]) -> float:
+        """With ``teacher_once``, the teacher's predictions on every training image, made now; their seconds."""
+        if not self.r.teacher_once:
+            return 0.0
+        t0 = now()
+        self.loss.predict_once(images, self.mean, self.std, batch_size, view)
+        seconds = now() - t0
+        self.log(f"the teacher's predictions on {len(images)} training images and their mirror images, made once in "
+                 f"{seconds:.0f} s (counted as training time)")
+        return seconds

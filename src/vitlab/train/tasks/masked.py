@@ -35,7 +35,8 @@ def objective_arguments(r: Recipe, mean: Sequence[float], std: Sequence[float]) 
 class ObjectiveLoss(nn.Module):
     """The training loss of a pre-training run: the objective's own; the (augmented) targets are not used."""
 
-    def forward(self, x: torch.Tensor, outputs: Any, targets: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, outputs: Any, targets: torch.Tensor,
+                index: torch.Tensor | None = None) -> torch.Tensor:
         return outputs.loss
 
 

@@ -36,9 +36,10 @@ def heads_loss(outputs: Any, targets: torch.Tensor) -> torch.Tensor:
 
 
 class HeadsLoss(nn.Module):
-    """``heads_loss`` as the loss module a task hands the trainer (``loss(x, outputs, targets)``)."""
+    """``heads_loss`` as the loss module a task hands the trainer (``loss(x, outputs, targets, index)``)."""
 
-    def forward(self, images: torch.Tensor, outputs: Any, targets: torch.Tensor) -> torch.Tensor:
+    def forward(self, images: torch.Tensor, outputs: Any, targets: torch.Tensor,
+                index: torch.Tensor | None = None) -> torch.Tensor:
         return heads_loss(outputs, targets)
 
 
