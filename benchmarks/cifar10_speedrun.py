@@ -24,17 +24,18 @@ compares with a CNN trained for MIN minutes alone: DeiT's student against its te
 ``--ablations`` trains the hybrid under the budget as it is and with each piece of the speed run taken away, added
 or changed (the levers: whitening, alternating flips, lookahead, label smoothing, BatchNorm-bias lr, progressive
 resizing, its start and its length, EMA, DeiT's augmentation, a light Mixup or random erasing alone, the weight
-decay, a deeper or wider transformer, and hard distillation from a finished CNN run given as ``--teacher``, trained
-once and reused), each with ``--seeds`` seeds (default 3), evaluated at the end only (one view); then it evaluates
-the whole recipe's models (and those of the arms named in ``--tta-arms``) again with mirror and with mirror +
-translate test-time augmentation, once: each evaluation is kept beside its run (``RUN.tta-mirror``,
-``RUN.tta-mirror-translate``: `vitlab eval`'s folders, with their confusion matrices) and read back while it is
-newer than the run. Each row gives its seeds' mean and standard deviation and its gain on the whole recipe with
-that gain's standard error (the seed-to-seed noise it is read against). The arms run seed by seed and pair up under
-``--jobs 2`` (an arm left to run alone would have the machine to itself and train faster than the others).
-``--arms`` picks some of them (e.g. a few levers at a longer budget). ``--epochs N`` trains every arm N epochs
-instead of a time budget: the arms compared at equal epochs, e.g. on a GPU at the epoch count a CPU's budget
-reaches (``--device cuda --precision fp32`` go to vitlab train with the other options).
+decay, a deeper or wider transformer, DeiT's two tokens without a teacher, and hard distillation from a finished CNN
+run given as ``--teacher``, trained once and reused: through the tokens with the teacher on every batch or its
+predictions made once, or through the hybrid's own head with them made once), each with ``--seeds`` seeds (default
+3), evaluated at the end only (one view); then it evaluates the whole recipe's models (and those of the arms named
+in ``--tta-arms``) again with mirror and with mirror + translate test-time augmentation, once: each evaluation is
+kept beside its run (``RUN.tta-mirror``, ``RUN.tta-mirror-translate``: `vitlab eval`'s folders, with their confusion
+matrices) and read back while it is newer than the run. Each row gives its seeds' mean and standard deviation and
+its gain on the whole recipe with that gain's standard error (the seed-to-seed noise it is read against). The arms
+run seed by seed and pair up under ``--jobs 2`` (an arm left to run alone would have the machine to itself and train
+faster than the others). ``--arms`` picks some of them (e.g. a few levers at a longer budget). ``--epochs N`` trains
+every arm N epochs instead of a time budget: the arms compared at equal epochs, e.g. on a GPU at the epoch count a
+CPU's budget reaches (``--device cuda --precision fp32`` go to vitlab train with the other options).
 
 Run again into the same ``--out`` (with more seeds, say), it keeps the arms already finished there, resumes those a
 stopped benchmark left unfinished, and trains the rest; the table reads them all. A finished run of another recipe
@@ -72,10 +73,12 @@ ARMS = {"cnn": ROOT / "recipes/cifar10_airbench.yaml", "hybrid": ROOT / "recipes
         "distilled": ROOT / "recipes/cifar10_hybrid_speedrun.yaml",
         "distilled-once": ROOT / "recipes/cifar10_hybrid_speedrun.yaml"}
 TEACHER_ARM = "cnn"  # the distilled arms' teacher: the CNN arm's finished run
-DISTILLED = ["--model-arg", "distilled=true", "--model-arg", "class_token=true", "--model-arg", "global_pool=token",
-             "--distill", "hard"]  # + --teacher OUT/cnn; DeiT reads the class and distillation tokens
-# the students and their options besides --teacher: the teacher on every batch, or its predictions made once
-STUDENTS = {"distilled": DISTILLED, "distilled-once": DISTILLED + ["--teacher-once"]}
+TOKENS = ["--model-arg", "distilled=true", "--model-arg", "class_token=true", "--model-arg", "global_pool=token"]
+DISTILLED = TOKENS + ["--distill", "hard"]  # + --teacher OUT/cnn; DeiT reads the class and distillation tokens
+# the students and their options besides --teacher: the teacher on every batch, or its predictions made once; the
+# last keeps the hybrid's model (average pooling, no tokens) and learns the teacher's argmax through its one head
+STUDENTS = {"distilled": DISTILLED, "distilled-once": DISTILLED + ["--teacher-once"],
+            "distilled-once-pooled": ["--distill", "hard", "--teacher-once"]}
 CIFAR10_TRAIN = 50_000  # images in a CNN-epoch
 THRESHOLDS = (0.80, 0.85, 0.90, 0.93, 0.94)
 # the hybrid with one piece of the speed run taken away ("-"), added ("+") or changed at a time:
@@ -109,6 +112,10 @@ ABLATIONS = {
     "distilled": ("+ hard distillation from the CNN (--teacher)", STUDENTS["distilled"]),
     "distilled-once": ("+ hard distillation from the CNN, its predictions made once before training (--teacher)",
                        STUDENTS["distilled-once"]),
+    "tokens": ("DeiT's class and distillation tokens read by two heads instead of average pooling, no teacher",
+               TOKENS),
+    "distilled-once-pooled": ("+ hard distillation through the one head of the hybrid as it is (average pooling), "
+                              "the teacher's predictions made once (--teacher)", STUDENTS["distilled-once-pooled"]),
 }
 ONE_VIEW = ["--no-tta", "--tta-translate", "0", "--eval-every", "100000"]
 TTA_VIEWS = {"+ mirror TTA": 0, "+ mirror + translate TTA": 1}  # row label: pixels of translation beside the mirror

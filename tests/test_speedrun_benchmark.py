@@ -98,7 +98,8 @@ def test_the_student_gets_what_the_teacher_left_of_the_total(tmp_path):
 
 def test_ablations_run_every_arm_once_a_seed_and_distil_only_from_a_given_teacher(tmp_path):
     without = bench.ablation_commands(tmp_path, "data.tar.gz", 4.0, 2, None, ["--threads", "1"])
-    assert not {"distilled", "distilled-seed1", "distilled-once", "distilled-once-seed1"} & set(without)
+    assert not {f"{arm}{seed}" for arm in bench.STUDENTS for seed in ("", "-seed1")} & set(without)
+    assert "tokens" in without and "--distill" not in without["tokens"]  # the students' model, without a teacher
     per_seed = len(bench.ABLATIONS) - len(bench.STUDENTS)
     assert len(without) == 2 * per_seed
     first, second = list(without)[:per_seed], list(without)[per_seed:]
@@ -108,10 +109,11 @@ def test_ablations_run_every_arm_once_a_seed_and_distil_only_from_a_given_teache
     assert cmd[cmd.index("--ema-decay") + 1] == "0.999" and "--no-tta" in cmd and cmd[-2:] == ["--threads", "1"]
     teacher = tmp_path / "cnn"
     students = bench.ablation_commands(tmp_path, "data.tar.gz", 4.0, 1, teacher, [])
-    for arm in ("distilled", "distilled-once"):
+    for arm in ("distilled", "distilled-once", "distilled-once-pooled"):
         cmd = students[arm]
         assert cmd[cmd.index("--teacher") + 1] == str(teacher) and cmd[cmd.index("--distill") + 1] == "hard"
-        assert ("--teacher-once" in cmd) == (arm == "distilled-once")
+        assert ("--teacher-once" in cmd) == (arm != "distilled")
+        assert ("distilled=true" in cmd) == (arm != "distilled-once-pooled")
     some = bench.ablation_commands(tmp_path, "data.tar.gz", 30.0, 2, None, [], arms=["full", "progressive-quarter"])
     assert list(some) == ["full", "progressive-quarter", "full-seed1", "progressive-quarter-seed1"]
     cmd = some["progressive-quarter"]
