@@ -270,9 +270,14 @@ def arm_row(name: str, folder: Path, calibration: float | None = None, before: f
     for t in THRESHOLDS:
         hit = next((r.elapsed_seconds for r in rows if r.test_top1 is not None and r.test_top1 >= t), None)
         reached.append(fmt_time(None if hit is None else before + hit, calibration))
-    epochs = summary.steps / rows[0].step if len(rows) > 1 else summary.epochs  # the last epoch may be cut short
-    return [name, summary.model, f"{epochs:.1f}", f"{summary.images_per_second:.0f}", *reached,
+    return [name, summary.model, f"{epochs_trained(folder):.1f}", f"{summary.images_per_second:.0f}", *reached,
             f"{100 * summary.top1:.2f}%", fmt_time(before + summary.train_seconds, calibration)]
+
+
+def epochs_trained(folder: Path) -> float:
+    """A finished run's epochs, its last one perhaps cut short: its steps over the steps of its first epoch."""
+    rows, summary = read_history(folder), read_summary(folder)
+    return summary.steps / rows[0].step if len(rows) > 1 else float(summary.epochs)
 
 
 def teacher_seconds(out: Path) -> float:
@@ -388,7 +393,8 @@ def ablation_table(out: Path, tta: dict[str, dict[str, list[float]]], seeds: int
             why = "needs --teacher" if arm in STUDENTS else "not finished"
             lines.append(f"| {label} | ({why}) | | | | |")
             continue
-        epochs = statistics.fmean(d.images_per_second * d.train_seconds / d.num_train for d in done)  # images seen
+        epochs = statistics.fmean(epochs_trained(f) for f in (seed_folder(out, arm, s) for s in range(seeds))
+                                  if is_finished(f))  # steps over an epoch's steps: a teacher made once takes none
         img_s = statistics.fmean(d.images_per_second for d in done)
         sign = -1 if label.startswith("-") else 1
         gain = "" if arm == "full" or not full else gain_cell(

@@ -154,7 +154,7 @@ def test_the_ablation_table_reads_each_gain_against_the_seed_to_seed_noise(tmp_p
         fake_run(bench.seed_folder(tmp_path, "ema", seed), 240.0, [ema], model="vit_nano_airbench_32")
     tta = {"full": {"+ mirror TTA": [0.51, 0.53, 0.56]}, "ema": {"+ mirror TTA": [0.50, 0.55, 0.57]}}
     rows = {line.split(" | ")[0].lstrip("| "): line for line in bench.ablation_table(tmp_path, tta, 3).splitlines()}
-    assert "| 3 | 0.48 | 100 | 52.00% ± 2.00 |" in rows["the whole recipe"]  # 240 s at 100 img/s: 0.48 epochs
+    assert "| 3 | 1.00 | 100 | 52.00% ± 2.00 |" in rows["the whole recipe"]  # its steps: one epoch's
     # lookahead taken away loses 6 points: its gain is +6, with se sqrt(0.01^2 / 3 + 0.02^2 / 3) = 1.29 points
     assert rows["- lookahead"].endswith("| 46.00% ± 1.00 | +6.00 ± 1.29 (beyond the noise) |")
     # EMA adds 0.17 points, within the noise: sqrt(0.0176^2 / 3 + 0.02^2 / 3) = 1.54 points
@@ -168,6 +168,13 @@ def test_the_ablation_table_reads_each_gain_against_the_seed_to_seed_noise(tmp_p
     assert "(not finished)" in rows["- whitening init (the first conv trained from PyTorch's init)"]
     some = bench.ablation_table(tmp_path, {}, 3, arms=["full", "ema"]).splitlines()
     assert len(some) == 4 and some[3].startswith("| + EMA of the weights")
+
+
+def test_epochs_are_counted_in_steps_not_in_images_a_second_times_the_training_time(tmp_path):
+    """A student whose teacher predicted once spent part of its training time on no step: its epochs are its steps
+    over an epoch's steps (here 2), not its img/s times its training seconds (100 x 240 / 50,000 = 0.48)."""
+    fake_run(tmp_path / "run", 240.0, [0.5, 0.6])
+    assert bench.epochs_trained(tmp_path / "run") == 2.0
 
 
 def test_tta_is_evaluated_once_beside_the_run_and_again_when_the_run_is_newer(tmp_path, capsys):
