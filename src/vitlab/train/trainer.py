@@ -241,7 +241,7 @@ class Run:
 
     @property
     def eval_batch(self) -> int:
-        return max(self.inputs.batch_size // self.d.world, 256)
+        return eval_batch_size(self.inputs, self.d)
 
     def stepper(self) -> Stepper:
         """What every step uses, as the run now stands (``net`` is made again when a stem freezes)."""
@@ -250,6 +250,11 @@ class Run:
                        precision=self.precision, clip_grad=r.clip_grad, ema=state.ema, ema_decay=r.ema_decay,
                        accum_steps=r.accum_steps, scaler=state.scaler, channels_last=self.nets.channels_last,
                        correct=self.task.correct)
+
+
+def eval_batch_size(inputs: Inputs, d: Dist) -> int:
+    """The batch of a pass without gradients (evaluation, a teacher's predictions made once) on each rank."""
+    return max(inputs.batch_size // d.world, 256)
 
 
 def _train(r: Recipe, d: Dist, resume: bool, log: Callable[[str], None], now: Callable[[], float]) -> dict[str, Any]:
@@ -310,7 +315,7 @@ def set_up(r: Recipe, d: Dist, resume: bool, log: Callable[[str], None], now: Ca
         log(f"resuming {out} after epoch {state.epoch}")
     elif resume:
         log(f"no checkpoint in {out} yet: starting the run from the beginning")
-    spent = task.prepare(inputs.data.train.images, inputs.view, max(inputs.batch_size // d.world, 256), now)
+    spent = task.prepare(inputs.data.train.images, inputs.view, eval_batch_size(inputs, d), now)
     if ckpt is None:  # a resumed run counted them in its first session
         state.seconds += spent
     resize = ProgressiveResize(model, inputs.img_size, r.progressive_scale, r.progressive_until, log)
