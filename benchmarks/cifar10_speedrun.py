@@ -44,7 +44,8 @@ than its arm's now (the recipe file or the arm changed since) is refused in one 
     python benchmarks/cifar10_speedrun.py --budget 30 [--data ../shared/data/cifar10-jpg.tar.gz] [--out runs/speedrun]
     python benchmarks/cifar10_speedrun.py --ablations --budget 4 --jobs 2 --threads 1 --out runs/speedrun-ablations \
         [--seeds 3] [--teacher runs/speedrun/cnn] [--arms full,ema,progressive-quarter]
-    python benchmarks/cifar10_speedrun.py --arms cnn,distilled,distilled-once --budget 30 --total 60 --out runs/speedrun
+    python benchmarks/cifar10_speedrun.py --arms cnn,distilled,distilled-once,soft-once-pooled --budget 30 --total 60 \
+        --out runs/speedrun
     python benchmarks/cifar10_speedrun.py --ablations --arms full,wd-0.2 --seeds 4 --jobs 4 --epochs 13 \
         --device cuda --precision fp32 --threads 1 --calibrate-steps 0 --out runs/speedrun-gpu-13ep
     python benchmarks/cifar10_speedrun.py --table-only --out runs/speedrun   # tabulate finished runs again
@@ -71,14 +72,19 @@ from vitlab.runs.format import CHECKPOINT, SUMMARY, is_finished, read_eval_summa
 ROOT = Path(__file__).resolve().parents[1]
 ARMS = {"cnn": ROOT / "recipes/cifar10_airbench.yaml", "hybrid": ROOT / "recipes/cifar10_hybrid_speedrun.yaml",
         "distilled": ROOT / "recipes/cifar10_hybrid_speedrun.yaml",
-        "distilled-once": ROOT / "recipes/cifar10_hybrid_speedrun.yaml"}
+        "distilled-once": ROOT / "recipes/cifar10_hybrid_speedrun.yaml",
+        "soft-once-pooled": ROOT / "recipes/cifar10_hybrid_speedrun.yaml"}
 TEACHER_ARM = "cnn"  # the distilled arms' teacher: the CNN arm's finished run
 TOKENS = ["--model-arg", "distilled=true", "--model-arg", "class_token=true", "--model-arg", "global_pool=token"]
 DISTILLED = TOKENS + ["--distill", "hard"]  # + --teacher OUT/cnn; DeiT reads the class and distillation tokens
 # the students and their options besides --teacher: the teacher on every batch, or its predictions made once; the
 # last keeps the hybrid's model (average pooling, no tokens) and learns the teacher's argmax through its one head
 STUDENTS = {"distilled": DISTILLED, "distilled-once": DISTILLED + ["--teacher-once"],
-            "distilled-once-pooled": ["--distill", "hard", "--teacher-once"]}
+            "distilled-once-pooled": ["--distill", "hard", "--teacher-once"],
+            "soft-once-pooled": ["--distill", "soft", "--teacher-once"],
+            "soft-once-pooled-t3": ["--distill", "soft", "--teacher-once", "--tau", "3"],
+            "soft-once-pooled-a0.8": ["--distill", "soft", "--teacher-once", "--alpha", "0.8"],
+            "soft-once-pooled-no-smoothing": ["--distill", "soft", "--teacher-once", "--label-smoothing", "0"]}
 CIFAR10_TRAIN = 50_000  # images in a CNN-epoch
 THRESHOLDS = (0.80, 0.85, 0.90, 0.93, 0.94)
 # the hybrid with one piece of the speed run taken away ("-"), added ("+") or changed at a time:
@@ -116,6 +122,15 @@ ABLATIONS = {
                TOKENS),
     "distilled-once-pooled": ("+ hard distillation through the one head of the hybrid as it is (average pooling), "
                               "the teacher's predictions made once (--teacher)", STUDENTS["distilled-once-pooled"]),
+    "soft-once-pooled": ("+ soft distillation (temperature 1, weight 0.5) through the hybrid's one head, the "
+                         "teacher's predictions made once (--teacher)", STUDENTS["soft-once-pooled"]),
+    "soft-once-pooled-t3": ("+ soft distillation at temperature 3 (weight 0.5) through the hybrid's one head, the "
+                            "teacher's predictions made once (--teacher)", STUDENTS["soft-once-pooled-t3"]),
+    "soft-once-pooled-a0.8": ("+ soft distillation weighted 0.8 (temperature 1) through the hybrid's one head, the "
+                              "teacher's predictions made once (--teacher)", STUDENTS["soft-once-pooled-a0.8"]),
+    "soft-once-pooled-no-smoothing": ("+ soft distillation (temperature 1, weight 0.5) through the hybrid's one head, "
+                                      "the teacher's predictions made once, no label smoothing (--teacher)",
+                                      STUDENTS["soft-once-pooled-no-smoothing"]),
 }
 ONE_VIEW = ["--no-tta", "--tta-translate", "0", "--eval-every", "100000"]
 TTA_VIEWS = {"+ mirror TTA": 0, "+ mirror + translate TTA": 1}  # row label: pixels of translation beside the mirror

@@ -11,6 +11,8 @@ import pytest
 import yaml
 from conftest import ROOT
 
+from vitlab.cli import build_parser
+from vitlab.cli.train import recipe_of
 from vitlab.runs.format import EpochRow, Summary, write_metrics, write_summary
 
 spec = importlib.util.spec_from_file_location("cifar10_speedrun", ROOT / "benchmarks" / "cifar10_speedrun.py")
@@ -72,15 +74,17 @@ def test_the_table_gives_each_finished_arm_its_six_view_figure_in_a_column_of_it
 
 
 def test_both_students_learn_from_the_teacher_arm_and_count_its_time(tmp_path):
-    """The student on every batch and the one whose teacher predicts once: both learn from OUT/cnn under the budget
-    the teacher left, only the second with --teacher-once, and each row starts after the teacher's training."""
-    commands = bench.student_commands(tmp_path, ["distilled", "distilled-once"], "data.tar.gz", 12.5,
-                                      ["--threads", "2"])
+    """The student on every batch and those whose teacher predicts once: all learn from OUT/cnn under the budget
+    the teacher left, only the last two with --teacher-once, the pooled one softly, and each row starts after the
+    teacher's training."""
+    commands = bench.student_commands(tmp_path, ["distilled", "distilled-once", "soft-once-pooled"], "data.tar.gz",
+                                      12.5, ["--threads", "2"])
     for arm, cmd in commands.items():
         assert cmd[cmd.index("--out") + 1] == str(tmp_path / arm)
         assert cmd[cmd.index("--teacher") + 1] == str(tmp_path / "cnn")
         assert cmd[cmd.index("--time-budget") + 1] == "12.5"
-        assert ("--teacher-once" in cmd) == (arm == "distilled-once") and cmd[-2:] == ["--threads", "2"]
+        assert ("--teacher-once" in cmd) == (arm != "distilled") and cmd[-2:] == ["--threads", "2"]
+        assert cmd[cmd.index("--distill") + 1] == ("soft" if arm == "soft-once-pooled" else "hard")
     fake_run(tmp_path / "cnn", 1800.0, [0.9])
     fake_run(tmp_path / "distilled-once", 1200.0, [0.82, 0.91], model="vit_nano_airbench_32")
     row = bench.table(tmp_path, ["cnn", "distilled-once"]).splitlines()[-1]
@@ -114,6 +118,13 @@ def test_ablations_run_every_arm_once_a_seed_and_distil_only_from_a_given_teache
         assert cmd[cmd.index("--teacher") + 1] == str(teacher) and cmd[cmd.index("--distill") + 1] == "hard"
         assert ("--teacher-once" in cmd) == (arm != "distilled")
         assert ("distilled=true" in cmd) == (arm != "distilled-once-pooled")
+    for arm, (tau, alpha, smoothing) in {"soft-once-pooled": (1.0, 0.5, 0.2), "soft-once-pooled-t3": (3.0, 0.5, 0.2),
+                                         "soft-once-pooled-a0.8": (1.0, 0.8, 0.2),
+                                         "soft-once-pooled-no-smoothing": (1.0, 0.5, 0.0)}.items():
+        r = recipe_of(build_parser().parse_args(students[arm][students[arm].index("train"):]))
+        assert (r.distill, r.teacher, r.teacher_once, r.tau, r.alpha, r.augment.label_smoothing) == \
+            ("soft", str(teacher), True, tau, alpha, smoothing)
+        assert r.model_args.get("distilled") is None  # the hybrid's own head, average pooling
     some = bench.ablation_commands(tmp_path, "data.tar.gz", 30.0, 2, None, [], arms=["full", "progressive-quarter"])
     assert list(some) == ["full", "progressive-quarter", "full-seed1", "progressive-quarter-seed1"]
     cmd = some["progressive-quarter"]
