@@ -146,6 +146,32 @@ def test_teacher_once_keeps_each_image_s_mean_with_its_mirror_and_looks_it_up_by
         loss_fn(torch.zeros(4, 1, 2, 2), (cls, dist), targets)
 
 
+def test_a_convolutional_teacher_runs_channels_last_with_the_same_predictions(tmp_path):
+    """A teacher with convolutional stages runs channels-last, weights and input (its forward pass alone is faster
+    so), and predicts what it predicts contiguous; a ViT teacher with a patch embedding alone stays contiguous."""
+    from vitlab.train import load_recipe
+    from vitlab.train.tasks.distillation import Distillation
+    torch.manual_seed(0)
+    cnn = vitlab.create_model("resnet10_32", num_classes=10, widths=[8, 8, 8, 8])
+    vitlab.save(cnn, tmp_path / "cnn")
+    images = torch.randint(0, 256, (6, 3, 32, 32), dtype=torch.uint8)
+    kept = {}
+    for channels_last in (False, True):
+        loss_fn = TrainLoss(vitlab.load(tmp_path / "cnn"), "soft", teacher_channels_last=channels_last)
+        loss_fn.predict_once(images, (0.5,) * 3, (0.25,) * 3, batch_size=4)
+        kept[channels_last] = loss_fn.kept
+        conv = next(m for m in loss_fn.teacher.modules() if isinstance(m, nn.Conv2d))
+        assert conv.weight.is_contiguous(memory_format=torch.channels_last) == channels_last
+        assert loss_fn.teacher_input(torch.randn(2, 3, 32, 32)).is_contiguous(
+            memory_format=torch.channels_last) == channels_last
+    torch.testing.assert_close(kept[True], kept[False], rtol=1e-4, atol=1e-4)
+    vitlab.save(vitlab.create_model("vit_micro_patch2_8", num_classes=10), tmp_path / "vit")
+    for folder, expect in (("cnn", True), ("vit", False)):
+        task = Distillation(load_recipe(None, model="vit_micro_patch2_8", teacher=str(tmp_path / folder)), print)
+        loss_fn = task.make_loss(torch.device("cpu"), [str(c) for c in range(10)], (0.5,) * 3, (0.25,) * 3)
+        assert loss_fn.teacher_channels_last == expect
+
+
 class Clock:
     """A fake clock: every reading is 0.05 s after the one before, and ``t`` may be moved on by hand."""
 

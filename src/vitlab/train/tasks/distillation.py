@@ -26,6 +26,7 @@ from ...data.augment import normalize
 from ...devices import to_device
 from ...progress import Progress
 from ..metrics import head_logits
+from ..step import has_conv_stages
 from .supervised import Supervised, heads_loss, soft_target_cross_entropy
 
 if TYPE_CHECKING:
@@ -38,7 +39,8 @@ class TrainLoss(nn.Module):
 
     def __init__(self, teacher: nn.Module | None = None, kind: str = "none", tau: float = 1.0, alpha: float = 0.5,
                  student_norm: tuple[Sequence[float], Sequence[float]] | None = None,
-                 teacher_norm: tuple[Sequence[float], Sequence[float]] | None = None):
+                 teacher_norm: tuple[Sequence[float], Sequence[float]] | None = None,
+                 teacher_channels_last: bool = False):
         super().__init__()
         if kind not in ("none", "hard", "soft"):
             raise ValueError(f"distillation type {kind!r} is not one of none, hard, soft")
@@ -49,6 +51,9 @@ class TrainLoss(nn.Module):
         self.kept: torch.Tensor | None = None  # the teacher's logits by training image, where made once
         if teacher is not None:
             teacher.eval().requires_grad_(False)
+            if teacher_channels_last:
+                teacher.to(memory_format=torch.channels_last)
+        self.teacher_channels_last = teacher_channels_last  # the teacher and its input in channels-last order
         self.renorm = None
         self.teacher_chans = None
         if teacher is not None:
@@ -79,7 +84,7 @@ class TrainLoss(nn.Module):
         if size is not None and not getattr(self.teacher.patch_embed, "dynamic_img_size", False) \
                 and tuple(x.shape[-2:]) != tuple(size):
             x = F.interpolate(x, size=tuple(size), mode="bicubic", align_corners=False)
-        return x
+        return x.contiguous(memory_format=torch.channels_last) if self.teacher_channels_last else x
 
     @torch.no_grad()
     def predict_once(self, images: torch.Tensor, mean: Sequence[float], std: Sequence[float], batch_size: int,
@@ -145,7 +150,8 @@ class Distillation(Supervised):
             raise ValueError(f"teacher {r.teacher} predicts {teacher.num_classes} classes, the data has {len(classes)}")
         self.log(f"teacher: {r.teacher} ({type(teacher).__name__}), {r.distill} distillation")
         teacher_norm = (teacher.pretrained_cfg["mean"], teacher.pretrained_cfg["std"])
-        self.loss = TrainLoss(teacher, r.distill, r.tau, r.alpha, student_norm=(mean, std), teacher_norm=teacher_norm)
+        self.loss = TrainLoss(teacher, r.distill, r.tau, r.alpha, student_norm=(mean, std), teacher_norm=teacher_norm,
+                              teacher_channels_last=has_conv_stages(teacher))
         self.mean, self.std = mean, std
         return self.loss
 
