@@ -77,14 +77,14 @@ ARMS = {"cnn": ROOT / "recipes/cifar10_airbench.yaml", "hybrid": ROOT / "recipes
 TEACHER_ARM = "cnn"  # the distilled arms' teacher: the CNN arm's finished run
 TOKENS = ["--model-arg", "distilled=true", "--model-arg", "class_token=true", "--model-arg", "global_pool=token"]
 DISTILLED = TOKENS + ["--distill", "hard"]  # + --teacher OUT/cnn; DeiT reads the class and distillation tokens
+SOFT_ONCE = ["--distill", "soft", "--teacher-once"]  # the teacher's logits made once, learnt softly by the one head
 # the students and their options besides --teacher: the teacher on every batch, or its predictions made once; the
 # last keeps the hybrid's model (average pooling, no tokens) and learns the teacher's argmax through its one head
 STUDENTS = {"distilled": DISTILLED, "distilled-once": DISTILLED + ["--teacher-once"],
             "distilled-once-pooled": ["--distill", "hard", "--teacher-once"],
-            "soft-once-pooled": ["--distill", "soft", "--teacher-once"],
-            "soft-once-pooled-t3": ["--distill", "soft", "--teacher-once", "--tau", "3"],
-            "soft-once-pooled-a0.8": ["--distill", "soft", "--teacher-once", "--alpha", "0.8"],
-            "soft-once-pooled-no-smoothing": ["--distill", "soft", "--teacher-once", "--label-smoothing", "0"]}
+            "soft-once-pooled": SOFT_ONCE, "soft-once-pooled-t3": SOFT_ONCE + ["--tau", "3"],
+            "soft-once-pooled-a0.8": SOFT_ONCE + ["--alpha", "0.8"],
+            "soft-once-pooled-no-smoothing": SOFT_ONCE + ["--label-smoothing", "0"]}
 CIFAR10_TRAIN = 50_000  # images in a CNN-epoch
 THRESHOLDS = (0.80, 0.85, 0.90, 0.93, 0.94)
 # the hybrid with one piece of the speed run taken away ("-"), added ("+") or changed at a time:
