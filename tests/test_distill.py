@@ -172,6 +172,22 @@ def test_a_convolutional_teacher_runs_channels_last_with_the_same_predictions(tm
         assert loss_fn.teacher_channels_last == expect
 
 
+def test_teacher_fit_counts_the_matches_and_the_probability_off_the_label():
+    from vitlab.train.tasks.distillation import teacher_fit
+    logits = torch.tensor([[2.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 3.0], [1.0, 1.0, 1.0]])
+    labels = torch.tensor([0, 2, 2, 1])
+    fit = teacher_fit(logits, labels)
+    probs = torch.softmax(logits, 1)
+    off = 1 - probs[torch.arange(4), labels].mean().item()
+    assert fit["match"] == pytest.approx(2 / 4)  # rows 0 and 2; row 3's argmax is class 0
+    assert fit["off_label"] == pytest.approx(off, rel=1e-6)
+    hot = teacher_fit(torch.nn.functional.one_hot(labels, 3).float() * 100, labels)
+    assert hot == {"match": 1.0, "off_label": pytest.approx(0.0, abs=1e-6)}  # the labels themselves: nothing beyond
+    assert teacher_fit(logits, labels, tau=3.0)["off_label"] > fit["off_label"]  # a higher temperature spreads them
+    with pytest.raises(ValueError, match=r"logits \(N, classes\) and labels \(N,\)"):
+        teacher_fit(logits, labels[:3])
+
+
 class Clock:
     """A fake clock: every reading is 0.05 s after the one before, and ``t`` may be moved on by hand."""
 
@@ -200,12 +216,25 @@ def test_teacher_once_predicts_before_the_first_step_and_counts_it_as_training_t
         self.teacher.forward = lambda x: pytest.fail("the teacher ran in a step")
 
     monkeypatch.setattr(TrainLoss, "predict_once", predict_once)
+    from vitlab.train.tasks import distillation
+    real_fit = distillation.teacher_fit
+
+    def teacher_fit(logits, labels, tau=1.0):
+        made["labels"] = labels
+        return real_fit(logits, labels, tau)
+
+    monkeypatch.setattr(distillation, "teacher_fit", teacher_fit)
     lines = []
     summary = train(load_recipe(None, model="vit_micro_patch2_8", teacher=str(teacher_out), teacher_once=True,
                                 mixup=0, cutmix=0, epochs=1, batch_size=64, precision="fp32", threads=1,
                                 out=str(tmp_path / "student")), log=lines.append, now=clock)
     assert made["kept"].shape == (made["images"], 10) and made["images"] == summary["num_train"]
     assert any(line.endswith("made once in 50 s (counted as training time)") for line in lines), lines
+    assert made["labels"].shape == (summary["num_train"],) and set(made["labels"].tolist()) == set(range(10))
+    fit = real_fit(made["kept"], made["labels"])
+    said = f"the teacher's predictions match {fit['match']:.2%} of the training labels and put " \
+        f"{fit['off_label']:.3f} of their probability (at temperature 1) on the other classes, on average"
+    assert any(line.endswith(said) for line in lines), lines
     assert 50 < summary["train_seconds"] < 50 + 200 * 0.05  # the predictions, then one epoch's readings
     assert summary["distill"] == "hard"
 

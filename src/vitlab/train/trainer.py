@@ -315,7 +315,7 @@ def set_up(r: Recipe, d: Dist, resume: bool, log: Callable[[str], None], now: Ca
         log(f"resuming {out} after epoch {state.epoch}")
     elif resume:
         log(f"no checkpoint in {out} yet: starting the run from the beginning")
-    spent = task.prepare(inputs.data.train.images, inputs.view, eval_batch_size(inputs, d), now)
+    spent = task.prepare(inputs.data.train, inputs.view, eval_batch_size(inputs, d), now)
     if ckpt is None:  # a resumed run counted them in its first session
         state.seconds += spent
     resize = ProgressiveResize(model, inputs.img_size, r.progressive_scale, r.progressive_until, log)

@@ -33,6 +33,7 @@ from ...runs.format import EpochRow
 from ..distributed import Dist, all_reduce_sum
 
 if TYPE_CHECKING:
+    from ...data.sources import ImageSet
     from ..recipe import Recipe
 
 
@@ -93,10 +94,10 @@ class Task:
     def make_loss(self, device: torch.device, classes: Sequence[str], mean: tuple, std: tuple) -> nn.Module:
         raise NotImplementedError
 
-    def prepare(self, images: torch.Tensor, view: Callable | None, batch_size: int,
+    def prepare(self, train: ImageSet, view: Callable | None, batch_size: int,
                 now: Callable[[], float]) -> float:
-        """Work done once over the training images (uint8; ``view``: how stored images larger than the training size
-        are seen whole) before the first step; returns the seconds it took by ``now`` (0: none to do)."""
+        """Work done once over the training split (its images uint8; ``view``: how stored images larger than the
+        training size are seen whole) before the first step; returns the seconds it took by ``now`` (0: none)."""
         return 0.0
 
     def correct(self, outputs: Any, targets: torch.Tensor) -> torch.Tensor:

@@ -30,6 +30,7 @@ from ..step import has_conv_stages
 from .supervised import Supervised, heads_loss, soft_target_cross_entropy
 
 if TYPE_CHECKING:
+    from ...data.sources import ImageSet
     from ..recipe import Recipe
 
 
@@ -132,6 +133,19 @@ class TrainLoss(nn.Module):
         return (1 - self.alpha) * base + self.alpha * kd
 
 
+def teacher_fit(logits: torch.Tensor, labels: torch.Tensor, tau: float = 1.0) -> dict[str, float]:
+    """How a teacher's logits (N, classes) fit the labels (N,): ``match``, the fraction whose argmax is the label, and
+    ``off_label``, the mean probability that softmax(logits / tau) puts on the other classes (0 for targets that are
+    the labels themselves; the soft targets' information beyond them)."""
+    if logits.ndim != 2 or labels.shape != logits.shape[:1]:
+        raise ValueError(f"teacher_fit needs logits (N, classes) and labels (N,), got {tuple(logits.shape)} and "
+                         f"{tuple(labels.shape)}")
+    labels = labels.to(logits.device).long()
+    probs = F.softmax(logits.float() / tau, dim=1)
+    return {"match": (logits.argmax(1) == labels).float().mean().item(),
+            "off_label": 1 - probs.gather(1, labels.view(-1, 1)).mean().item()}
+
+
 class Distillation(Supervised):
     """Supervised training with a teacher (--teacher, --distill hard|soft): the teacher's predictions on the same
     augmented batch are a second target, through a distillation head where the student has one."""
@@ -155,14 +169,19 @@ class Distillation(Supervised):
         self.mean, self.std = mean, std
         return self.loss
 
-    def prepare(self, images: torch.Tensor, view: Callable | None, batch_size: int,
+    def prepare(self, train: ImageSet, view: Callable | None, batch_size: int,
                 now: Callable[[], float]) -> float:
-        """With ``teacher_once``, the teacher's predictions on every training image, made now; their seconds."""
+        """With ``teacher_once``, the teacher's predictions on every training image, made now, and how well they fit
+        the labels; their seconds."""
         if not self.r.teacher_once:
             return 0.0
         t0 = now()
-        self.loss.predict_once(images, self.mean, self.std, batch_size, view)
+        self.loss.predict_once(train.images, self.mean, self.std, batch_size, view)
         seconds = now() - t0
-        self.log(f"the teacher's predictions on {len(images)} training images and their mirror images, made once in "
-                 f"{seconds:.0f} s (counted as training time)")
+        self.log(f"the teacher's predictions on {len(train.images)} training images and their mirror images, made "
+                 f"once in {seconds:.0f} s (counted as training time)")
+        fit = teacher_fit(self.loss.kept, train.labels, self.loss.tau)
+        self.log(f"the teacher's predictions match {fit['match']:.2%} of the training labels and put "
+                 f"{fit['off_label']:.3f} of their probability (at temperature {self.loss.tau:g}) on the other "
+                 f"classes, on average")
         return seconds
