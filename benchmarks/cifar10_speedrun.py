@@ -21,6 +21,9 @@ trains at the hybrid's own speed but learns the teacher's view of the uncropped 
 student the time the teacher's training left of MIN (MIN minus the ``cnn`` arm's training minutes), so that its row
 compares with a CNN trained for MIN minutes alone: DeiT's student against its teacher at equal total time.
 
+``hybrid-quarter`` is the hybrid with its progressive resizing over the first quarter of the budget instead of
+half (the ``progressive-quarter`` ablation as an arm of the time-to-accuracy table, for its thresholds).
+
 ``--ablations`` trains the hybrid under the budget as it is and with each piece of the speed run taken away, added
 or changed (the levers: whitening, alternating flips, lookahead, label smoothing, BatchNorm-bias lr, progressive
 resizing, its start and its length, EMA, DeiT's augmentation, a light Mixup or random erasing alone, the weight
@@ -73,7 +76,10 @@ ROOT = Path(__file__).resolve().parents[1]
 ARMS = {"cnn": ROOT / "recipes/cifar10_airbench.yaml", "hybrid": ROOT / "recipes/cifar10_hybrid_speedrun.yaml",
         "distilled": ROOT / "recipes/cifar10_hybrid_speedrun.yaml",
         "distilled-once": ROOT / "recipes/cifar10_hybrid_speedrun.yaml",
-        "soft-once-pooled": ROOT / "recipes/cifar10_hybrid_speedrun.yaml"}
+        "soft-once-pooled": ROOT / "recipes/cifar10_hybrid_speedrun.yaml",
+        "hybrid-quarter": ROOT / "recipes/cifar10_hybrid_speedrun.yaml"}
+QUARTER = ["--progressive-until", "0.25"]  # the hybrid's progressive resizing over the first quarter, not half
+MAIN_OPTIONS = {"hybrid-quarter": QUARTER}  # main arms' options beside their recipe (the students': STUDENTS)
 TEACHER_ARM = "cnn"  # the distilled arms' teacher: the CNN arm's finished run
 TOKENS = ["--model-arg", "distilled=true", "--model-arg", "class_token=true", "--model-arg", "global_pool=token"]
 DISTILLED = TOKENS + ["--distill", "hard"]  # + --teacher OUT/cnn; DeiT reads the class and distillation tokens
@@ -98,8 +104,7 @@ ABLATIONS = {
     "no-smoothing": ("- label smoothing 0.2", ["--label-smoothing", "0"]),
     "no-bnbias": ("- BatchNorm biases at a higher lr", ["--bn-bias-lr-scale", "1"]),
     "no-progressive": ("- progressive resizing (32x32 throughout)", ["--progressive-scale", "1"]),
-    "progressive-quarter": ("progressive resizing over the first quarter instead of half",
-                            ["--progressive-until", "0.25"]),
+    "progressive-quarter": ("progressive resizing over the first quarter instead of half", QUARTER),
     "progressive-16": ("progressive resizing from 16x16 (16 -> 24 -> 32) instead of 24x24",
                        ["--progressive-scale", "0.5"]),
     "smoothing-0.1": ("label smoothing 0.1 instead of 0.2", ["--label-smoothing", "0.1"]),
@@ -330,6 +335,12 @@ def student_budget(out: Path, budget: float, total: float | None) -> float:
     return left
 
 
+def main_commands(out: Path, arms: list[str], data: str, budget: float, extra: list[str],
+                  epochs: int | None = None) -> dict[str, list[str]]:
+    """The commands of main arms that learn from no teacher: each its recipe with its options (MAIN_OPTIONS)."""
+    return {a: arm_command(ARMS[a], out / a, data, budget, MAIN_OPTIONS.get(a, []) + extra, epochs) for a in arms}
+
+
 def student_commands(out: Path, students: list[str], data: str, budget: float, extra: list[str],
                      epochs: int | None = None) -> dict[str, list[str]]:
     """The students' commands, each learning from the teacher arm's finished run under ``out``."""
@@ -523,8 +534,8 @@ def main() -> None:
             commands = ablation_commands(out, args.data, args.budget, args.seeds, args.teacher, extra, chosen,
                                          args.epochs)
         else:
-            commands = {arm: arm_command(ARMS[arm], out / arm, args.data, args.budget, extra, args.epochs)
-                        for arm in arms if arm not in STUDENTS}  # the students run once their teacher has finished
+            commands = main_commands(out, [a for a in arms if a not in STUDENTS], args.data, args.budget, extra,
+                                     args.epochs)  # the students run once their teacher has finished
         run_arms(to_run(commands), args.jobs)
         if students and not is_finished(out / TEACHER_ARM):
             print(f"{', '.join(students)}: not run, the teacher ({out / TEACHER_ARM}) did not finish", flush=True)

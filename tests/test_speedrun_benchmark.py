@@ -91,6 +91,17 @@ def test_both_students_learn_from_the_teacher_arm_and_count_its_time(tmp_path):
     assert row.startswith("| distilled-once (+ its teacher's 30.0 min) |") and "| 50.0 min |" in row
 
 
+def test_the_quarter_arm_is_the_hybrid_s_recipe_resized_over_the_first_quarter(tmp_path):
+    commands = bench.main_commands(tmp_path, ["cnn", "hybrid", "hybrid-quarter"], "data.tar.gz", 60.0,
+                                   ["--threads", "2"])
+    recipes = {arm: recipe_of(build_parser().parse_args(cmd[cmd.index("train"):])) for arm, cmd in commands.items()}
+    assert recipes["hybrid-quarter"].progressive_until == 0.25 and recipes["hybrid"].progressive_until == 0.5
+    assert recipes["hybrid-quarter"].model == recipes["hybrid"].model and recipes["cnn"].model == "airbench_32"
+    for arm, cmd in commands.items():
+        assert cmd[cmd.index("--out") + 1] == str(tmp_path / arm) and cmd[-2:] == ["--threads", "2"]
+        assert cmd[cmd.index("--time-budget") + 1] == "60" and cmd[cmd.index("--eval-every") + 1] == "1"
+
+
 def test_the_student_gets_what_the_teacher_left_of_the_total(tmp_path):
     fake_run(tmp_path / "cnn", 1800.0, [0.9])
     assert bench.student_budget(tmp_path, 30.0, None) == 30.0
