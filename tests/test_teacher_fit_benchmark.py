@@ -24,6 +24,9 @@ def test_the_table_s_figures_are_the_teacher_s_mirror_mean_predictions_against_t
     model.pretrained_cfg.update(mean=(0.3,), std=(0.4,))
     vitlab.save(model, tmp_path / "teacher")
     row = bench.fits(tmp_path / "teacher", data.train, data.test, taus=(1.0, 3.0), batch=100)
+    vitlab.save(vitlab.create_model("vit_micro_patch2_8", num_classes=5, in_chans=1), tmp_path / "five")
+    with pytest.raises(ValueError, match="a teacher of 5 classes, the data has 10"):
+        bench.fits(tmp_path / "five", data.train, data.test)
     model.eval()
     for split, name in ((data.train, "train_top1"), (data.test, "test_top1")):
         logits = mirror_logits(model, split.images)
