@@ -8,9 +8,18 @@ import pytest
 import yaml
 
 from vitlab.cli import build_parser
+from vitlab.cli.train import recipe_of
 from vitlab.data.augment import AugmentConfig
 from vitlab.train import load_recipe, train
-from vitlab.train.recipe import AUGMENT_FIELDS, FIELDS, Recipe, make_recipe
+from vitlab.train.recipe import (
+    AUGMENT_FIELDS,
+    DATA_DEFAULTS,
+    FIELDS,
+    MODEL_DEFAULTS,
+    SECTIONS,
+    Recipe,
+    make_recipe,
+)
 from vitlab.train.state import TrainState
 
 
@@ -78,7 +87,7 @@ def test_augmentation_options_are_declared_once():
     assert not set(AUGMENT_FIELDS) & set(FIELDS)
     flat, nested = make_recipe({"mixup": 0.2, "crop": "rrc"}), make_recipe({"augment": {"mixup": 0.2, "crop": "rrc"}})
     assert flat == nested and isinstance(flat.augment, AugmentConfig) and flat.augment.mixup == 0.2
-    assert Recipe().augment == AugmentConfig()
+    assert Recipe(data="cifar10").augment == AugmentConfig()  # a data set without defaults of its own
 
 
 def test_config_yaml_round_trips(tmp_path):
@@ -151,3 +160,74 @@ def test_digits_learning_rate_belongs_to_the_digits_model():
         digits.epochs, digits.batch_size, False, "none")  # the data's own defaults stay
     assert load_recipe(None, data="digits", model="deit_nano_distilled_patch4_32", lr=2e-3).lr == 2e-3
     assert load_recipe(None, data="cifar10").lr == general
+
+
+# every data set and model with defaults of its own, one without, a fine-tune, and pre-training on each
+DEFAULT_CASES = [
+    *({"data": data} for data in DATA_DEFAULTS),
+    *({"data": data, "model": model} for data, model in MODEL_DEFAULTS),
+    {"data": "digits", "model": "deit_nano_distilled_patch4_32"},
+    {"data": "cifar10"},
+    {"data": "digits", "init": "some/run"},
+    {"data": "digits", "pretrain": "mae"},
+    {"data": "cifar10", "pretrain": "mpp", "batch_size": 512},
+]
+
+
+def four_ways(tmp_path, values: dict) -> list[Recipe]:
+    """The recipe of ``values`` built by `vitlab train`'s parser, from a YAML file, by load_recipe and by Recipe."""
+    argv = ["train"]
+    for key, value in values.items():
+        argv += [f"--{key.replace('_', '-')}", str(value)]
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(values))
+    return [recipe_of(build_parser().parse_args(argv)), load_recipe(path), load_recipe(None, **values),
+            Recipe(**values)]
+
+
+@pytest.mark.parametrize("values", DEFAULT_CASES, ids=lambda v: "-".join(map(str, v.values())))
+def test_every_way_to_build_a_recipe_resolves_the_same_defaults(tmp_path, values):
+    cli, from_yaml, loaded, built = four_ways(tmp_path, values)
+    assert cli == from_yaml == loaded == built
+    data = DATA_DEFAULTS.get(values["data"], {})
+    if "init" in values:  # a fine-tune keeps the general defaults
+        assert built.epochs == FIELDS["epochs"].default and built.model is None
+    elif "pretrain" not in values:
+        assert built.epochs == data.get("epochs", FIELDS["epochs"].default)
+        assert built.augment.crop == data.get("augment", {}).get("crop", AUGMENT_FIELDS["crop"].default)
+        lr = MODEL_DEFAULTS.get((values["data"], built.model), {}).get("lr", FIELDS["lr"].default)
+        assert built.model and built.lr == lr
+    else:
+        assert built.lr == pytest.approx(1.5e-4 * built.batch_size / 256) and built.augment.mixup == 0
+    # a value given wins in every way
+    given = {**values, "epochs": 7, "lr": 0.002, "crop": "rrc", "drop_path": 0.2}
+    for r in four_ways(tmp_path, given):
+        assert (r.epochs, r.lr, r.augment.crop, r.drop_path) == (7, 0.002, "rrc", 0.2)
+
+
+def test_a_plain_recipe_is_the_one_a_plain_run_trains():
+    assert Recipe(out="x") == load_recipe(out="x")
+    r = Recipe()
+    assert (r.data, r.model, r.epochs, r.lr) == ("digits", "vit_micro_patch2_8", 40, 5e-3)
+    r.epochs = 5  # an assignment changes that value only
+    assert (r.epochs, r.lr, r.augment.crop) == (5, 5e-3, "none")
+    assert Recipe(augment=AugmentConfig(mixup=0.3)).augment.cutmix == DATA_DEFAULTS["digits"]["augment"]["cutmix"]
+
+
+def test_help_says_the_defaults_per_data_set_and_model_in_groups_by_section(capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["train", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"default {FIELDS['epochs'].default}; per data set (digits: {DATA_DEFAULTS['digits']['epochs']})" in out
+    assert "digits with vit_micro_patch2_8: 0.005" in out and "default 30]" not in out
+    assert "default: per data set (digits: vit_micro_patch2_8; others: vit_tiny_patch4_32)" in out
+    groups = {g.title: [a.dest for a in g._group_actions] for g in
+              commands_of(build_parser())["train"]._action_groups}
+    for section, names in SECTIONS.items():
+        assert {n for n in names if n not in ("model_args", "pretrain_args", "augment", "out")} <= set(groups[section])
+    every = [n for names in SECTIONS.values() for n in names]
+    assert sorted(every) == sorted(n for n in [*FIELDS, *AUGMENT_FIELDS] if n != "augment")  # each once
+
+
+def commands_of(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices

@@ -12,7 +12,7 @@ from pydantic import TypeAdapter, ValidationError
 from pydantic.fields import FieldInfo
 
 from ..settings import accepted
-from ..train.recipe import AUGMENT_FIELDS, FIELDS, NULL
+from ..train.recipe import AUGMENT_FIELDS, FIELDS, NULL, default_words
 
 UNSET: Any = object()
 
@@ -31,18 +31,19 @@ def is_bool(annotation: Any) -> bool:
     return annotation is bool or set(typing.get_args(annotation)) == {bool, type(None)}
 
 
-def help_text(info: FieldInfo, help_: str | None = None, default: Any = UNSET) -> str:
-    """``help [accepted; default X]``, with '%' escaped for argparse."""
+def help_text(info: FieldInfo, help_: str | None = None, default: Any = UNSET, said: str | None = None) -> str:
+    """``help [accepted; default X]`` (``said``: the default in words instead), with '%' escaped for argparse."""
     default = info.get_default(call_default_factory=True) if default is UNSET else default
-    return f"{help_ or info.description or ''} [{accepted(info)}; default {default!r}]".replace("%", "%%")
+    said = said or f"default {default!r}"
+    return f"{help_ or info.description or ''} [{accepted(info)}; {said}]".replace("%", "%%")
 
 
-def add_recipe_option(parser: argparse.ArgumentParser, name: str) -> None:
+def add_recipe_option(parser: argparse.ArgumentParser | argparse._ActionsContainer, name: str) -> None:
     """``--name`` for ``vitlab train``: the value stays text (None = not given) and the recipe coerces and checks
     it, so a bad value on the command line gets the same one-line message as in a YAML recipe. ``null`` (YAML's
     word for none) sets a field to None, as in a recipe: ``--time-budget null`` takes a recipe's budget away."""
     info = field(name)
-    annotation, text = info.annotation, help_text(info)
+    annotation, text = info.annotation, help_text(info, said=default_words(name))
     if is_bool(annotation):
         parser.add_argument(flag(name), action=argparse.BooleanOptionalAction, default=None, help=text)
     elif typing.get_origin(annotation) is tuple:

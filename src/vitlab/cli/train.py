@@ -5,7 +5,7 @@ import argparse
 from pathlib import Path
 
 from ..runs.identity import ON_RESUME
-from ..train.recipe import AUGMENT_FIELDS, FIELDS
+from ..train.recipe import AUGMENT_FIELDS, FIELDS, SECTIONS
 from .options import add_recipe_option, flag
 
 SKIP = ("model_args", "pretrain_args", "augment", "out")  # recipe fields with options of their own (or none)
@@ -13,21 +13,28 @@ SKIP = ("model_args", "pretrain_args", "augment", "out")  # recipe fields with o
 
 def register(sub: argparse._SubParsersAction) -> None:
     t = sub.add_parser("train", help="train (or fine-tune, or distil) a model and write a run folder",
-                       description="Train a model; options override the --config recipe, which overrides defaults.")
+                       description="Train a model; options override the --config recipe, which overrides defaults. "
+                       "A default given per data set or model applies where the option is not given, and not with "
+                       "--init (which keeps the general ones).")
     add_run_options(t)
     t.set_defaults(func=run)
 
 
 def add_run_options(parser: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:
-    """The options of a command that writes a training run: the recipe's fields (less ``skip``) and the run's."""
-    parser.add_argument("--config", help="YAML recipe (see recipes/)")
-    parser.add_argument("--out", help="run folder to write")
-    parser.add_argument("--resume", metavar="DIR", help="continue the unfinished run in DIR")
-    parser.add_argument("--model-arg", action="append", metavar="KEY=VALUE", default=None,
-                        help="model argument override, repeatable (e.g. depth=6, widths=[32,64,128,256])")
-    for name in [*FIELDS, *AUGMENT_FIELDS]:
-        if name not in (*SKIP, *skip):
-            add_recipe_option(parser, name)
+    """The options of a command that writes a training run: the run's, then the recipe's fields (less ``skip``) in
+    groups by the recipe's sections."""
+    run = parser.add_argument_group("the run")
+    run.add_argument("--config", help="YAML recipe (see recipes/)")
+    run.add_argument("--out", help="run folder to write [default: runs/MODEL-TIME]")
+    run.add_argument("--resume", metavar="DIR", help="continue the unfinished run in DIR")
+    for section, names in SECTIONS.items():
+        group = parser.add_argument_group(section)
+        if "model_args" in names:
+            group.add_argument("--model-arg", action="append", metavar="KEY=VALUE", default=None,
+                               help="model argument override, repeatable (e.g. depth=6, widths=[32,64,128,256])")
+        for name in names:
+            if name not in (*SKIP, *skip):
+                add_recipe_option(group, name)
 
 
 def parse_model_args(items: list[str], flag: str = "--model-arg", example: str = "depth=6") -> dict:

@@ -32,7 +32,7 @@ class Recipe(Settings):
     """Everything that decides a training run."""
 
     # what to train
-    model: str | None = Field(None, description="registered model name (see `vitlab models`); default per data set")
+    model: str | None = Field(None, description="registered model name (see `vitlab models`)")
     init: str | None = Field(None, description="fine-tune from anything vitlab.load reads (run, timm or HF folder)")
     freeze_backbone: bool = Field(False, description="train only the head(s): a linear probe")
     layer_decay: float = Field(1.0, gt=0, le=1, description="layer-wise lr decay: the head learns at lr, the last "
@@ -129,9 +129,12 @@ class Recipe(Settings):
 
     @model_validator(mode="before")
     @classmethod
-    def _nest_augment_options(cls, values: Any) -> Any:
-        """Augmentation options may be given at the top level (``hflip: no``) or under ``augment:``."""
-        return _nested(values) if isinstance(values, dict) else values
+    def _resolve_defaults(cls, values: Any) -> Any:
+        """Augmentation options may be given at the top level (``hflip: no``) or under ``augment:``; the options
+        not given take the defaults of the data set, its model and pre-training (``resolve_defaults``)."""
+        if not isinstance(values, dict) or _whole(values):
+            return values
+        return resolve_defaults(_nested(values))
 
     @model_validator(mode="after")
     def _check_together(self) -> Recipe:
@@ -166,6 +169,21 @@ class Recipe(Settings):
 
 
 FIELDS = dict(Recipe.model_fields)
+# The recipe's sections, as `vitlab train --help` groups its options: every option in one of them.
+SECTIONS: dict[str, tuple[str, ...]] = {
+    "what to train": ("model", "model_args", "img_size", "drop_path", "pretrain", "pretrain_args"),
+    "fine-tuning": ("init", "head_init", "freeze_backbone", "freeze_blocks", "layer_decay"),
+    "data": ("data", "download", "val_fraction", "train_fraction", "cache_dir", "store_size", "crop_pct", "workers"),
+    "schedule": ("epochs", "time_budget", "budget_counts", "batch_size", "accum_steps", "warmup", "early_stop",
+                 "plateau_patience", "plateau_factor", "progressive_scale", "progressive_until"),
+    "optimiser": ("optimizer", "lr", "min_lr", "weight_decay", "momentum", "bn_bias_lr_scale", "clip_grad",
+                  "lookahead_every", "lookahead_decay", "freeze_stem_after", "ema_decay", "ema_start"),
+    "augmentation": tuple(AUGMENT_FIELDS),
+    "evaluation": ("eval_every", "tta", "tta_translate"),
+    "distillation": ("teacher", "distill", "tau", "alpha", "teacher_once"),
+    "execution": ("device", "precision", "compile", "channels_last", "data_on_device", "max_nonfinite", "log",
+                  "threads", "seed", "out"),
+}
 
 
 class _Null:
@@ -268,6 +286,54 @@ def default_model(data: str) -> str:
     return DEFAULT_MODELS.get(data, GENERAL_DEFAULT_MODEL)
 
 
+def default_words(name: str) -> str:
+    """An option's default in words, with what a data set, a model on it and pre-training give it instead:
+    ``default 30; per data set (digits: 40)``."""
+    if name == "model":
+        per_data = ", ".join(f"{data}: {model}" for data, model in DEFAULT_MODELS.items())
+        return f"default: per data set ({per_data}; others: {GENERAL_DEFAULT_MODEL})"
+    info = FIELDS.get(name) or AUGMENT_FIELDS[name]
+    general = info.get_default(call_default_factory=True)
+
+    def of(values: dict[str, Any]) -> Any:
+        return values.get("augment", {}).get(name, NOT_SET) if name in AUGMENT_FIELDS else values.get(name, NOT_SET)
+
+    said = [f"default {general!r}"]
+    per_data = [f"{data}: {of(values)!r}" for data, values in DATA_DEFAULTS.items() if of(values) is not NOT_SET]
+    per_model = [f"{data} with {model}: {of(values)!r}" for (data, model), values in MODEL_DEFAULTS.items()
+                 if of(values) is not NOT_SET]
+    said += [f"per data set ({', '.join(per_data)})"] if per_data else []
+    said += [f"per model ({', '.join(per_model)})"] if per_model else []
+    if name == "lr":
+        said.append(f"pre-training: {PRETRAIN_BASE_LR:g} x batch_size / 256")
+    elif of(PRETRAIN_DEFAULTS) is not NOT_SET:
+        said.append(f"pre-training: {of(PRETRAIN_DEFAULTS)!r}")
+    return "; ".join(said)
+
+
+NOT_SET = object()
+
+
+def resolve_defaults(values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` (augmentation nested) with the options they leave out filled in: pre-training's defaults (with
+    ``pretrain``), then, for a new model (no ``init``), the data set's model and the defaults of the data set and
+    of that model on it. Options given, even as None, stay as given (a ``model`` of None is the data set's)."""
+    values = {**values, "augment": dict(values.get("augment") or {})}
+    if values.get("pretrain", "none") != "none":
+        pretrain_defaults(values)
+    if values.get("init"):
+        return values
+    data = str(values.get("data", FIELDS["data"].default))
+    if values.get("model") is None:
+        values["model"] = default_model(data)
+    for key, value in {**DATA_DEFAULTS.get(data, {}), **MODEL_DEFAULTS.get((data, str(values["model"])), {})}.items():
+        if key == "augment":
+            values["augment"] = {**value, **values["augment"]}
+        else:
+            values.setdefault(key, value)
+    return values
+
+
 def make_recipe(values: dict[str, Any]) -> Recipe:
     """A checked Recipe from plain values; ValueError (one line) on the first bad one."""
     return Recipe(**values)
@@ -297,24 +363,20 @@ def load_recipe(path: str | Path | None = None, **overrides: Any) -> Recipe:
     if unknown:
         raise ValueError(f"unknown recipe option(s) {', '.join(unknown)}; accepted: "
                          f"{', '.join([*FIELDS, *AUGMENT_FIELDS])}")
-    if values.get("pretrain", "none") != "none":
-        pretrain_defaults(values)
-    if not values.get("init"):
-        data = str(values.get("data", "digits"))
-        model = values.get("model") or default_model(data)
-        for key, value in {**DATA_DEFAULTS.get(data, {}), **MODEL_DEFAULTS.get((data, model), {})}.items():
-            if key == "augment":
-                values["augment"] = {**value, **values["augment"]}
-            else:
-                values.setdefault(key, value)
     return make_recipe(values)
+
+
+def _whole(values: dict[str, Any]) -> bool:
+    """Every option present, augmentation as an AugmentConfig (as pydantic hands an assignment's values): nothing to
+    fill in or nest."""
+    return isinstance(values.get("augment"), AugmentConfig) and values.keys() == FIELDS.keys()
 
 
 def _nested(values: dict[str, Any]) -> dict[str, Any]:
     """Move top-level augmentation options under ``augment``."""
     nested = values.get("augment") or {}
     if isinstance(nested, AugmentConfig):
-        nested = nested.model_dump()
+        nested = nested.model_dump(exclude_unset=True)  # the options it was given: the others take the defaults
     if not isinstance(nested, dict):
         raise ValueError(f"augment={nested!r} is not valid; accepted: a mapping of augmentation options")
     flat = {k: v for k, v in values.items() if k in AUGMENT_FIELDS}
