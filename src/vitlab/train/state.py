@@ -18,8 +18,9 @@ class TrainState:
     """The model, its optimiser and everything else that changes during a run.
 
     ``state_dict`` takes every field: a field added here is checkpointed and resumed with no other
-    change. Objects with their own ``state_dict`` (model, optimiser, EMA, gradient scaler, plateau)
-    are saved through it; plain values as they are.
+    change. Objects with their own ``state_dict`` (model, optimiser, EMA, gradient scaler, plateau, task)
+    are saved through it; plain values as they are. A checkpoint written before tasks kept a state gives the
+    task an empty one, which the task refuses where it needs one.
     """
 
     model: torch.nn.Module
@@ -36,6 +37,7 @@ class TrainState:
     since_best: int = 0              # evaluations since the best
     nonfinite: int = 0               # steps whose loss was not finite (fp16 skips them)
     history: list[dict] = field(default_factory=list)  # the metrics.jsonl rows
+    task: Any = None                 # the task (tasks.Task): what it learns besides the model (an EMA teacher)
 
     def state_dict(self) -> dict[str, Any]:
         out = {}
@@ -45,6 +47,7 @@ class TrainState:
         return out
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        state = {"task": {}, **state}
         missing = [f.name for f in fields(self) if f.name not in state]
         if missing:
             raise ValueError(f"the checkpoint lacks {', '.join(missing)}: it was written by another vitlab version")

@@ -388,7 +388,7 @@ def build_state(r: Recipe, d: Dist, task: Task, model: nn.Module, inputs: Inputs
         plateau=Plateau(r.plateau_patience, r.plateau_factor),
         ema=copy.deepcopy(model).eval().requires_grad_(False) if r.ema_decay > 0 else None,
         scaler=torch.amp.GradScaler(d.device.type) if precision == "fp16" else None,
-        precision=precision)
+        precision=precision, task=task)
     if r.layer_decay < 1:
         log(describe_groups(state.optimizer, r.layer_decay))
     return state

@@ -15,6 +15,8 @@ is then asked, in the order the run needs them:
   teacher's predictions made once), which returns its seconds: a fresh run counts them as training time;
 - ``correct(outputs, targets)``: the step's count of correct predictions (0 without labels);
 - ``after_step(model)``: anything a step leaves to the task (an EMA teacher's update);
+- ``state_dict()``, ``load_state_dict(state)``: what the task learns besides the model (an EMA teacher), saved in
+  every checkpoint and restored on a resume, so that a resumed run ends as a run never stopped;
 - ``evaluate(model, split)``: metrics per head on the held-out split (``EvalSplit``);
 - ``save(model, out, mean, std)``, ``draw(out, history, metrics, title, classes)``: the run folder's model, figures.
 """
@@ -106,6 +108,13 @@ class Task:
 
     def after_step(self, model: nn.Module) -> None:
         """Called after every optimiser step with the model that trains."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """What the task learns besides the model, for the checkpoint (empty: nothing)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore ``state_dict()``'s values from a checkpoint, after ``wrap`` and ``make_loss``."""
 
     def epoch_accuracy(self, totals: dict[str, float]) -> float | None:
         """The epoch's training accuracy, as its metrics row keeps it (None: the task has none)."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn as nn
@@ -45,3 +45,14 @@ class SelfDistillation(Supervised):
 
     def after_step(self, model: nn.Module) -> None:
         ema_update(self.teacher, model, TEACHER_DECAY)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The EMA teacher's weights: a resumed run goes on with the teacher it had, not a copy of the student."""
+        return {"teacher": self.teacher.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if "teacher" not in state:
+            raise ValueError("the checkpoint holds no EMA teacher (it was written by an earlier vitlab): resumed, the "
+                             "run would go on with another teacher than its own; accepted: a new run (vitlab train "
+                             "--out NEW_FOLDER)")
+        self.teacher.load_state_dict(state["teacher"])

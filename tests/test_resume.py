@@ -1,0 +1,81 @@
+"""A run stopped after any epoch and resumed ends byte for byte where the run never stopped ends, whatever its task;
+and a resume goes on only from what the run was built from (its teacher, its --init model, its data)."""
+import pytest
+import torch
+from safetensors import safe_open
+
+import vitlab
+from vitlab.runs.format import read_history
+from vitlab.train import load_recipe, train
+from vitlab.train import trainer as trainer_module
+
+TINY = dict(model="vit_micro_patch2_8", batch_size=64, train_fraction=0.1, precision="fp32", threads=1, epochs=3)
+ROW = ("epoch", "step", "train_loss", "train_acc", "lr", "test_loss", "test_top1", "ema_test_top1")
+
+
+@pytest.fixture(scope="module")
+def teacher(tmp_path_factory):
+    """A teacher of the digits' ten classes (untrained: its predictions differ from the labels, which is all a
+    distillation's resume needs)."""
+    torch.manual_seed(1)
+    model = vitlab.create_model("vit_micro_patch2_8", num_classes=10)
+    model.pretrained_cfg.update(mean=[0.5], std=[0.25])
+    return vitlab.save(model, tmp_path_factory.mktemp("teacher") / "teacher")
+
+
+TASKS = {
+    "supervised": {"ema_decay": 0.9},
+    "hard": {"distill": "hard"},
+    "soft": {"distill": "soft", "tau": 2.0},
+    "self": {"distill": "self"},
+    "teacher-once": {"distill": "soft", "teacher_once": True, "mixup": 0.0, "cutmix": 0.0},
+    "mae": {"pretrain": "mae", "pretrain_args": {"decoder_depth": 1}},
+    "mpp": {"pretrain": "mpp"},
+}
+
+
+def recipe(values: dict, teacher, out) -> object:
+    values = dict(values)
+    if values.get("distill") in ("hard", "soft"):
+        values["teacher"] = str(teacher)
+    return load_recipe(None, **TINY, **values, out=str(out))
+
+
+def stop_after_epoch(monkeypatch, k: int) -> None:
+    """The next run stops (as if killed) right after its epoch k's checkpoint is written."""
+    real, saved = trainer_module.save_checkpoint, []
+
+    def save_then_stop(*args, **kwargs):
+        real(*args, **kwargs)
+        saved.append(1)
+        if len(saved) == k:
+            raise KeyboardInterrupt
+    monkeypatch.setattr(trainer_module, "save_checkpoint", save_then_stop)
+
+
+def rows(out) -> list[dict]:
+    return [{k: getattr(r, k) for k in ROW} for r in read_history(out)]
+
+
+@pytest.mark.parametrize("task", [pytest.param(t, marks=[] if t in ("supervised", "self") else pytest.mark.slow)
+                                  for t in TASKS])
+def test_every_task_stopped_and_resumed_ends_as_if_never_stopped(task, teacher, tmp_path, cache_dir, monkeypatch):
+    whole, stopped = tmp_path / "whole", tmp_path / "stopped"
+    train(recipe(TASKS[task], teacher, whole), log=lambda s: None)
+    with monkeypatch.context() as m:
+        stop_after_epoch(m, 1)
+        with pytest.raises(KeyboardInterrupt):
+            train(recipe(TASKS[task], teacher, stopped), log=lambda s: None)
+    assert (stopped / "checkpoint.pt").is_file() and not (stopped / "summary.json").exists()
+    train(recipe(TASKS[task], teacher, stopped), resume=True, log=lambda s: None)
+    assert rows(stopped) == rows(whole)
+    weights = [p.name for p in whole.iterdir() if p.suffix == ".safetensors"]
+    assert weights and all(same_file(stopped / n, whole / n) for n in weights)
+
+
+def same_file(a, b) -> bool:
+    """The same tensors byte for byte and the same metadata (whose order safetensors does not keep)."""
+    with safe_open(a, "pt") as x, safe_open(b, "pt") as y:
+        return x.metadata() == y.metadata() and sorted(x.keys()) == sorted(y.keys()) and all(
+            x.get_tensor(k).dtype == y.get_tensor(k).dtype
+            and x.get_tensor(k).numpy().tobytes() == y.get_tensor(k).numpy().tobytes() for k in x.keys())
