@@ -5,7 +5,8 @@ import torch
 from safetensors import safe_open
 
 import vitlab
-from vitlab.runs.format import read_history
+from vitlab.cli import main
+from vitlab.runs.format import read_history, read_summary
 from vitlab.train import load_recipe, train
 from vitlab.train import trainer as trainer_module
 
@@ -79,3 +80,19 @@ def same_file(a, b) -> bool:
         return x.metadata() == y.metadata() and sorted(x.keys()) == sorted(y.keys()) and all(
             x.get_tensor(k).dtype == y.get_tensor(k).dtype
             and x.get_tensor(k).numpy().tobytes() == y.get_tensor(k).numpy().tobytes() for k in x.keys())
+
+
+def test_a_model_named_beside_init_must_be_the_one_it_holds(tmp_path, cache_dir, capsys):
+    """--init trains the model it holds: --model names it (or the same architecture under another name), or is
+    refused in one line before any data is read; the run records the name it was given."""
+    init = vitlab.save(vitlab.create_model("deit_tiny_patch16_224", num_classes=10, img_size=32, patch_size=8,
+                                           embed_dim=32, depth=1, num_heads=2), tmp_path / "init")
+    common = ["train", "--init", str(init), "--data", "digits", "--img-size", "16", "--epochs", "1",
+              "--train-fraction", "0.1", "--threads", "1", "--precision", "fp32"]
+    assert main([*common, "--model", "vit_micro_patch2_8", "--out", str(tmp_path / "other")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.splitlines() == [err] and "--model vit_micro_patch2_8 is not the model of --init" in err, err
+    assert "accepted: no --model, or --model deit_tiny_patch16_224" in err and not (tmp_path / "other").exists()
+    for name in ("deit_tiny_patch16_224", "vit_tiny_patch16_224"):  # its name, and the same ViT under timm's other
+        assert main([*common, "--model", name, "--out", str(tmp_path / name)]) == 0
+        assert read_summary(tmp_path / name).model == name and vitlab.load(tmp_path / name).arch == name

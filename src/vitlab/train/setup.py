@@ -1,6 +1,7 @@
 """What a run is built from: the model and data sized for each other, the optimiser, the precision."""
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -85,6 +86,7 @@ def _from_init(r: Recipe, task: Task, get_data: Callable,
     checkpoint's own rule and interpolation (a position table resampled only for another size)."""
     base = checkpoint.load(r.init)
     task.check_model(base)  # before any data is read
+    check_named_model(r, base)
     in_chans = base.pretrained_cfg["input_size"][0]
     own = tuple(base.pretrained_cfg["input_size"][1:])
     size = (r.img_size, r.img_size) if r.img_size else own
@@ -108,12 +110,47 @@ def _from_init(r: Recipe, task: Task, get_data: Callable,
         overrides["img_size"] = size
         log(f"resampling the position embedding from {tuple(embed.img_size)} to {size}")
     model = checkpoint.load(r.init, **overrides)
+    if r.model:  # the architecture of --init under the name --model gives it (check_named_model)
+        model.arch = r.model
     loaded = model.state_dict()  # held: a new head's tensors cannot take the place of the ones it replaces
     task.fit_init_head(model, data.classes)
     log(describe_init(r.init, loaded, model))
     model.pretrained_cfg.update(applied(r, prep).to_cfg())
     mean, std = tuple(model.pretrained_cfg["mean"]), tuple(model.pretrained_cfg["std"])
     return model, data, mean, std
+
+
+ARCH_FREE = ("num_classes", "drop_path_rate")  # arguments that --init's model takes from the run, not the name
+
+
+def check_named_model(r: Recipe, base: nn.Module) -> None:
+    """A run from --init trains the model --init holds: a --model beside it must name that architecture (the same
+    class and arguments, under the same or another registered name); refused in one line otherwise."""
+    arch = getattr(base, "arch", None)
+    if not r.model or r.model == arch:
+        return
+    spec, given = get_spec(r.model), dict(getattr(base, "model_args", {}) or {})
+    if spec.cls is not type(base) or built_with(spec.cls, spec.args, given) != built_with(
+            type(base), registered_args(arch), given):
+        raise ValueError(f"--model {r.model} is not the model of --init {r.init}, which holds "
+                         f"{arch or type(base).__name__}: a run from --init trains the model it holds; accepted: "
+                         f"no --model{f', or --model {arch}' if arch else ''} (or another --init)")
+
+
+def registered_args(name: str | None) -> dict:
+    """A registered name's arguments ({} for a model without one, or a name vitlab does not register)."""
+    try:
+        return get_spec(name).args if name else {}
+    except ValueError:
+        return {}
+
+
+def built_with(cls: type, args: dict, given: dict) -> dict:
+    """Every argument ``cls`` is built with from a name's ``args`` and the overrides ``given`` (the class's defaults
+    filled in), less ARCH_FREE."""
+    defaults = {k: p.default for k, p in inspect.signature(cls.__init__).parameters.items()
+                if p.default is not inspect.Parameter.empty}
+    return {k: v for k, v in {**defaults, **args, **given}.items() if k not in ARCH_FREE}
 
 
 def describe_init(source: str, loaded: dict[str, torch.Tensor], model: nn.Module) -> str:
