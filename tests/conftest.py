@@ -1,13 +1,17 @@
+import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 import torch
 from torch import nn
 
 import vitlab
+from vitlab.cli import main
+from vitlab.data import load_data
+from vitlab.runs.folder import LOCK
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("VITLAB_SHARED", ROOT.parent / "shared"))
@@ -36,6 +40,55 @@ def cache_dir(tmp_path, monkeypatch):
     d = tmp_path / "cache"
     monkeypatch.setenv("VITLAB_CACHE", str(d))
     return d
+
+
+class Ran(NamedTuple):
+    """What one command line run in this process did."""
+
+    code: int
+    err: str  # stderr, stripped
+    out: str  # stdout
+
+    @property
+    def lines(self) -> list[str]:
+        return self.err.splitlines()
+
+
+def run_cli(capsys, argv) -> Ran:
+    """Run the CLI in this process (argparse's exit included), asserting that no traceback reached stderr."""
+    try:
+        code = main([str(a) for a in argv])
+    except SystemExit as e:
+        code = e.code
+    captured = capsys.readouterr()
+    ran = Ran(code, captured.err.strip(), captured.out)
+    assert "Traceback" not in ran.err, ran.err
+    return ran
+
+
+def error_line(capsys, argv, code: int = 2, *, after_log: bool = False) -> str:
+    """The one line a command ends with when it fails: exit ``code``, ``vitlab COMMAND: ...`` alone on stderr (with
+    ``after_log``, log and progress lines may come before it, none of them an error), no traceback."""
+    ran = run_cli(capsys, argv)
+    lines = ran.lines
+    assert ran.code == code and lines, ran
+    assert len(lines) == 1 or after_log, lines
+    assert lines[-1].startswith(f"vitlab {argv[0]}: ") and not any(": error: " in line for line in lines[:-1]), lines
+    assert code != 2 or ": error: " in lines[-1], lines
+    return lines[-1]
+
+
+def quiet_load(source, **kw):
+    """``load_data`` with its log kept: (bundle, log lines)."""
+    logs = []
+    return load_data(str(source), log=logs.append, **kw), logs
+
+
+def checksums(folder) -> dict[str, str]:
+    """{path relative to ``folder``: sha256} of every file under it, the lock vitlab holds while it writes a folder
+    aside: what a user had, to compare after a command."""
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file() and p.name != LOCK}
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,6 @@ traceback, and nothing the user had changed."""
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import itertools
 import json
 import re
@@ -11,7 +10,8 @@ import shutil
 
 import pytest
 import torch
-from test_faults import make_folder, one_line_error, remount, tmpfs
+from conftest import checksums, error_line
+from test_faults import make_folder, remount, tmpfs
 
 import vitlab
 from vitlab.cli import main
@@ -19,20 +19,6 @@ from vitlab.models.registry import get_spec
 from vitlab.train import load_recipe, setup, train
 
 TINY = ["--model", "vit_micro_patch2_8", "--batch-size", "64", "--precision", "fp32", "--threads", "1"]
-
-
-def digests(folder):
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())
-            if p.is_file() and not p.name.startswith(".")}  # not the lock vitlab keeps while it writes
-
-
-def argparse_error(capsys, argv):
-    """(exit code, the one stderr line) of a command line argparse refuses."""
-    with pytest.raises(SystemExit) as e:
-        main(argv)
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in lines[0], lines
-    return e.value.code, lines[0]
 
 
 @pytest.fixture
@@ -50,27 +36,26 @@ def model_dir(tmp_path):
     ["eval", "M", "--data", "digits", "--batch-size", "1.5"],
 ])
 def test_a_count_out_of_range_names_the_accepted_range(capsys, argv):
-    code, line = argparse_error(capsys, argv)
-    assert code == 2
+    line = error_line(capsys, argv)
     assert f"'{argv[-1]}' is not valid; accepted: an integer >= 1" in line and line.startswith("vitlab ")
 
 
 @pytest.mark.parametrize("classes", [("a", "b"), ("a", "b", "c", "d", "e")])
 def test_classes_of_one_image_are_refused_before_training(tmp_path, capsys, classes):
     root = make_folder(tmp_path / "ones", classes=classes, per_class=1, size=(8, 8))
-    code, line = one_line_error(capsys, ["train", "--data", str(root), *TINY, "--model-arg", "in_chans=3",
-                                         "--epochs", "1", "--out", str(tmp_path / "run"),
-                                         "--cache-dir", str(tmp_path / "c")])
-    assert code == 2 and "no test images" in line and "classes of at least 2 images each" in line
+    line = error_line(capsys, ["train", "--data", str(root), *TINY, "--model-arg", "in_chans=3",
+                               "--epochs", "1", "--out", str(tmp_path / "run"),
+                               "--cache-dir", str(tmp_path / "c")], after_log=True)
+    assert "no test images" in line and "classes of at least 2 images each" in line
     assert not (tmp_path / "run" / "checkpoint.pt").exists()  # refused before any training
 
 
 @pytest.mark.parametrize("classes", [("a", "b", "c")])
 def test_eval_on_a_set_without_test_images_is_one_line(tmp_path, capsys, model_dir, classes):
     root = make_folder(tmp_path / "ones", classes=classes, per_class=1, size=(8, 8))
-    code, line = one_line_error(capsys, ["eval", str(model_dir), "--data", str(root), "--out", str(tmp_path / "e"),
-                                         "--cache-dir", str(tmp_path / "c")])
-    assert code == 2 and "has no test images" in line and not (tmp_path / "e").exists()
+    line = error_line(capsys, ["eval", str(model_dir), "--data", str(root), "--out", str(tmp_path / "e"),
+                               "--cache-dir", str(tmp_path / "c")], after_log=True)
+    assert "has no test images" in line and not (tmp_path / "e").exists()
 
 
 class FastClock:
@@ -104,13 +89,13 @@ def test_resuming_from_another_models_checkpoint_names_both(tmp_path, capsys, ca
         assert main(["train", *argv, "--epochs", "1", "--out", str(tmp_path / name)]) == 0
     (tmp_path / "mine" / "summary.json").unlink()  # an unfinished run, now holding another model's checkpoint
     shutil.copy(tmp_path / "theirs" / "checkpoint.pt", tmp_path / "mine" / "checkpoint.pt")
-    before = digests(tmp_path / "mine")
+    before = checksums(tmp_path / "mine")
     capsys.readouterr()
-    code, line = one_line_error(capsys, ["train", "--resume", str(tmp_path / "mine")])
+    line = error_line(capsys, ["train", "--resume", str(tmp_path / "mine")], after_log=True)
     mine_name = mine[mine.index("--model") + 1]
-    assert code == 2 and f"holds the weights of {theirs_name}, not of {mine_name}" in line
+    assert f"holds the weights of {theirs_name}, not of {mine_name}" in line
     assert "accepted: a checkpoint of this run" in line
-    assert digests(tmp_path / "mine") == before
+    assert checksums(tmp_path / "mine") == before
 
 
 @contextlib.contextmanager
@@ -132,8 +117,8 @@ def test_an_out_on_a_read_only_file_system_is_refused_before_the_work(tmp_path, 
                          "--out", out, "--cache-dir", str(tmp_path / "c")],
                 "export": ["export", str(model_dir), "--to", "timm", "--out", out],
                 "compare": ["compare", str(model_dir), "--out", out + "/compare.png"]}[command]
-        code, line = one_line_error(capsys, argv)
-        assert code == 2 and f"--out {out}" in line and "cannot be written (Read-only file system)" in line
+        line = error_line(capsys, argv, after_log=True)
+        assert f"--out {out}" in line and "cannot be written (Read-only file system)" in line
         assert "accepted: a place on a writable file system" in line
         assert not (tmp_path / "c").exists()  # no data was decoded: refused before the work
 
@@ -146,11 +131,11 @@ def test_a_config_without_architecture_says_what_is_missing(tmp_path, name, args
     cfg = json.loads((folder / "config.json").read_text())
     del cfg["architecture"]
     (folder / "config.json").write_text(json.dumps(cfg))
-    before = digests(folder)
+    before = checksums(folder)
     with pytest.raises(ValueError, match=r"config.json names no 'architecture' \(accepted: a registered model name, "
                                          r"see `vitlab models`\)") as e:
         vitlab.load(folder)
-    assert "\n" not in str(e.value) and digests(folder) == before
+    assert "\n" not in str(e.value) and checksums(folder) == before
 
 
 @pytest.mark.parametrize("model, size, patch", [("vit_tiny_patch4_32", "30", 4), ("vit_micro_patch2_8", "9", 2),
@@ -159,9 +144,8 @@ def test_a_size_the_patches_do_not_tile_is_refused_before_any_data(tmp_path, cap
     def no_data(*a, **kw):
         raise AssertionError("data decoded before the size was checked")
     monkeypatch.setattr(setup, "load_data", no_data)
-    code, line = one_line_error(capsys, ["train", "--model", model, "--img-size", size, "--epochs", "1",
-                                         "--out", str(tmp_path / "run")])
-    assert code == 2
+    line = error_line(capsys, ["train", "--model", model, "--img-size", size, "--epochs", "1",
+                               "--out", str(tmp_path / "run")], after_log=True)
     assert f"is not divisible by the patch size {patch} of {model}; accepted: a multiple of {patch}" in line
 
 
@@ -199,13 +183,13 @@ def test_a_refused_pickle_is_one_line_without_unsafe_advice(tmp_path, capsys, ca
     shutil.copytree(vitlab.save(vitlab.create_model("vit_micro_patch2_8"), tmp_path / "m"), model)
     (model / "model.safetensors").unlink()
     torch.save({"x": Payload()}, model / "pytorch_model.bin")
-    before = digests(run), digests(model)
-    code, line = one_line_error(capsys, ["train", "--resume", str(run)])
+    before = checksums(run), checksums(model)
+    line = error_line(capsys, ["train", "--resume", str(run)], after_log=True)
     with pytest.raises(ValueError) as e:
         vitlab.load(model)
     for text in (line, str(e.value)):
         assert re.search(r"cannot be read as plain tensors: it holds a Python object \([\w.]*print\) that vitlab "
                          "never unpickles", text), text
         assert "weights_only" not in text and "\n" not in text
-    assert code == 2 and (digests(run), digests(model)) == before
+    assert (checksums(run), checksums(model)) == before
     assert "executed" not in capsys.readouterr().out

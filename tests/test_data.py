@@ -10,6 +10,7 @@ import tarfile
 import numpy as np
 import pytest
 import torch
+from conftest import quiet_load
 from PIL import Image
 
 from vitlab.data import (
@@ -56,12 +57,6 @@ def make_folder(root, layout, size=(6, 7)):
 
 def image_ids(images):
     return [int(v) for v in images[:, 0, 0, 0]]
-
-
-def quiet_load(source, **kw):
-    logs = []
-    bundle = load_data(source, log=logs.append, **kw)
-    return bundle, logs
 
 
 def assert_same(a: DataBundle, b: DataBundle):

@@ -15,6 +15,7 @@ from decimal import Decimal
 import numpy as np
 import pytest
 import torch
+from conftest import checksums, error_line, quiet_load
 from PIL import Image
 
 from vitlab import devices
@@ -22,11 +23,6 @@ from vitlab.atomic import atomic_path, atomic_write_bytes, atomic_write_json, re
 from vitlab.data import cache as vcache
 from vitlab.data import decode, load_data, sources
 from vitlab.data.tables import class_index
-
-
-def quiet(source, **kw):
-    logs = []
-    return load_data(str(source), log=logs.append, **kw), logs
 
 
 def img(path, value, ident, size=(6, 6), blue=None):
@@ -50,24 +46,8 @@ def make_folder(root, classes=("a", "b"), per_class=4, **kw):
     return root
 
 
-def snapshot(root):
-    """{relative path: sha256} of every file under ``root``: what the user had."""
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
-
-
 def ids(bundle):
     return sorted(int(v) for v in torch.cat([bundle.train.images, bundle.test.images])[:, 0, 0, 0])
-
-
-def one_line_error(capsys, argv):
-    """Run the CLI in this process; (exit code, stderr) with stderr asserted to be one line, no traceback."""
-    from vitlab.cli import main
-    code = main(argv)
-    lines = capsys.readouterr().err.strip().splitlines()  # progress and log lines may come before the error
-    assert lines and not any("Traceback" in line for line in lines), lines
-    assert lines[-1].startswith(f"vitlab {argv[0]}: error: ") and not any("error" in line for line in lines[:-1])
-    return code, lines[-1]
 
 
 @contextlib.contextmanager
@@ -122,14 +102,14 @@ def test_an_edit_that_keeps_size_and_mtime_is_seen(tmp_path, edit, kind):
         source.write_text("".join(f"pets/{p.relative_to(root).as_posix()}{sep}{p.parent.name}\n"
                                   for p in sorted(root.rglob("*.bmp"))))
     listed = source.read_bytes() if kind != "folder" else b""
-    b, _ = quiet(source, cache_dir=tmp_path / "c")
+    b, _ = quiet_load(source, cache_dir=tmp_path / "c")
     assert ids(b) == list(range(1, 9))
     keep_size_and_mtime(root / "a" / "0.bmp", edit)
-    b2, logs = quiet(source, cache_dir=tmp_path / "c")
+    b2, logs = quiet_load(source, cache_dir=tmp_path / "c")
     assert "decoded" in logs[-1] and 99 in ids(b2) and 1 not in ids(b2)
     if kind != "folder":
         assert source.read_bytes() == listed  # the list itself never changed: its images did
-    _, logs = quiet(source, cache_dir=tmp_path / "c")
+    _, logs = quiet_load(source, cache_dir=tmp_path / "c")
     assert "from cache" in logs[-1]  # and the new store is found again
 
 
@@ -137,14 +117,14 @@ def test_a_csv_sees_its_images_appear_and_vanish(tmp_path):
     root = make_folder(tmp_path / "pets")
     listing = tmp_path / "list.csv"
     listing.write_text("".join(f"pets/a/{i}.bmp,a\npets/b/{i}.bmp,b\n" for i in range(5)))  # 4.bmp is missing
-    b, _ = quiet(listing, cache_dir=tmp_path / "c")
+    b, _ = quiet_load(listing, cache_dir=tmp_path / "c")
     assert b.skipped == 2
     img(root / "a" / "4.bmp", 40, 50)
     img(root / "b" / "4.bmp", 80, 51)
-    b, _ = quiet(listing, cache_dir=tmp_path / "c")
+    b, _ = quiet_load(listing, cache_dir=tmp_path / "c")
     assert b.skipped == 0 and {50, 51} <= set(ids(b))
     (root / "b" / "4.bmp").unlink()
-    b, _ = quiet(listing, cache_dir=tmp_path / "c")
+    b, _ = quiet_load(listing, cache_dir=tmp_path / "c")
     assert b.skipped == 1 and 51 not in ids(b)
 
 
@@ -174,7 +154,7 @@ def test_a_csv_header_is_never_a_class_and_columns_may_come_either_way(tmp_path,
     lines = [f"{y},{p}" if swapped else f"{p},{y}" for p, y in rows]
     listing = tmp_path / "list.csv"
     listing.write_text("\n".join(([header] if header else []) + lines) + "\n")
-    b, logs = quiet(listing, cache_dir=tmp_path / "c", val_fraction=0.25)
+    b, logs = quiet_load(listing, cache_dir=tmp_path / "c", val_fraction=0.25)
     assert b.classes == ["a", "b"] and b.skipped == 0 and ids(b) == list(range(1, 9))
     assert any("as the header" in line for line in logs) == (header is not None)
 
@@ -201,13 +181,13 @@ def test_ambiguous_labels_are_refused_in_one_line(tmp_path, capsys, labels):
     root = make_folder(tmp_path / "pets", classes=("a",), per_class=3)
     listing = tmp_path / "list.csv"
     listing.write_text("".join(f"pets/a/{i}.bmp,{y}\n" for i, y in enumerate(labels)))
-    before = snapshot(tmp_path)
+    before = checksums(tmp_path)
     with pytest.raises(ValueError, match=r"one number written two ways.*write each class one way"):
-        quiet(listing, cache_dir=tmp_path / "c")
-    code, err = one_line_error(capsys, ["train", "--data", str(listing), "--out", str(tmp_path / "run"),
-                                        "--cache-dir", str(tmp_path / "c"), "--epochs", "1"])
-    assert code == 2 and "one number written two ways" in err
-    assert snapshot(root) == {k[len("pets/"):]: v for k, v in before.items() if k.startswith("pets/")}
+        quiet_load(listing, cache_dir=tmp_path / "c")
+    err = error_line(capsys, ["train", "--data", str(listing), "--out", str(tmp_path / "run"),
+                              "--cache-dir", str(tmp_path / "c"), "--epochs", "1"], after_log=True)
+    assert "one number written two ways" in err
+    assert checksums(root) == {k[len("pets/"):]: v for k, v in before.items() if k.startswith("pets/")}
     assert listing.read_text().count("\n") == 3
 
 
@@ -216,7 +196,7 @@ def test_the_same_numbers_in_a_csv_make_one_class_each(tmp_path):
     spell = {"a": ["1", "01", "1.0", " 1 "], "b": ["2", "2.0", "02", "2"]}
     listing = tmp_path / "list.csv"
     listing.write_text("path,label\n" + "".join(f"pets/{c}/{i}.bmp,{spell[c][i]}\n" for c in "ab" for i in range(4)))
-    b, _ = quiet(listing, cache_dir=tmp_path / "c", val_fraction=0.25)
+    b, _ = quiet_load(listing, cache_dir=tmp_path / "c", val_fraction=0.25)
     assert b.classes == ["1", "2"]
     for split in (b.train, b.test):
         assert ((split.images[:, 0, 1, 1] == 40) == (split.labels == 0)).all()
@@ -229,7 +209,7 @@ def test_the_same_numbers_in_a_csv_make_one_class_each(tmp_path):
 @pytest.mark.parametrize("constant", [{"blue": 0}, {"blue": 255}, {"blue": 7}])
 def test_a_constant_channel_is_normalised_by_one_and_said(tmp_path, constant):
     make_folder(tmp_path / "pets", **constant)
-    b, logs = quiet(tmp_path / "pets", cache_dir=tmp_path / "c")
+    b, logs = quiet_load(tmp_path / "pets", cache_dir=tmp_path / "c")
     assert b.std[2] == 1.0 and 0 < b.std[0] < 1 and 0 < b.std[1] < 1
     assert any("channel 2" in line and "constant" in line for line in logs)
     x = (b.train.images.float() / 255 - torch.tensor(b.mean).view(1, 3, 1, 1)) / torch.tensor(b.std).view(1, 3, 1, 1)
@@ -255,22 +235,22 @@ def test_training_on_a_constant_channel_has_a_finite_loss(tmp_path):
 @pytest.mark.parametrize("kind", ["folder", "digits"])
 def test_a_disk_filling_during_a_build_is_one_line_and_the_build_resumes(tmp_path, monkeypatch, kind):
     source = str(make_folder(tmp_path / "pets", per_class=40, size=(48, 48))) if kind == "folder" else "digits"
-    expected, _ = quiet(source, cache_dir=tmp_path / "ref", img_size=48)
-    before = snapshot(tmp_path / "pets") if kind == "folder" else {}
+    expected, _ = quiet_load(source, cache_dir=tmp_path / "ref", img_size=48)
+    before = checksums(tmp_path / "pets") if kind == "folder" else {}
     with tmpfs(tmp_path / "small", "128k") as cache:
         monkeypatch.setattr(sources, "free_bytes", lambda folder: 1 << 40)  # the estimate passes; the disk fills
         with pytest.raises(ValueError, match=r"^disk full: the store for .* needs .* which has .* free; .*"
                                              r"resumes when run again$") as err:
-            quiet(source, cache_dir=cache, img_size=48)
+            quiet_load(source, cache_dir=cache, img_size=48)
         assert "\n" not in str(err.value)
         assert [p.name for p in cache.iterdir() if p.name.endswith(".partial")]
         remount(cache, "size=16m")
         monkeypatch.undo()
-        b, logs = quiet(source, cache_dir=cache, img_size=48)
+        b, logs = quiet_load(source, cache_dir=cache, img_size=48)
         assert torch.equal(b.train.images, expected.train.images) and torch.equal(b.test.labels, expected.test.labels)
         del b
     if kind == "folder":
-        assert snapshot(tmp_path / "pets") == before
+        assert checksums(tmp_path / "pets") == before
 
 
 def test_too_little_space_is_said_before_decoding_with_sizes_that_differ(tmp_path, capsys):
@@ -278,14 +258,14 @@ def test_too_little_space_is_said_before_decoding_with_sizes_that_differ(tmp_pat
     with tmpfs(tmp_path / "small", "1m") as cache:
         with pytest.raises(ValueError, match=r"^not enough disk space: .* needs (\S+ \S+) in .* which has (\S+ \S+) "
                                              "free") as err:
-            quiet(root, cache_dir=cache, img_size=96)
+            quiet_load(root, cache_dir=cache, img_size=96)
         need, free = err.value.args[0].split(" needs ")[1].split(" in ")[0], \
             err.value.args[0].split("which has ")[1].split(" free")[0]
         assert need != free
         assert not [p for p in cache.iterdir() if not p.name.startswith(".")]
-        code, line = one_line_error(capsys, ["train", "--data", str(root), "--out", str(tmp_path / "run"),
-                                             "--cache-dir", str(cache), "--img-size", "96", "--epochs", "1"])
-        assert code == 2 and "not enough disk space" in line
+        line = error_line(capsys, ["train", "--data", str(root), "--out", str(tmp_path / "run"),
+                                   "--cache-dir", str(cache), "--img-size", "96", "--epochs", "1"], after_log=True)
+        assert "not enough disk space" in line
 
 
 @pytest.mark.parametrize("need, free", [(21474836, 21474835), (21_000_000, 20_990_000), (1 << 30, (1 << 30) - 1),
@@ -302,7 +282,7 @@ def test_two_different_sizes_never_read_the_same(need, free):
 
 def test_a_dying_decoder_is_one_line_and_the_build_resumes(tmp_path, monkeypatch):
     root = make_folder(tmp_path / "pets", per_class=30)
-    expected, _ = quiet(root, cache_dir=tmp_path / "ref", workers=1)
+    expected, _ = quiet_load(root, cache_dir=tmp_path / "ref", workers=1)
     monkeypatch.setattr(decode, "_POOL_MIN", 1)
     monkeypatch.setattr(decode, "_CHUNK", 4)
     real = decode._decode_image
@@ -315,9 +295,9 @@ def test_a_dying_decoder_is_one_line_and_the_build_resumes(tmp_path, monkeypatch
 
     monkeypatch.setattr(decode, "_decode_image", dies_in_a_worker)
     with pytest.raises(ValueError, match=r"^a process decoding .* died .*resumes when run again$"):
-        quiet(root, cache_dir=tmp_path / "c", workers=2)
+        quiet_load(root, cache_dir=tmp_path / "c", workers=2)
     monkeypatch.undo()
-    b, logs = quiet(root, cache_dir=tmp_path / "c", workers=2)
+    b, logs = quiet_load(root, cache_dir=tmp_path / "c", workers=2)
     assert any("resuming" in line for line in logs)
     assert torch.equal(b.train.images, expected.train.images)
 
@@ -325,16 +305,16 @@ def test_a_dying_decoder_is_one_line_and_the_build_resumes(tmp_path, monkeypatch
 def test_a_read_only_cache_is_one_line_and_a_built_store_still_loads(tmp_path, capsys):
     root = make_folder(tmp_path / "pets")
     with tmpfs(tmp_path / "ro", "4m") as cache:
-        quiet(root, cache_dir=cache / "built")
+        quiet_load(root, cache_dir=cache / "built")
         remount(cache, "ro")
-        b, logs = quiet(root, cache_dir=cache / "built")  # a store already there is only read
+        b, logs = quiet_load(root, cache_dir=cache / "built")  # a store already there is only read
         assert "from cache" in logs[-1] and ids(b) == list(range(1, 9))
         with pytest.raises(ValueError, match=r"cannot write the data cache .*new \(a read-only file system\); set "
                                              "VITLAB_CACHE or --cache-dir to a writable folder"):
-            quiet(root, cache_dir=cache / "new")
-        code, line = one_line_error(capsys, ["train", "--data", str(root), "--out", str(tmp_path / "run"),
-                                             "--cache-dir", str(cache / "new"), "--epochs", "1"])
-        assert code == 2 and "read-only" in line
+            quiet_load(root, cache_dir=cache / "new")
+        line = error_line(capsys, ["train", "--data", str(root), "--out", str(tmp_path / "run"),
+                                   "--cache-dir", str(cache / "new"), "--epochs", "1"], after_log=True)
+        assert "read-only" in line
 
 
 @pytest.mark.parametrize("fault", ["unreachable", "read-only", "too small", "fills up"])
@@ -360,9 +340,9 @@ def test_fetching_cifar_into_a_bad_cache_is_one_line(tmp_path, monkeypatch, caps
             monkeypatch.setattr(cifar, "_NEEDS_BYTES", 1)  # the estimate passes; the download fills the disk
         with pytest.raises(ValueError, match=expected):
             load_data("cifar10", cache_dir=cache, download=True, log=lambda s: None)
-        code, line = one_line_error(capsys, ["train", "--data", "cifar10", "--download", "--out",
-                                             str(tmp_path / "run"), "--cache-dir", str(cache), "--epochs", "1"])
-        assert code == 2 and line.startswith("vitlab train: error: ")
+        line = error_line(capsys, ["train", "--data", "cifar10", "--download", "--out",
+                                   str(tmp_path / "run"), "--cache-dir", str(cache), "--epochs", "1"], after_log=True)
+        assert line.startswith("vitlab train: error: ")
         assert not [p for p in cache.rglob("*") if p.is_file()] if cache.exists() else True
 
 
@@ -375,13 +355,13 @@ def test_symlinked_class_folders_are_followed_and_a_loop_is_named(tmp_path):
     root = make_folder(tmp_path / "pets", classes=("a",))
     (root / "b").symlink_to(tmp_path / "elsewhere" / "b")  # a class kept elsewhere
     (root / "c").symlink_to(root / "a")  # a class that is another's folder
-    b, _ = quiet(root, cache_dir=tmp_path / "c", val_fraction=0.25)
+    b, _ = quiet_load(root, cache_dir=tmp_path / "c", val_fraction=0.25)
     assert b.classes == ["a", "b", "c"]
     assert torch.bincount(torch.cat([b.train.labels, b.test.labels])).tolist() == [4, 4, 4]
     (root / "d").symlink_to(root)
     with pytest.raises(ValueError, match=r"class folder .*pets/d holds no images \(it is a link to .*pets, a folder "
                                          r"above it: a loop\)"):
-        quiet(root, cache_dir=tmp_path / "c")
+        quiet_load(root, cache_dir=tmp_path / "c")
 
 
 @pytest.mark.parametrize("cut", [0.5, 0.9, -1, 12])
@@ -401,10 +381,10 @@ def test_a_truncated_parquet_file_is_named(tmp_path, capsys, cut):
     size = int(len(data) * cut) if isinstance(cut, float) else len(data) + cut if cut < 0 else cut
     path.write_bytes(data[:size])
     with pytest.raises(ValueError, match=rf"{path} is not a readable Parquet file \(truncated or damaged\?"):
-        quiet(tmp_path / "data", cache_dir=tmp_path / "c")
-    code, line = one_line_error(capsys, ["train", "--data", str(tmp_path / "data"), "--out", str(tmp_path / "run"),
-                                         "--cache-dir", str(tmp_path / "c"), "--epochs", "1"])
-    assert code == 2 and str(path) in line
+        quiet_load(tmp_path / "data", cache_dir=tmp_path / "c")
+    line = error_line(capsys, ["train", "--data", str(tmp_path / "data"), "--out", str(tmp_path / "run"),
+                               "--cache-dir", str(tmp_path / "c"), "--epochs", "1"], after_log=True)
+    assert str(path) in line
     assert len(path.read_bytes()) == size
 
 
@@ -496,14 +476,14 @@ def test_a_writer_killed_mid_write_leaves_debris_the_next_write_removes(tmp_path
 def test_cache_list_and_clean_remove_only_superseded_stores(tmp_path):
     root = make_folder(tmp_path / "pets")
     cache = tmp_path / "c"
-    quiet(root, cache_dir=cache)
-    quiet("digits", cache_dir=cache)
-    before = snapshot(root)
+    quiet_load(root, cache_dir=cache)
+    quiet_load("digits", cache_dir=cache)
+    before = checksums(root)
     keep_size_and_mtime(root / "a" / "1.bmp", rewrite_in_place)
-    quiet(root, cache_dir=cache)
-    quiet(root, cache_dir=cache, img_size=4)  # another size of the same source: current too
+    quiet_load(root, cache_dir=cache)
+    quiet_load(root, cache_dir=cache, img_size=4)  # another size of the same source: current too
     gone = make_folder(tmp_path / "gone")
-    quiet(gone, cache_dir=cache)
+    quiet_load(gone, cache_dir=cache)
     import shutil
     shutil.rmtree(gone)
     (cache / "notes.txt").write_text("mine")
@@ -526,9 +506,9 @@ def test_cache_list_and_clean_remove_only_superseded_stores(tmp_path):
     assert sorted(e.status for e in vcache.cache_entries(cache) if e.kind == "store") == ["current"] * 3
     assert (cache / "notes.txt").read_text() == "mine" and (cache / "features").is_dir()  # features: only everything
     assert "features" in {e.path.name for e in vcache.clean_cache(cache, everything=True, dry_run=True)}
-    _, logs = quiet(root, cache_dir=cache)
+    _, logs = quiet_load(root, cache_dir=cache)
     assert "from cache" in logs[-1]
-    assert snapshot(root) != before and set(snapshot(root)) == set(before)  # only the user's own edit
+    assert checksums(root) != before and set(checksums(root)) == set(before)  # only the user's own edit
 
 
 def test_every_kind_of_source_has_a_current_store_until_it_changes(tmp_path):
@@ -541,7 +521,7 @@ def test_every_kind_of_source_has_a_current_store_until_it_changes(tmp_path):
     subprocess.run(["tar", "cf", str(archive), "-C", str(tmp_path), "pets"], check=True)
     cache = tmp_path / "c"
     for source in ("digits", tmp_path / "wrapped", root, tmp_path / "list.csv", archive):
-        quiet(source, cache_dir=cache)
+        quiet_load(source, cache_dir=cache)
     assert [e.status for e in vcache.cache_entries(cache)] == ["current"] * 5
     keep_size_and_mtime(root / "b" / "3.bmp", rewrite_in_place)  # seen by the folder and the list, not the tar
     status = {e.source: e.status for e in vcache.cache_entries(cache)}
@@ -574,16 +554,16 @@ def test_clean_removes_only_what_vitlab_wrote_and_lists_what_it_leaves(tmp_path,
     from vitlab.cli import main
     root = make_folder(tmp_path / "pets")
     cache = tmp_path / "c"
-    b, _ = quiet(root, cache_dir=cache)
+    b, _ = quiet_load(root, cache_dir=cache)
     store = b.store
     del b
     keep_size_and_mtime(root / "a" / "0.bmp", rewrite_in_place)  # the store is superseded
     _users_files_in(cache, store)
-    mine = {p: d for p, d in snapshot(cache).items() if "my-notes" in p or not p.startswith(store.name)}
+    mine = {p: d for p, d in checksums(cache).items() if "my-notes" in p or not p.startswith(store.name)}
     argv = ["cache", "clean", "--cache-dir", str(cache)] + (["--all"] if everything else [])
     assert main(argv) == 0
     out = capsys.readouterr().out.splitlines()
-    after = snapshot(cache)
+    after = checksums(cache)
     assert {p: after.get(p) for p in mine} == mine  # every file of the user's is there, unchanged
     assert not (store / "images.u8").exists() and (store / "my-notes.txt").is_file()
     assert f"  left {store / 'my-notes.txt'} (not written by vitlab)" in out
@@ -598,9 +578,9 @@ def test_clean_of_a_cache_that_takes_no_writes_is_one_line(tmp_path, capsys, mon
     from vitlab.cli import main
     root = make_folder(tmp_path / "pets")
     cache = tmp_path / "c"
-    quiet(root, cache_dir=cache)
+    quiet_load(root, cache_dir=cache)
     keep_size_and_mtime(root / "a" / "0.bmp", rewrite_in_place)
-    before = snapshot(cache)
+    before = checksums(cache)
 
     def read_only(*args, **kwargs):
         raise OSError(errno.EROFS, os.strerror(errno.EROFS))
@@ -608,14 +588,14 @@ def test_clean_of_a_cache_that_takes_no_writes_is_one_line(tmp_path, capsys, mon
     assert main(["cache", "clean", "--all", "--cache-dir", str(cache)]) == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert line.startswith("vitlab cache: error: cannot clean the data cache") and "read-only" in line
-    assert "Errno" not in line and snapshot(cache) == before
+    assert "Errno" not in line and checksums(cache) == before
 
 
 def test_clean_keeps_a_store_being_built(tmp_path):
     import fcntl
     root = make_folder(tmp_path / "pets")
     cache = tmp_path / "c"
-    b, _ = quiet(root, cache_dir=cache)
+    b, _ = quiet_load(root, cache_dir=cache)
     store = b.store
     del b
     keep_size_and_mtime(root / "a" / "0.bmp", rewrite_in_place)  # the store is now superseded
@@ -626,7 +606,7 @@ def test_clean_keeps_a_store_being_built(tmp_path):
 
 
 def test_a_build_says_how_big_the_cache_is(tmp_path):
-    _, logs = quiet(make_folder(tmp_path / "pets"), cache_dir=tmp_path / "c")
+    _, logs = quiet_load(make_folder(tmp_path / "pets"), cache_dir=tmp_path / "c")
     assert any("the data cache" in line and "now takes" in line and "vitlab cache clean" in line for line in logs)
 
 
@@ -718,14 +698,14 @@ def test_generated_bad_sources_give_a_result_or_one_line(tmp_path):
         root = tmp_path / f"case{case}"
         root.mkdir()
         source = _random_case(rng, root)
-        before = snapshot(root)
+        before = checksums(root)
         try:
-            quiet(source, cache_dir=tmp_path / "cache", val_fraction=0.5)
+            quiet_load(source, cache_dir=tmp_path / "cache", val_fraction=0.5)
             outcomes["loaded"] += 1
         except (ValueError, FileNotFoundError) as e:
             assert "\n" not in str(e) and str(e), (case, source, e)
             outcomes["refused"] += 1
-        assert snapshot(root) == before, (case, source)
+        assert checksums(root) == before, (case, source)
     assert outcomes["loaded"] and outcomes["refused"] > 60
 
 
@@ -733,9 +713,9 @@ def test_the_cache_command_lists_and_cleans(tmp_path, capsys):
     from vitlab.cli import main
     root = make_folder(tmp_path / "pets")
     cache = tmp_path / "c"
-    quiet(root, cache_dir=cache)
+    quiet_load(root, cache_dir=cache)
     keep_size_and_mtime(root / "b" / "2.bmp", rewrite_in_place)
-    quiet(root, cache_dir=cache)
+    quiet_load(root, cache_dir=cache)
     assert main(["cache", "list", "--cache-dir", str(cache)]) == 0
     out = capsys.readouterr().out.splitlines()
     assert sum("superseded (source changed)" in line for line in out) == 1 and sum(" current " in line for line in out)
@@ -791,10 +771,10 @@ def test_a_build_reads_the_files_only_after_their_newest_change_is_a_tick_old(tm
     real = sources.settle
     monkeypatch.setattr(sources, "settle", lambda ident: calls.append(ident) or real(ident))
     root = make_folder(tmp_path / "pets")
-    quiet(root, cache_dir=tmp_path / "c")
+    quiet_load(root, cache_dir=tmp_path / "c")
     assert len(calls) == 1 and [e[0] for e in calls[0][1]] == sorted(str(p.relative_to(root))
                                                                       for p in root.rglob("*.bmp"))
-    quiet(root, cache_dir=tmp_path / "c")
+    quiet_load(root, cache_dir=tmp_path / "c")
     assert len(calls) == 1  # a store found in the cache reads no image
 
 
@@ -808,7 +788,7 @@ def test_a_data_set_with_nothing_to_learn_or_to_test_is_said(tmp_path, classes, 
                                                                empty_test):
     root = make_folder(tmp_path / "set", classes=classes, per_class=per_class)
     for _ in range(2):  # built, then found in the cache: said both times
-        b, logs = quiet(root, cache_dir=tmp_path / "c", val_fraction=val_fraction)
+        b, logs = quiet_load(root, cache_dir=tmp_path / "c", val_fraction=val_fraction)
         warnings = [line for line in logs if line.startswith("warning:")]
         assert any("one class ('a')" in line for line in warnings) == one_class
         assert any("test split of set is empty" in line for line in warnings) == empty_test

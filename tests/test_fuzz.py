@@ -9,6 +9,7 @@ import random
 import shutil
 
 import pytest
+from conftest import checksums, error_line, run_cli
 
 import vitlab
 from vitlab.cli import main
@@ -25,21 +26,11 @@ def one_line(message):
     return bool(text) and "\n" not in text and "Traceback" not in text
 
 
-def cli(capsys, argv):
-    """Run the CLI in this process: (exit code, stderr lines)."""
-    try:
-        code = main(argv)
-    except SystemExit as e:  # argparse
-        code = e.code
-    err = capsys.readouterr().err.strip().splitlines()
-    return code, err
-
-
-def assert_clean(code, err, argv):
-    assert code in (0, 2), (argv, code, err)
-    assert not any("Traceback" in line for line in err), (argv, err)
-    if code == 2:
-        assert err and err[-1].startswith("vitlab") and "error" in err[-1], (argv, err)
+def assert_clean(ran, argv):
+    """A result, or an error line last (exit 2); run_cli has checked that no traceback came."""
+    assert ran.code in (0, 2), (argv, ran)
+    if ran.code == 2:
+        assert ran.lines and ran.lines[-1].startswith("vitlab") and "error" in ran.lines[-1], (argv, ran)
 
 
 def garble(rng, data):
@@ -62,12 +53,12 @@ def model_dir(tmp_path_factory):
 
 def load_or_one_line(folder):
     """vitlab.load on a folder, its files hashed before and after: loads, or one line of ValueError/FileNotFound."""
-    before = {p.name: digest(p) for p in folder.iterdir()}
+    before = checksums(folder)
     try:
         vitlab.load(folder)
     except (ValueError, FileNotFoundError) as e:
         assert one_line(e), repr(e)
-    assert {p.name: digest(p) for p in folder.iterdir()} == before
+    assert checksums(folder) == before
 
 
 def test_garbled_weights_load_or_are_one_line(tmp_path, model_dir):
@@ -105,7 +96,7 @@ def test_garbled_checkpoints_resume_or_are_one_line(tmp_path, capsys, unfinished
         (run / "checkpoint.pt").write_bytes(garble(rng, data) if i % 4 else rng.randbytes(rng.randrange(256)))
         before = digest(run / "checkpoint.pt")
         argv = ["train", "--resume", str(run)]
-        assert_clean(*cli(capsys, argv), argv)
+        assert_clean(run_cli(capsys, argv), argv)
         assert digest(run / "checkpoint.pt") == before
 
 
@@ -133,9 +124,7 @@ def test_generated_option_values_are_a_result_or_one_line(tmp_path, capsys):
                     rng.choice(VALUES)]
         else:
             argv = ["predict", missing, "x.png", "--top-k", rng.choice(VALUES)]
-        code, err = cli(capsys, argv)
-        assert_clean(code, err, argv)
-        assert code == 2, (argv, err)
+        error_line(capsys, argv, after_log=True)
 
 
 def mutate_config(rng, cfg):
@@ -157,12 +146,12 @@ def test_mutated_configs_load_or_fail_in_one_line(model_dir, tmp_path):
         folder = tmp_path / str(i)
         shutil.copytree(model_dir, folder)
         (folder / "config.json").write_text(json.dumps(mutate_config(rng, base)))
-        before = {p.name: digest(p) for p in folder.iterdir()}
+        before = checksums(folder)
         try:
             vitlab.load(folder)
         except (ValueError, FileNotFoundError) as e:
             assert one_line(e), (i, e)
-        assert {p.name: digest(p) for p in folder.iterdir()} == before
+        assert checksums(folder) == before
         shutil.rmtree(folder)
 
 
@@ -189,9 +178,7 @@ def test_generated_recipe_files_are_one_line(tmp_path, capsys):
         recipe.write_text(yaml.safe_dump(values))
         before = digest(recipe)
         argv = ["train", "--config", str(recipe), "--data", missing, "--out", str(tmp_path / f"o{i}")]
-        code, err = cli(capsys, argv)
-        assert_clean(code, err, argv)
-        assert code == 2 and len(err) == 1, (values, err)
+        error_line(capsys, argv)
         assert digest(recipe) == before and not (tmp_path / f"o{i}").exists()
 
 
@@ -241,6 +228,6 @@ def test_generated_cache_commands_never_touch_the_users_files(tmp_path, capsys):
             load_data(str(data), cache_dir=cache, log=lambda s: None)
         argv = ["cache", rng.choice(["list", "clean"]), "--cache-dir", str(cache)]
         argv += [flag for flag in ("--all", "--dry-run", "--json") if rng.random() < 0.4]
-        code, err = cli(capsys, argv)
+        code, err, _ = run_cli(capsys, argv)
         assert code == 0 and not err, (argv, err)
         assert {rel: (cache / rel).read_bytes() for rel in user} == user, argv

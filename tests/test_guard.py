@@ -6,6 +6,7 @@ import os
 
 import pytest
 import torch
+from conftest import error_line
 
 import vitlab
 import vitlab.data
@@ -24,21 +25,13 @@ COMMANDS = {  # every command that writes a folder, with --out left for the test
 }
 
 
-def refused(argv, capsys) -> str:
-    """The one-line error of a command that must exit 2."""
-    assert main([str(a) for a in argv]) == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "Traceback" not in err
-    return err
-
-
 @pytest.mark.parametrize("command", COMMANDS)
 def test_a_folder_holding_others_files_is_refused(command, tmp_path, cache_dir, capsys):
     out = tmp_path / "d"
     out.mkdir()
     (out / "config.yaml").write_text("mine: 1\n")
     (out / "notes.txt").write_text("keep\n")
-    err = refused([*COMMANDS[command], "--out", out], capsys)
+    err = error_line(capsys, [*COMMANDS[command], "--out", out])
     assert f"vitlab {command} did not write" in err and "config.yaml" in err
     assert sorted(p.name for p in out.iterdir()) == ["config.yaml", "notes.txt"]  # nothing added, nothing changed
     assert (out / "config.yaml").read_text() == "mine: 1\n"
@@ -52,7 +45,7 @@ def test_a_folder_another_process_writes_is_refused(command, tmp_path, cache_dir
     os.write(fd, f"{command} 4242\n".encode())
     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as a live writer of the folder holds it
     try:
-        err = refused([*COMMANDS[command], "--out", out], capsys)
+        err = error_line(capsys, [*COMMANDS[command], "--out", out])
     finally:
         os.close(fd)
     assert "being written by another vitlab process (pid 4242)" in err
@@ -62,7 +55,7 @@ def test_a_folder_another_process_writes_is_refused(command, tmp_path, cache_dir
 def test_a_file_as_out_is_refused(tmp_path, capsys):
     out = tmp_path / "f"
     out.write_text("x")
-    assert "is a file" in refused([*COMMANDS["eval"], "--out", out], capsys)
+    assert "is a file" in error_line(capsys, [*COMMANDS["eval"], "--out", out])
     assert out.read_text() == "x"
 
 
@@ -71,7 +64,7 @@ def test_init_into_itself_is_refused(tmp_path, cache_dir, capsys):
     vitlab.save(vitlab.create_model("vit_micro_patch2_8", num_classes=10), src)
     before = {p.name: p.read_bytes() for p in src.iterdir()}
     for out in (src, tmp_path):
-        err = refused(["train", *TINY, "--epochs", "1", "--init", src, "--out", out], capsys)
+        err = error_line(capsys, ["train", *TINY, "--epochs", "1", "--init", src, "--out", out])
         assert "--init" in err and "would overwrite it" in err
     assert {p.name: p.read_bytes() for p in src.iterdir()} == before
 
@@ -84,13 +77,13 @@ def test_a_command_may_rewrite_its_own_folder(tmp_path, cache_dir, capsys):
         assert main(["eval", str(model), "--data", "digits", "--out", str(out)]) == 0
     assert {p.name for p in out.iterdir()} == {"summary.json", "confusion.png", LOCK}
     # another kind of command does not take it over
-    err = refused(["export", str(model), "--to", "timm", "--out", str(out)], capsys)
+    err = error_line(capsys, ["export", str(model), "--to", "timm", "--out", str(out)])
     assert "vitlab export did not write" in err
 
 
 def test_a_command_that_fails_leaves_no_folder(tmp_path, capsys):
     out = tmp_path / "new"
-    refused([*COMMANDS["eval"], "--out", out], capsys)  # the model does not exist
+    error_line(capsys, [*COMMANDS["eval"], "--out", out])  # the model does not exist
     assert not out.exists()
 
 
@@ -98,11 +91,11 @@ def test_resume_refuses_options_that_would_change_the_run(tmp_path, capsys):
     run = tmp_path / "r"
     run.mkdir()
     (run / "config.yaml").write_text("model: vit_micro_patch2_8\nepochs: 2\nlr: 0.001\n")
-    err = refused(["train", "--resume", run, "--lr", "0.5", "--model", "other", "--epochs", "6"], capsys)
+    err = error_line(capsys, ["train", "--resume", run, "--lr", "0.5", "--model", "other", "--epochs", "6"])
     assert err.endswith("--model, --lr cannot change on --resume; accepted with --resume: --epochs, --time-budget, "
                         "--eval-every, --log, --threads, --device, --cache-dir, --download, --workers")
-    assert "--out" in refused(["train", "--resume", run, "--out", tmp_path / "elsewhere"], capsys)
-    assert "--epochs 1 is not valid on --resume" in refused(["train", "--resume", run, "--epochs", "1"], capsys)
+    assert "--out" in error_line(capsys, ["train", "--resume", run, "--out", tmp_path / "elsewhere"])
+    assert "--epochs 1 is not valid on --resume" in error_line(capsys, ["train", "--resume", run, "--epochs", "1"])
     assert (run / "config.yaml").read_text().endswith("lr: 0.001\n")
 
 
@@ -144,4 +137,4 @@ def test_eval_and_inspect_of_a_run_use_its_own_split(tmp_path, cache_dir, capsys
     plain = tmp_path / "plain"
     vitlab.save(vitlab.load(run), plain)
     capsys.readouterr()
-    assert "give --data" in refused(["eval", str(plain)], capsys)
+    assert "give --data" in error_line(capsys, ["eval", str(plain)])

@@ -2,40 +2,16 @@
 accepts (exit 2, or 1 where the file system failed the work), no traceback, and the user's files unchanged."""
 from __future__ import annotations
 
-import hashlib
 import json
 
 import pytest
 import yaml
+from conftest import checksums, error_line, run_cli
 
 import vitlab
-from vitlab.cli import main
 from vitlab.train.recipe import make_recipe
 
 TINY = ["--model", "vit_micro_patch2_8", "--batch-size", "64", "--precision", "fp32", "--threads", "1"]
-
-
-def sums(folder):
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
-
-
-def run_cli(capsys, argv):
-    """(exit code, stderr lines, stdout) of one command line run in this process."""
-    try:
-        code = main(argv)
-    except SystemExit as e:
-        code = e.code
-    out = capsys.readouterr()
-    err = out.err.strip().splitlines()
-    assert not any("Traceback" in line for line in err), err
-    return code, err, out.out
-
-
-def one_error_line(capsys, argv, code=2):
-    got, err, _ = run_cli(capsys, argv)
-    assert got == code and len(err) == 1 and err[0].startswith("vitlab ") and "error" in err[0], (got, err)
-    return err[0]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -49,10 +25,10 @@ def one_error_line(capsys, argv, code=2):
 def test_a_recipe_file_refuses_true_for_a_number_and_a_number_for_true(tmp_path, capsys, values, option):
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(yaml.safe_dump(values))
-    before = sums(tmp_path)
-    line = one_error_line(capsys, ["train", "--config", str(recipe), "--out", str(tmp_path / "run")])
+    before = checksums(tmp_path)
+    line = error_line(capsys, ["train", "--config", str(recipe), "--out", str(tmp_path / "run")])
     assert f"{option}=" in line and "accepted:" in line
-    assert sums(tmp_path) == before and not (tmp_path / "run").exists()
+    assert checksums(tmp_path) == before and not (tmp_path / "run").exists()
 
 
 def test_the_command_line_and_a_recipe_file_agree_on_what_a_number_is():
@@ -76,11 +52,11 @@ BAD_MODEL_ARGS = [("depth", "six", "an integer"), ("num_heads", 0, "an integer >
 def test_a_model_argument_of_the_wrong_kind_or_range_is_one_line_naming_it(tmp_path, capsys, name, value, accepted):
     text = yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
     argv = ["train", *TINY, "--model-arg", f"{name}={text}", "--out", str(tmp_path / "a")]
-    line = one_error_line(capsys, argv)
+    line = error_line(capsys, argv)
     assert f"model argument {name}=" in line and accepted in line
     recipe = tmp_path / "r.yaml"  # the same in a recipe file
     recipe.write_text(yaml.safe_dump({"model": "vit_micro_patch2_8", "model_args": {name: value}}))
-    line = one_error_line(capsys, ["train", "--config", str(recipe), "--out", str(tmp_path / "b")])
+    line = error_line(capsys, ["train", "--config", str(recipe), "--out", str(tmp_path / "b")])
     assert f"model argument {name}=" in line and accepted in line
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
@@ -92,11 +68,11 @@ def test_a_saved_models_bad_argument_is_one_line(tmp_path, name, value, accepted
     cfg = json.loads((folder / "config.json").read_text())
     cfg["model_args"][name] = value
     (folder / "config.json").write_text(json.dumps(cfg))
-    before = sums(folder)
+    before = checksums(folder)
     with pytest.raises(ValueError) as e:
         vitlab.load(folder)
     assert name in str(e.value) and "\n" not in str(e.value)
-    assert sums(folder) == before
+    assert checksums(folder) == before
 
 
 def test_arguments_valid_alone_that_do_not_build_together_are_one_line():
@@ -115,12 +91,12 @@ def test_resume_with_a_bad_epochs_value_names_the_option(tmp_path, capsys):
     run = tmp_path / "run"
     run.mkdir()
     (run / "config.yaml").write_text(yaml.safe_dump(make_recipe({"epochs": 2, "out": str(run)}).to_dict()))
-    before = sums(run)
+    before = checksums(run)
     for value in ("abc", "1", "nan"):
-        line = one_error_line(capsys, ["train", "--resume", str(run), "--epochs", value])
+        line = error_line(capsys, ["train", "--resume", str(run), "--epochs", value])
         assert line.startswith("vitlab train: error: --epochs ") and value in line, line
         assert line.endswith("is not valid on --resume; accepted: a number >= the run's 2"), line
-    assert sums(run) == before
+    assert checksums(run) == before
 
 
 # ----------------------------------------------------------------------------------------------
@@ -132,7 +108,7 @@ def test_a_hf_folder_without_its_preprocessor_is_decoded_as_its_model_type_publi
     model = vitlab.create_model("vit_tiny_patch4_32", embed_dim=16, depth=1, num_heads=2, num_classes=10)
     folder = export_hf(model, tmp_path / "hf")
     (folder / "preprocessor_config.json").unlink()  # what save_pretrained of a model alone writes
-    before = sums(folder)
+    before = checksums(folder)
     cfg = vitlab.load(folder).pretrained_cfg
     assert (cfg["mean"], cfg["std"], cfg["crop_mode"], cfg["interpolation"]) == ((0.5,) * 3, (0.5,) * 3, "squash",
                                                                                  "bilinear")
@@ -140,11 +116,11 @@ def test_a_hf_folder_without_its_preprocessor_is_decoded_as_its_model_type_publi
     code, err, out = run_cli(capsys, ["train", "--init", str(folder), "--data", "digits", "--epochs", "1",
                                       "--batch-size", "256", "--threads", "1", "--precision", "fp32",
                                       "--train-fraction", "0.1", "--out", str(tmp_path / "run")])
-    log = "\n".join([out, *err])
+    log = "\n".join([out, err])
     assert code == 0, log
     (line,) = [x for x in log.splitlines() if "images are decoded as" in x]
     assert "model_type vit" in line and "resized to 32x32 (bilinear)" in line and "mean 0.5, 0.5, 0.5" in line
-    assert sums(folder) == before
+    assert checksums(folder) == before
 
 
 @pytest.mark.parametrize("model_type, mean, crop_mode, crop_pct", [
@@ -171,13 +147,13 @@ def test_each_model_types_published_preprocessing(tmp_path, model_type, mean, cr
     (["train", "--layer-decy", "0.7"], "--layer-decay"), (["eval", "run", "--batchsize", "8"], "--batch-size"),
     (["predict", "run", "x.png", "--topk", "3"], "--top-k"), (["cache", "clean", "--dryrun"], "--dry-run")])
 def test_a_mistyped_option_gets_a_suggestion(capsys, argv, meant):
-    line = one_error_line(capsys, argv)
+    line = error_line(capsys, argv)
     assert f"unrecognized arguments: {' '.join(argv[-2:]) if argv[-1][0] != '-' else argv[-1]}" in line
     assert f"did you mean {meant}?" in line
 
 
 def test_an_unknown_option_far_from_any_names_none(capsys):
-    line = one_error_line(capsys, ["train", "--zzzzzz"])
+    line = error_line(capsys, ["train", "--zzzzzz"])
     assert "did you mean" not in line and "`vitlab train --help` lists them" in line
 
 
@@ -188,11 +164,11 @@ def test_an_unknown_option_far_from_any_names_none(capsys):
 def test_an_onnx_export_without_the_onnx_package_names_what_to_install(tmp_path, capsys, monkeypatch):
     folder = vitlab.save(vitlab.create_model("vit_micro_patch2_8", embed_dim=16, depth=1, num_heads=2),
                          tmp_path / "model")
-    before = sums(folder)
+    before = checksums(folder)
     monkeypatch.setitem(__import__("sys").modules, "onnx", None)  # import onnx fails as where it is not installed
-    line = one_error_line(capsys, ["export", str(folder), "--to", "onnx", "--out", str(tmp_path / "onnx")])
+    line = error_line(capsys, ["export", str(folder), "--to", "onnx", "--out", str(tmp_path / "onnx")])
     assert "needs the onnx package" in line and "pip install 'vitlab[onnx]'" in line
-    assert sums(folder) == before and not (tmp_path / "onnx").exists()
+    assert checksums(folder) == before and not (tmp_path / "onnx").exists()
 
 
 def test_any_missing_package_is_one_line_naming_it(capsys, monkeypatch):
@@ -203,7 +179,7 @@ def test_any_missing_package_is_one_line_naming_it(capsys, monkeypatch):
     parser = build_parser()
     monkeypatch.setattr("vitlab.cli.build_parser", lambda: parser)
     parser._subparsers._group_actions[0].choices["models"].set_defaults(func=needs_a_package)
-    line = one_error_line(capsys, ["models"])
+    line = error_line(capsys, ["models"])
     assert "'tensorboard'" in line and "pip install tensorboard" in line
 
 
@@ -211,7 +187,7 @@ def test_any_missing_package_is_one_line_naming_it(capsys, monkeypatch):
 def test_a_dangling_out_link_is_one_line(tmp_path, capsys, command):
     link = tmp_path / "out"
     link.symlink_to(tmp_path / "gone" / "nowhere")
-    line = one_error_line(capsys, [*command, "--out", str(link)])
+    line = error_line(capsys, [*command, "--out", str(link)])
     assert f"--out {link} is a symbolic link to {tmp_path / 'gone' / 'nowhere'}, which does not exist" in line
     assert link.is_symlink() and not (tmp_path / "gone").exists()
 
@@ -230,17 +206,17 @@ def test_a_csv_listing_an_image_twice_uses_it_once_and_says_so(tmp_path, capsys)
     _images(tmp_path / "pets")
     lines = [f"pets/{c}/{i}.bmp,{c}" for c in "ab" for i in range(4)]
     (tmp_path / "list.csv").write_text("\n".join([*lines, lines[0], lines[5], f"./pets/a/../a/{0}.bmp,a"]) + "\n")
-    before = sums(tmp_path)
+    before = checksums(tmp_path)
     logs = []
     bundle = load_data(str(tmp_path / "list.csv"), cache_dir=tmp_path / "c", val_fraction=0.5, log=logs.append)
     assert len(bundle.train.labels) + len(bundle.test.labels) == 8  # each image once: never in both splits
     (said,) = [x for x in logs if "already listed removed" in x]
     assert "3 lines" in said and "line 9 repeats line 1" in said
     (tmp_path / "list.csv").write_text("\n".join([*lines, "pets/a/0.bmp,b"]) + "\n")  # another label: refused
-    line = one_error_line(capsys, ["train", *TINY, "--data", str(tmp_path / "list.csv"), "--cache-dir",
+    line = error_line(capsys, ["train", *TINY, "--data", str(tmp_path / "list.csv"), "--cache-dir",
                                    str(tmp_path / "c"), "--out", str(tmp_path / "run")])
     assert "line 9 lists pets/a/0.bmp as 'b', line 1 as 'a'" in line and not (tmp_path / "run").exists()
-    assert {k: v for k, v in sums(tmp_path).items() if k.startswith("pets")} == \
+    assert {k: v for k, v in checksums(tmp_path).items() if k.startswith("pets")} == \
         {k: v for k, v in before.items() if k.startswith("pets")}
 
 
@@ -248,14 +224,12 @@ def test_a_class_with_no_readable_image_is_refused(tmp_path, capsys):
     root = _images(tmp_path / "pets", classes=("a", "b", "c"))
     for f in (root / "c").iterdir():
         f.write_bytes(b"not an image")
-    before = sums(root)
+    before = checksums(root)
     argv = ["train", *TINY, "--data", str(root), "--cache-dir", str(tmp_path / "c"), "--out", str(tmp_path / "r")]
     for _ in range(2):  # built, then from the cache
-        code, err, _ = run_cli(capsys, argv)
-        line = err[-1]
-        assert code == 2 and line.startswith("vitlab train: error: ")
+        line = error_line(capsys, argv, after_log=True)
         assert "class 'c' has no readable image" in line and "fix the files or remove the class" in line
-    assert sums(root) == before and not (tmp_path / "r").exists()
+    assert checksums(root) == before and not (tmp_path / "r").exists()
 
 
 def test_a_class_folder_whose_name_is_not_utf8_trains_draws_and_resumes(tmp_path, capsys):
@@ -320,16 +294,17 @@ def test_predict_predicts_the_readable_files_and_reports_the_others(tmp_path, ca
         Image.new("L", (8, 8), 40 * i).save(p)
     bad = tmp_path / "broken.png"
     bad.write_bytes(b"not a png")
-    before = sums(tmp_path)
+    before = checksums(tmp_path)
     code, err, out = run_cli(capsys, ["predict", str(folder), str(good[0]), str(bad), str(good[1]), "--top-k", "2"])
     assert code == 1 and out.count("%") == 4 and f"{bad}  (not predicted: unreadable)" in out
+    err = err.splitlines()
     assert len(err) == 2 and str(bad) in err[0] and err[1].startswith("vitlab predict: 1 of 3 images")
     code, err, out = run_cli(capsys, ["predict", str(folder), str(good[0]), str(bad), "--json"])
     results = json.loads(out)
     assert code == 1 and "top" in results[0] and "error" in results[1] and "top" not in results[1]
-    line = one_error_line(capsys, ["predict", str(folder), str(bad)])  # nothing readable: refused
+    line = error_line(capsys, ["predict", str(folder), str(bad)])  # nothing readable: refused
     assert str(bad) in line
-    assert sums(tmp_path) == before
+    assert checksums(tmp_path) == before
 
 
 # ----------------------------------------------------------------------------------------------
@@ -348,7 +323,8 @@ def test_inspect_shows_its_progress_and_names_only_the_files_it_wrote(tmp_path, 
     assert not (tmp_path / "o" / "faithfulness.json").exists()
     from vitlab.analysis.sections import SECTIONS
     n = len(SECTIONS)  # its progress, section by section, with the time left
-    assert any(line.startswith("inspect: 100%") and f"{n}/{n} [" in line and "<00:00" in line for line in err), err
+    assert any(line.startswith("inspect: 100%") and f"{n}/{n} [" in line and "<00:00" in line
+               for line in err.splitlines()), err
 
 
 def test_a_full_disk_while_writing_a_figure_or_json_keeps_the_old_file_and_is_one_line(tmp_path, monkeypatch):
@@ -407,9 +383,9 @@ def test_probe_with_a_cache_that_takes_no_writes(tmp_path, capsys, monkeypatch):
         raise OSError(errno.EROFS, "Read-only file system")
     with monkeypatch.context() as m:
         m.setattr(Path, "touch", read_only)
-        line = one_error_line(capsys, argv)
+        line = error_line(capsys, argv)
     assert "cannot write the data cache" in line and "read-only file system" in line and "Errno" not in line
     monkeypatch.setattr("vitlab.probe.features.make_owned_folder", read_only)  # the features' folder refused
     code, err, out = run_cli(capsys, argv)
-    assert code == 0 and any("features not cached" in line for line in err), err
+    assert code == 0 and "features not cached" in err, err
     assert "linear probe" in out and not (cache / "features").exists()

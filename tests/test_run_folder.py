@@ -2,7 +2,6 @@
 the recipe, the metrics and the data to be the run's own, or says in one line what disagrees; a folder deleted
 under a run stops it."""
 import errno
-import hashlib
 import json
 import os
 import shutil
@@ -15,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from conftest import checksums, error_line, run_cli
 from PIL import Image
 
 import vitlab
@@ -40,31 +40,6 @@ from vitlab.train.state import TrainState, save_checkpoint
 
 TINY = ["--model", "vit_micro_patch2_8", "--batch-size", "64", "--precision", "fp32", "--threads", "1"]
 VALUES = ("epoch", "step", "train_loss", "train_acc", "lr", "test_loss", "test_top1", "test_top5", "ema_test_top1")
-
-
-def run_cli(argv, capsys) -> tuple[int, str]:
-    code = main([str(a) for a in argv])
-    return code, capsys.readouterr().err.strip()
-
-
-def one_line(code: int, err: str, expected: int = 2) -> str:
-    assert code == expected, err
-    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
-    return err
-
-
-def sums(folder) -> dict[str, str]:
-    """Checksums of every file in a folder (the lock file aside)."""
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())
-            if p.is_file() and p.name != LOCK}
-
-
-def ends_in_one_line(code: int, err: str, expected: int) -> str:
-    """The one error line of a command that ran for a while (and logged)."""
-    assert code == expected and "Traceback" not in err, err
-    said = [line for line in err.splitlines() if line.startswith("vitlab ")]
-    assert len(said) == 1, err
-    return said[0]
 
 
 def values(folder) -> list[dict]:
@@ -126,15 +101,15 @@ def test_a_disk_filling_at_any_write_leaves_whole_files_and_the_run_finishes_as_
 
         monkeypatch.setattr(atomic.os, "fsync", fsync)
         fresh = ["train", *TINY, "--epochs", "2", "--ema-decay", "0", "--out", out]
-        code, err = run_cli(fresh, capsys)
+        code, err, _ = run_cli(capsys, fresh)
         monkeypatch.setattr(atomic.os, "fsync", real_fsync)
         if code == 0:
             break  # every write has had its fault
-        assert "disk full" in ends_in_one_line(code, err, 2)
+        assert code == 2 and "disk full" in err.splitlines()[-1], err
         if out.exists():
             whole_files(out)
         again = ["--resume", out] if (out / "checkpoint.pt").exists() else fresh[1:]
-        code, err = run_cli(["train", *again], capsys)
+        code, err, _ = run_cli(capsys, ["train", *again])
         assert code == 0, err
         assert values(out) == values(uninterrupted["0"]), k
         assert read_summary(out).top1 == read_summary(uninterrupted["0"]).top1
@@ -197,7 +172,7 @@ def test_killed_between_the_last_checkpoint_and_its_metrics_row_resumes_to_the_w
         (out / name).unlink()
     lines = (out / "metrics.jsonl").read_text().splitlines(keepends=True)
     (out / "metrics.jsonl").write_text("".join(lines[:-1]))  # the last row was never written
-    code, err = run_cli(["train", "--resume", out], capsys)
+    code, err, _ = run_cli(capsys, ["train", "--resume", out])
     assert code == 0, err
     assert "metrics.jsonl had 1 of the 2 epochs in the checkpoint" in err
     assert values(out) == values(uninterrupted[ema]) and read_summary(out).epochs == 2
@@ -223,10 +198,10 @@ def unfinished(uninterrupted, tmp_path):
 def test_a_resume_of_a_folder_whose_files_disagree_is_refused(damage, said, uninterrupted, tmp_path, capsys):
     out = unfinished(uninterrupted, tmp_path)
     damage(out)
-    before = sums(out)
-    err = one_line(*run_cli(["train", "--resume", out], capsys))
+    before = checksums(out)
+    err = error_line(capsys, ["train", "--resume", out])
     assert said in err
-    assert sums(out) == before
+    assert checksums(out) == before
 
 
 def test_another_runs_checkpoint_is_refused(uninterrupted, tmp_path, capsys):
@@ -234,15 +209,15 @@ def test_another_runs_checkpoint_is_refused(uninterrupted, tmp_path, capsys):
     other = tmp_path / "other"
     assert main(["train", *TINY, "--epochs", "2", "--out", str(other)]) == 0  # the same recipe, another run
     shutil.copy(other / "checkpoint.pt", out / "checkpoint.pt")
-    before, _ = sums(out), capsys.readouterr()
-    err = one_line(*run_cli(["train", "--resume", out], capsys))
+    before, _ = checksums(out), capsys.readouterr()
+    err = error_line(capsys, ["train", "--resume", out])
     assert "checkpoint.pt belongs to another run" in err
-    assert sums(out) == before
+    assert checksums(out) == before
 
 
 def test_a_moved_run_folder_resumes(uninterrupted, tmp_path, capsys):
     out = unfinished(uninterrupted, tmp_path)
-    code, err = run_cli(["train", "--resume", out], capsys)
+    code, err, _ = run_cli(capsys, ["train", "--resume", out])
     assert code == 0, err
     assert values(out) == values(uninterrupted["0"])
 
@@ -294,14 +269,14 @@ def test_data_that_changed_under_a_run_is_refused_by_resume_eval_inspect_and_pro
     for argv in (["eval", out], ["inspect", out, "--num-images", "2", "--distance-images", "4",
                                  "--faithfulness-images", "0", "--out", tmp_path / "in"],
                  ["probe", out, "--threads", "1"], ["eval", out, "--data", data]):
-        err = ends_in_one_line(*run_cli(argv, capsys), 2)
+        err = error_line(capsys, argv, after_log=True)
         assert "changed since the run trained on it" in err and "22 train / 6 test images, the run's split was 16 / 4" \
             in err, err
     (out / "summary.json").unlink()
-    before = sums(out)
-    err = ends_in_one_line(*run_cli(["train", "--resume", out], capsys), 2)
+    before = checksums(out)
+    err = error_line(capsys, ["train", "--resume", out], after_log=True)
     assert "changed since the run started" in err and "22 train / 6 test images, the run's split was 16 / 4" in err
-    assert sums(out) == before
+    assert checksums(out) == before
     assert main(["eval", str(out), "--data", "digits"]) == 2  # another data set is its own split (classes differ)
 
 
@@ -326,28 +301,26 @@ def test_a_setup_failure_leaves_nothing_that_asks_for_a_resume(tmp_path, cache_d
     (teacher / "model.safetensors").unlink()
     torch.save({"model": torch.nn.Linear(2, 2)}, teacher / "pytorch_model.bin")  # a pickled module: never unpickled
     out = tmp_path / "run"
-    err = ends_in_one_line(*run_cli(["train", *TINY, "--epochs", "1", "--teacher", teacher, "--out", out], capsys), 2)
+    err = error_line(capsys, ["train", *TINY, "--epochs", "1", "--teacher", teacher, "--out", out], after_log=True)
     assert "Python object" in err and "--resume" not in err
     assert not out.exists()
-    err = ends_in_one_line(*run_cli(["train", *TINY, "--epochs", "1", "--store-size", "4", "--out", out], capsys), 2)
+    err = error_line(capsys, ["train", *TINY, "--epochs", "1", "--store-size", "4", "--out", out], after_log=True)
     assert "store_size 4 is smaller than the training size 8x8" in err and "--resume" not in err
     assert not out.exists()
     (out / "tb").mkdir(parents=True)
     (out / "config.yaml").write_text(yaml.safe_dump({"model": "vit_micro_patch2_8", "epochs": 1}))  # an older attempt
     (out / LOCK).write_text("train 1\n")
-    code, err = run_cli(["train", *TINY, "--epochs", "1", "--out", out], capsys)
+    code, err, _ = run_cli(capsys, ["train", *TINY, "--epochs", "1", "--out", out])
     assert code == 0 and "stopped before its first epoch ended: starting it over" in err
 
 
 def test_a_finished_run_and_a_diverged_run_give_advice_that_works(uninterrupted, tmp_path, capsys):
-    err = one_line(*run_cli(["train", "--resume", uninterrupted["0"]], capsys))
+    err = error_line(capsys, ["train", "--resume", uninterrupted["0"]])
     assert "nothing to resume" in err and "choose another --out" not in err
     diverged = ["train", *TINY, "--epochs", "1", "--out", tmp_path / "d"]
-    code, said = run_cli([*diverged, "--lr", "1e6"], capsys)
-    err = ends_in_one_line(code, said, 1)
-    assert said.splitlines()[-1] == err  # the progress bar was closed before: the error is the last line
+    err = error_line(capsys, [*diverged, "--lr", "1e6"], 1, after_log=True)  # the progress bar was closed before
     assert "diverged" in err and "resume from" not in err and "train it again with a lower --lr" in err
-    code, err = run_cli(diverged, capsys)  # what it advises: the same again with a lower --lr
+    code, err, _ = run_cli(capsys, diverged)  # what it advises: the same again with a lower --lr
     assert code == 0, err
 
 

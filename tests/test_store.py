@@ -10,6 +10,7 @@ import textwrap
 import numpy as np
 import pytest
 import torch
+from conftest import quiet_load
 from PIL import Image
 
 from vitlab.data import eval_view, load_data
@@ -30,11 +31,6 @@ def make_images(root, classes=("a", "b", "c"), per_class=10, size=(6, 7)):
     return root
 
 
-def quiet(source, **kw):
-    logs = []
-    return load_data(source, log=logs.append, **kw), logs
-
-
 def the_store(cache):
     (path,) = [p for p in cache.iterdir() if not p.name.startswith(".") and not p.name.endswith(".partial")]
     return path
@@ -52,7 +48,7 @@ def mapped_files():
 
 
 def test_images_are_mapped_from_the_store_not_copied(tmp_path):
-    b, _ = quiet(str(make_images(tmp_path / "pets")), cache_dir=tmp_path / "c")
+    b, _ = quiet_load(str(make_images(tmp_path / "pets")), cache_dir=tmp_path / "c")
     images_file = str(b.store / "images.u8")
     for split in (b.train, b.test):
         ptr = split.images.data_ptr()
@@ -101,10 +97,10 @@ def test_a_killed_build_resumes_to_the_same_store(tmp_path, workers, where):
     assert proc.returncode == -9, proc.stderr
     assert not [p for p in (tmp_path / "c").iterdir() if not p.name.startswith(".") and
                 not p.name.endswith(".partial")]  # nothing that looks complete
-    resumed, logs = quiet(str(root), cache_dir=tmp_path / "c", workers=workers)
+    resumed, logs = quiet_load(str(root), cache_dir=tmp_path / "c", workers=workers)
     if where == "decode":
         assert any("resuming the unfinished build" in line and "of 31" in line for line in logs)
-    whole, _ = quiet(str(root), cache_dir=tmp_path / "whole", workers=1)
+    whole, _ = quiet_load(str(root), cache_dir=tmp_path / "whole", workers=1)
     for split in ("train", "test"):
         assert torch.equal(getattr(resumed, split).images, getattr(whole, split).images)
         assert torch.equal(getattr(resumed, split).labels, getattr(whole, split).labels)
@@ -118,7 +114,7 @@ def test_a_killed_build_resumes_to_the_same_store(tmp_path, workers, where):
 
 
 def test_truncated_foreign_and_stale_stores_are_errors_that_name_them(tmp_path):
-    b, _ = quiet(str(make_images(tmp_path / "pets")), cache_dir=tmp_path / "c")
+    b, _ = quiet_load(str(make_images(tmp_path / "pets")), cache_dir=tmp_path / "c")
     store = b.store
     assert open_store(store).images.shape == (30, 3, 6, 7)
     with pytest.raises(ValueError, match="fingerprint mismatch"):
@@ -147,12 +143,12 @@ def test_storage_size_apart_from_training_size(tmp_path):
             arr = np.zeros((10, 20, 3), np.uint8)  # H=10, W=20: the centre 10x10 is 200, the sides 30 and 60
             arr[:, :5], arr[:, 5:15], arr[:, 15:] = 30, 200, 60
             Image.fromarray(arr).save(root / cls / f"{i}.png")
-    b, logs = quiet(str(root), cache_dir=tmp_path / "c", store_size=16, img_size=12, val_fraction=0.25)
+    b, logs = quiet_load(str(root), cache_dir=tmp_path / "c", store_size=16, img_size=12, val_fraction=0.25)
     assert b.stored_size == (16, 16) and b.img_size == (12, 12)
     assert b.train.images.shape == (6, 3, 16, 16) and b.test.images.shape == (2, 3, 16, 16)
     assert (b.train.images[..., 2:-2] == 200).all()  # shorter side to 16, centre square kept (edges: bicubic)
     assert "3x16x16, training at 12x12" in logs[-1]
-    squashed, _ = quiet(str(root), cache_dir=tmp_path / "c", img_size=12, val_fraction=0.25)
+    squashed, _ = quiet_load(str(root), cache_dir=tmp_path / "c", img_size=12, val_fraction=0.25)
     assert squashed.stored_size == squashed.img_size == (12, 12) and (squashed.train.images == 30).any()
     # training: random resized crops of the stored images at the training size
     aug = BatchAugment(AugmentConfig(crop="rrc", auto_augment="none", random_erasing=0.0, mixup=0.0,
@@ -163,7 +159,7 @@ def test_storage_size_apart_from_training_size(tmp_path):
     view = eval_view(b.test.images, b.img_size)
     assert view.shape == (2, 3, 12, 12) and view.dtype == torch.uint8 and (view[..., 3:-3] == 200).all()
     # tensor sources too
-    digits, _ = quiet("digits", cache_dir=tmp_path / "c", store_size=10, img_size=8)
+    digits, _ = quiet_load("digits", cache_dir=tmp_path / "c", store_size=10, img_size=8)
     assert digits.train.images.shape[1:] == (1, 10, 10) and digits.img_size == (8, 8)
 
 
