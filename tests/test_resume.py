@@ -1,5 +1,7 @@
 """A run stopped after any epoch and resumed ends byte for byte where the run never stopped ends, whatever its task;
 and a resume goes on only from what the run was built from (its teacher, its --init model, its data)."""
+import json
+
 import pytest
 import torch
 from safetensors import safe_open
@@ -96,3 +98,37 @@ def test_a_model_named_beside_init_must_be_the_one_it_holds(tmp_path, cache_dir,
     for name in ("deit_tiny_patch16_224", "vit_tiny_patch16_224"):  # its name, and the same ViT under timm's other
         assert main([*common, "--model", name, "--out", str(tmp_path / name)]) == 0
         assert read_summary(tmp_path / name).model == name and vitlab.load(tmp_path / name).arch == name
+
+
+def replace_model(folder, seed: int) -> None:
+    """Another model of the same architecture written over ``folder`` (as a user copying a new teacher in)."""
+    torch.manual_seed(seed)
+    model = vitlab.create_model("vit_micro_patch2_8", num_classes=10)
+    model.pretrained_cfg.update(mean=[0.5], std=[0.25])
+    vitlab.save(model, folder)
+
+
+@pytest.mark.parametrize("role", ["teacher", "init"])
+def test_a_resume_refuses_a_teacher_or_init_model_changed_since_the_run_started(role, teacher, tmp_path, cache_dir,
+                                                                              monkeypatch):
+    source = tmp_path / "source"
+    replace_model(source, seed=2)
+    values = ({"distill": "soft", "teacher": str(source), "teacher_once": True, "mixup": 0.0, "cutmix": 0.0}
+              if role == "teacher" else {"init": str(source)})
+    r = load_recipe(None, **TINY, **values, out=str(tmp_path / "run"))
+    with monkeypatch.context() as m:
+        stop_after_epoch(m, 1)
+        with pytest.raises(KeyboardInterrupt):
+            train(r, log=lambda s: None)
+    assert set(json.loads((tmp_path / "run" / "run.json").read_text())["built_from"]) == {role}
+    replace_model(source, seed=3)
+    with pytest.raises(ValueError) as e:
+        train(r, resume=True, log=lambda s: None)
+    said = str(e.value)
+    assert said.startswith(f"the {'teacher' if role == 'teacher' else '--init model'} of {tmp_path / 'run'} changed "
+                           f"since the run started ({source}: config.json, model.safetensors are not the files it "
+                           "started with)")
+    assert said.endswith("accepted: the {} as the run started with it, or a new run (vitlab train --out NEW_FOLDER)"
+                         .format("teacher" if role == "teacher" else "--init model")) and "\n" not in said
+    replace_model(source, seed=2)  # the files it started with: it resumes and ends
+    assert train(r, resume=True, log=lambda s: None)["epochs"] == 3

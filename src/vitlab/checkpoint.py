@@ -91,6 +91,20 @@ def read_config(path: str | os.PathLike) -> tuple[Path, dict[str, Any]]:
     return folder, read_json_object(cfg_path)
 
 
+def files_sha256(path: str | os.PathLike) -> dict[str, str]:
+    """The sha256 of every file ``load`` reads from a model folder (config.json, its weights, a transformers folder's
+    preprocessing), by file name: what a run records of a model it starts from or learns from."""
+    folder, _ = read_config(path)
+    names = [CONFIG, WEIGHTS, "model.safetensors.index.json", "pytorch_model.bin", hf.PREPROCESSOR]
+    index = folder / "model.safetensors.index.json"
+    if index.is_file() and not (folder / WEIGHTS).is_file():
+        try:
+            names += sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            pass  # the load says what is wrong with the index
+    return {name: _sha256(folder / name) for name in names if (folder / name).is_file()}
+
+
 def read_weights(folder: Path, expected_sha256: str | None = None) -> dict[str, torch.Tensor]:
     """The tensors of a folder: model.safetensors (or a sharded index, or pytorch_model.bin without pickle code)."""
     st = folder / WEIGHTS

@@ -1,10 +1,12 @@
 """A run's identity, and the checks that keep a run folder's files telling one story.
 
 ``run.json`` is written once, when a run starts: a run id, the identity of the data it trains on and how that data
-is split (``data.sources.data_identity``), and the thread count. Every checkpoint carries the run id and the recipe
-as run (less what ``--resume`` may change), so that on ``--resume`` a config.yaml edited by hand, another run's
-checkpoint copied in, or data that changed since are each refused in one line; ``eval``, ``inspect`` and ``probe``
-of a run refuse its data set when its split is no longer the one the run trained on.
+is split (``data.sources.data_identity``), the files of the models it is built from (its teacher, its --init model:
+``checkpoint.files_sha256``) and the thread count. Every checkpoint carries the run id and the recipe as run (less
+what ``--resume`` may change), so that on ``--resume`` a config.yaml edited by hand, another run's checkpoint copied
+in, data that changed since, or a teacher or --init model whose files changed since are each refused in one line;
+``eval``, ``inspect`` and ``probe`` of a run refuse its data set when its split is no longer the one the run trained
+on.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import torch
 import yaml
 
 from ..atomic import atomic_write_json, read_json_object
+from ..checkpoint import files_sha256
 from .format import (
     CHECKPOINT,
     CONFIG_YAML,
@@ -42,9 +45,34 @@ def recipe_record(config: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in plain.items() if k not in (*ON_RESUME, "out")}
 
 
-def new_identity(data: dict[str, Any] | None) -> dict[str, Any]:
-    """run.json's values for a run that starts now."""
-    return {"run_id": secrets.token_hex(8), "data": data, "threads": torch.get_num_threads()}
+def new_identity(data: dict[str, Any] | None, built_from: dict[str, Any] | None = None) -> dict[str, Any]:
+    """run.json's values for a run that starts now (``built_from``: ``models_built_from``'s)."""
+    return {"run_id": secrets.token_hex(8), "data": data, "threads": torch.get_num_threads(),
+            **({"built_from": built_from} if built_from else {})}
+
+
+def models_built_from(sources: dict[str, str | None]) -> dict[str, Any]:
+    """The files of the models a run starts from or learns from (``sources``: {"teacher": folder, "init": folder},
+    None where the run has none): the sha256 of each file vitlab.load reads, by role."""
+    return {role: {"source": str(source), "files": files_sha256(source)} for role, source in sources.items() if source}
+
+
+ROLE = {"teacher": ("teacher", "learn from another teacher"), "init": ("--init model", "go on from another model's "
+                                                                         "preprocessing and architecture")}
+
+
+def check_built_from(out: Path, recorded: dict[str, Any] | None, now: dict[str, Any]) -> None:
+    """Refuse (one line) to resume a run whose teacher or --init model is not the files it started with, naming the
+    files that changed."""
+    for role, was in (recorded or {}).items():
+        found = (now.get(role) or {}).get("files") or {}
+        changed = sorted(name for name in {*was["files"], *found} if was["files"].get(name) != found.get(name))
+        if changed:
+            what, would = ROLE.get(role, (role, "go on from other files"))
+            files = f"{', '.join(changed)} {'is not the file' if len(changed) == 1 else 'are not the files'}"
+            raise ValueError(f"the {what} of {out} changed since the run started ({was['source']}: {files} it started "
+                             f"with); resumed, the run would {would}; accepted: the {what} as the run started with "
+                             "it, or a new run (vitlab train --out NEW_FOLDER)")
 
 
 def write_identity(out: Path, identity: dict[str, Any]) -> None:
@@ -188,13 +216,16 @@ def restore_history(out: Path, rows: Sequence[dict[str, Any]], log: Callable[[st
 
 
 def run_identity(out: Path, ckpt: dict[str, Any] | None, data: dict[str, Any] | None,
-                 log: Callable[[str], None]) -> dict[str, Any]:
+                 log: Callable[[str], None], sources: dict[str, str | None] | None = None) -> dict[str, Any]:
     """The identity a run goes on under: a new one when it starts (or starts over: no checkpoint yet); on a resume
-    from ``ckpt`` (``own_checkpoint``), run.json's, once the data is found to be split as the run's was (refused in
-    one line when not), the thread count compared and metrics.jsonl completed from the checkpoint."""
+    from ``ckpt`` (``own_checkpoint``), run.json's, once the data is found to be split as the run's was and the
+    models in ``sources`` (``models_built_from``) to be the files it started with (refused in one line when not), the
+    thread count compared and metrics.jsonl completed from the checkpoint."""
+    built_from = models_built_from(sources or {})
     if ckpt is None:
-        return new_identity(data)
+        return new_identity(data, built_from)
     identity = read_identity(out)
+    check_built_from(out, (identity or {}).get("built_from"), built_from)
     said = data_change((identity or {}).get("data"), data)
     if said:
         raise ValueError(f"the data of {out} changed since the run started ({(data or {}).get('source')}: {said}); "

@@ -302,8 +302,8 @@ def set_up(r: Recipe, d: Dist, resume: bool, log: Callable[[str], None], now: Ca
     task = task_for(r, log)
     model, inputs, n_params, channels_last = build_inputs(r, d, task, fresh=ckpt is None and not r.init, log=log)
     config = config_values(r, getattr(model, "arch", None))
-    identity = broadcast_state(on_rank0(lambda: run_identity(out, ckpt, inputs.data.identity, log), d,
-                                        "check its data"), d)
+    identity = broadcast_state(on_rank0(lambda: run_identity(out, ckpt, inputs.data.identity, log, sources={
+        "teacher": r.teacher, "init": r.init}), d, "check its data and models"), d)
     if ckpt is not None and d.device.type == "cpu" and not r.threads:  # the count it trained with
         log(resumed_threads(identity))
     model = task.wrap(model, inputs.mean, inputs.std)  # what trains, checkpoints and resumes
