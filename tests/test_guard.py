@@ -11,7 +11,7 @@ from conftest import error_line
 import vitlab
 import vitlab.data
 from vitlab.cli import main
-from vitlab.runs.folder import LOCK
+from vitlab.runs.folder import LOCK, MARK, claim_folder
 from vitlab.runs.format import read_config, read_history, read_summary
 
 TINY = ["--model", "vit_micro_patch2_8", "--batch-size", "64", "--precision", "fp32", "--threads", "1"]
@@ -75,7 +75,7 @@ def test_a_command_may_rewrite_its_own_folder(tmp_path, cache_dir, capsys):
     out = tmp_path / "ev"
     for _ in range(2):
         assert main(["eval", str(model), "--data", "digits", "--out", str(out)]) == 0
-    assert {p.name for p in out.iterdir()} == {"summary.json", "confusion.png", LOCK}
+    assert {p.name for p in out.iterdir()} == {"summary.json", "confusion.png", MARK}
     # another kind of command does not take it over
     err = error_line(capsys, ["export", str(model), "--to", "timm", "--out", str(out)])
     assert "vitlab export did not write" in err
@@ -134,7 +134,29 @@ def test_eval_and_inspect_of_a_run_use_its_own_split(tmp_path, cache_dir, capsys
     assert not torch.equal(seed0, seed1)  # the seed-0 split is another set of test images
     assert main(["inspect", str(run), "--num-images", "2", "--distance-images", "8",
                  "--out", str(tmp_path / "in")]) == 0  # no --data: the run's own
+    for folder, kind in (("ev", "eval"), ("in", "inspect")):  # finished: no lock, the mark of who wrote it
+        assert not (tmp_path / folder / LOCK).exists() and (tmp_path / folder / MARK).read_text() == f"{kind}\n"
     plain = tmp_path / "plain"
     vitlab.save(vitlab.load(run), plain)
     capsys.readouterr()
     assert "give --data" in error_line(capsys, ["eval", str(plain)])
+
+
+@pytest.mark.parametrize("kind", ["eval", "inspect", "export", "study", "probe"])
+def test_a_folder_a_command_ended_in_holds_no_lock_and_is_its_own_again(kind, tmp_path):
+    out, name = tmp_path / "out", {"eval": "summary.json", "inspect": "a.png", "export": "model.onnx",
+                                   "study": "x.md", "probe": "probe.json"}[kind]
+    with claim_folder(out, kind):
+        assert (out / LOCK).read_text().split()[:2] == [kind, str(os.getpid())]  # the pid, for messages
+        (out / name).write_text("1")
+    assert sorted(p.name for p in out.iterdir()) == sorted([MARK, name])  # no lock naming an ended process
+    with pytest.raises(RuntimeError), claim_folder(out, kind):  # a command that fails midway: no lock either
+        (out / name).write_text("2")
+        raise RuntimeError("failed")
+    assert sorted(p.name for p in out.iterdir()) == sorted([MARK, name])
+    with claim_folder(out, kind):  # the same kind rewrites its own folder
+        (out / name).write_text("3")
+    other = "eval" if kind != "eval" else "inspect"
+    with pytest.raises(ValueError, match=f"vitlab {other} did not write"), claim_folder(out, other):
+        pass
+    assert sorted(p.name for p in out.iterdir()) == sorted([MARK, name]) and (out / name).read_text() == "3"

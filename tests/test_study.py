@@ -205,6 +205,11 @@ def test_cli_lists_studies_and_names_a_wrong_one(capsys):
     assert main(["study", "--list"]) == 0
     listed = capsys.readouterr().out
     assert all(name in listed for name in STUDIES)
+    assert main(["study"]) == 2  # no name: the list, and the line that says what is missing
+    said = capsys.readouterr()
+    assert all(name in said.out for name in STUDIES)
+    assert said.err.strip() == (f"vitlab study: error: which study? accepted: {', '.join(STUDIES)} (listed above), "
+                                "or --list")
     assert main(["study", "pos-embeds", "--quick"]) == 2
     err = capsys.readouterr().err
     assert "no study 'pos-embeds'; accepted: pos-embed, data-scale, hybrid, distill, locality, pretrain" in err
@@ -222,24 +227,50 @@ def test_balanced_order_takes_the_classes_in_turn():
     assert torch.equal(order, balanced_order(labels)) and not torch.equal(order, balanced_order(labels, seed=1))
 
 
-def test_a_run_trained_by_another_live_process_is_waited_for(tmp_path):
+def test_a_run_trained_by_another_live_process_is_waited_for(tmp_path, monkeypatch):
     import os
     import threading
 
-    from vitlab.studies.runner import _claim
-    folder = tmp_path / "runs" / "resnet-train_fraction=0.05-seed0"
+    from vitlab.runs.folder import LOCK, lock_holder, release_lock, take_lock, write_lock
+    from vitlab.studies import runner
+    monkeypatch.setattr(runner, "WAIT_S", 0.05)
+    runs = tmp_path / "runs"
+    folder = runs / "resnet-train_fraction=0.05-seed0"
     folder.mkdir(parents=True)
-    lock = tmp_path / "runs" / "resnet-train_fraction=0.05-seed0.lock"
-    lock.write_text(str(os.getpid()))  # a live process (this one) trains it
+    lock = runs / "resnet-train_fraction=0.05-seed0.lock"
+    held = take_lock(lock)  # another study (a lock of its own on the file) trains it
+    write_lock(held, "study 4242")
     said = []
-    finish = threading.Timer(0.5, lambda: ((folder / "summary.json").write_text("{}"), lock.unlink()))
-    finish.start()
-    assert _claim(folder, said.append) is False  # waited, then found it finished
-    assert "being trained by process" in said[0]
-    other = tmp_path / "runs" / "resnet-train_fraction=0.1-seed0"  # its own lock, not 0.05's
-    other_lock = tmp_path / "runs" / "resnet-train_fraction=0.1-seed0.lock"
-    other_lock.write_text("999999999")  # left by a process that is gone: taken over
-    assert _claim(other, said.append) is True and other_lock.read_text() == str(os.getpid())
+
+    def finish():
+        (folder / "summary.json").write_text("{}")
+        release_lock(lock, held)
+    threading.Timer(0.5, finish).start()
+    assert runner._claim(folder, said.append) is False  # waited, then found it finished
+    assert said == [f"{folder.name} is being trained by process 4242: waiting for it"]
+    # what a process killed at any moment leaves is a file that no process holds, whatever it says: an empty one
+    # (killed between its creation and its first write), one naming a live process (a recycled pid: this one)
+    for text in ("", f"study {os.getpid()}", str(os.getpid()), "0"):
+        other = runs / "resnet-train_fraction=0.1-seed0"
+        other_lock = runs / "resnet-train_fraction=0.1-seed0.lock"
+        other_lock.write_text(text)
+        assert runner._claim(other, said.append) is True and len(said) == 1  # taken at once
+        assert lock_holder(other_lock) == str(os.getpid())
+        runner._release(other)
+        assert not other_lock.exists() and lock_holder(other_lock) is None
+    # a run folder still written by a run of a study that was killed (its own lock held): waited for, not started
+    orphan = runs / "orphan"
+    orphan.mkdir()
+    trains = take_lock(orphan / LOCK)
+    write_lock(trains, "train 4343")
+
+    def orphan_ends():
+        (orphan / "summary.json").write_text("{}")
+        os.close(trains)
+    threading.Timer(0.5, orphan_ends).start()
+    assert runner._claim(orphan, said.append) is False
+    assert said[-1] == "orphan is being trained by process 4343: waiting for it"
+    assert not (runs / "orphan.lock").exists()
 
 
 def test_probe_rows_judge_a_pretrained_and_a_random_encoder_on_nested_label_shares(tmp_path, cache_dir):
@@ -530,3 +561,73 @@ def test_a_stopped_study_stops_the_runs_it_started(tmp_path, monkeypatch):
     assert len(started) == 2  # the third never began
     assert [p.poll() for p in started] == [-15, -15]  # stopped (SIGTERM), not left running
     assert not list((tmp_path / "runs").glob("*.lock"))
+
+
+def _gone(pid: int) -> bool:
+    """Whether process ``pid`` has ended (a zombie nobody reaps has ended too)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)")
+def test_the_runs_of_a_study_killed_with_9_die_with_it(tmp_path):
+    """kill -9 leaves a study no handler to run: its runs still stop (their parent's death is their signal), and
+    the study's locks on them are free for the next study at once."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from vitlab.runs.folder import lock_holder
+    study = f"""
+import sys
+from vitlab.progress import Progress
+from vitlab.studies import runner
+from vitlab.train.recipe import load_recipe
+runner._child_command = lambda folder, recipe: [sys.executable, "-c",
+    f"import os, time; open({{str(folder) + '.pid'!r}}, 'w').write(str(os.getpid())); time.sleep(60)"]
+jobs = [(n, load_recipe(None, out={str(tmp_path / 'runs')!r} + '/' + n)) for n in 'ab']
+with Progress(total=2, disable=True) as bar:
+    runner._train_arms(jobs, 2, print, bar)
+"""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    parent = subprocess.Popen([sys.executable, "-c", study], env=env, stdout=subprocess.DEVNULL)
+    pids = [tmp_path / "runs" / f"{n}.pid" for n in "ab"]
+    deadline = time.monotonic() + 60
+    while not all(p.is_file() and p.read_text() for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    children = [int(p.read_text()) for p in pids]
+    assert all(lock_holder(tmp_path / "runs" / f"{n}.lock") == str(parent.pid) for n in "ab")
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while not all(_gone(pid) for pid in children) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert all(_gone(pid) for pid in children)
+    assert all(lock_holder(tmp_path / "runs" / f"{n}.lock") is None for n in "ab")
+
+
+@pytest.mark.slow
+def test_a_failed_run_is_reported_by_its_own_error_line(tmp_path, monkeypatch):
+    """The run's reason, not the last line of its log: other lines can follow it (a run of a killed study that still
+    trains there writes into the same log), and an earlier start's lines come before it."""
+    import sys
+
+    from vitlab.progress import Progress
+    from vitlab.studies import runner
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    (runs / "a.log").write_text("epoch 1: loss 0.5\nvitlab train: error: an earlier start's reason\n")
+    lines = ["epoch 9: loss 0.3", "vitlab train: error: the reason", "epoch 10: loss 0.2922 lr 1e-3"]
+    code = f"import sys; print({chr(10).join(lines)!r}); sys.exit(2)"
+    monkeypatch.setattr(runner, "_child_command", lambda folder, recipe: [sys.executable, "-c", code])
+    jobs = [("a", load_recipe(None, out=str(runs / "a")))]
+    with pytest.raises(RuntimeError) as e, Progress(total=1, disable=True) as bar:
+        runner._train_arms(jobs, 2, lambda s: None, bar)
+    assert str(e.value) == f"study arm(s) failed: a (exit 2: vitlab train: error: the reason; log {runs / 'a.log'})"
+    assert runner.failure_reason(tmp_path / "none.log") == "no output"

@@ -1,10 +1,13 @@
 """The folders (and single files) vitlab commands write, and the claim each command takes on them before it writes.
 
 A command writes into a folder only when the folder is new or empty, or holds nothing but what the same kind of
-command wrote there before (its lock file says which); it never writes into a folder holding anyone else's
-files, nor into one that another live process is writing (an exclusive ``flock`` on the lock file, held for the
-life of the command and released by the kernel if the process dies). A command that writes a single file (a
-figure) writes a new one, or rewrites one that the same kind of command wrote (its mark in the figure's metadata).
+command wrote there before (its mark, or the lock of a command that was killed, says which); it never writes into a
+folder holding anyone else's files, nor into one that another live process is writing (an exclusive ``flock`` on
+the lock file, held for the life of the command and released by the kernel however the process ends: the pid in the
+file is for messages only, so a lock can never go stale). A command that ends leaves no lock: a run folder says
+what it is by its files, any other folder keeps a mark naming the kind of command that wrote it. A command that
+writes a single file (a figure) writes a new one, or rewrites one that the same kind of command wrote (its mark in
+the figure's metadata).
 """
 from __future__ import annotations
 
@@ -17,15 +20,15 @@ import socket
 from collections.abc import Iterator
 from pathlib import Path
 
-from ..atomic import TEMP_PATTERN, remove_stale_temps
+from ..atomic import TEMP_PATTERN, atomic_write_bytes, remove_stale_temps
 from ..checkpoint import CONFIG as MODEL_CONFIG
 from ..checkpoint import WEIGHTS as MODEL_WEIGHTS
 from .format import CONFIG_YAML, CONFUSION_PNG, FILES, RUN_JSON, SUMMARY, check_out_dir, run_command
 
-LOCK = ".vitlab.lock"  # holds "KIND PID [LAUNCH]" of the command that writes (or last wrote) the folder
+LOCK = ".vitlab.lock"  # flocked while a command writes the folder; holds "KIND PID [LAUNCH]" for messages
 LOCK_BYTES = 256  # the lock's text, padded with spaces: every write of it is one write of this many bytes
+MARK = ".vitlab"  # "KIND": the kind of command that wrote the folder, left in place of the lock when it ends
 STARTED = (CONFIG_YAML, RUN_JSON, "tb")  # all a run holds before its first checkpoint: a new run may start it over
-UNLOCK_WHEN_DONE = ("train", "export")  # the kinds whose folders are handed on: the lock goes when they succeed
 _CLAIMED: dict[Path, int] = {}  # folder (absolute) -> the fd of its lock, while this process writes it
 
 
@@ -100,6 +103,81 @@ def _owner(text: str) -> tuple[str, str]:
     return kind, pid
 
 
+class LockHeld(Exception):
+    """Another live process holds the lock; ``pid`` is what its file says ("" when it says nothing yet)."""
+
+    def __init__(self, pid: str):
+        super().__init__(pid)
+        self.pid = pid
+
+
+def take_lock(path: Path) -> int:
+    """An fd holding an exclusive ``flock`` on the file ``path`` (made if missing), which the kernel releases when
+    the fd is closed or the process ends, however it ends; raises LockHeld when another process holds it."""
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            text = os.pread(fd, 64, 0).decode(errors="replace")
+            os.close(fd)
+            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise
+            raise LockHeld(_pid(text)) from None
+        if _is_at(fd, path):
+            return fd
+        os.close(fd)  # its holder removed the file as this process opened it: lock the one there now
+
+
+def write_lock(fd: int, text: str) -> None:
+    """Put ``text`` (for messages) in a held lock file: one write of LOCK_BYTES, never an empty or half-old file."""
+    line = text.rstrip().encode()[:LOCK_BYTES - 1] + b"\n"
+    os.pwrite(fd, line.ljust(LOCK_BYTES), 0)
+    os.ftruncate(fd, LOCK_BYTES)
+
+
+def release_lock(path: Path, fd: int) -> None:
+    """Remove the lock file ``path`` if it is still the one ``fd`` holds, then release it."""
+    with contextlib.suppress(OSError):
+        if _is_at(fd, path):
+            path.unlink()
+    os.close(fd)
+
+
+def lock_holder(path: str | os.PathLike) -> str | None:
+    """The pid a held lock file names ("" when it names none), or None when no live process holds it."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return None
+    except OSError as e:
+        if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            raise
+        return _pid(os.pread(fd, 64, 0).decode(errors="replace"))
+    finally:
+        os.close(fd)  # and with it the probe's own shared lock
+
+
+def _pid(text: str) -> str:
+    """The pid in a lock's text: the claim's second word, or a lone number."""
+    words = text.split()
+    pid = words[1] if len(words) > 1 else words[0] if words else ""
+    return pid if pid.isdigit() else ""
+
+
+def _is_at(fd: int, path: Path) -> bool:
+    """Whether ``path`` is (still) the file that ``fd`` has open."""
+    try:
+        there = os.stat(path)
+    except OSError:
+        return False
+    held = os.fstat(fd)
+    return (held.st_dev, held.st_ino) == (there.st_dev, there.st_ino)
+
+
 def launch_id() -> str:
     """The torchrun launch this process belongs to (its elastic agent, on this host), or "" outside torchrun: the
     worker group that the agent restarts after a failure has the same one, a later launch has another."""
@@ -118,7 +196,17 @@ def written_by_this_launch(out: str | os.PathLike) -> bool:
 
 
 def _entries(out: Path) -> list[str]:
-    return sorted(p.name for p in out.iterdir() if p.name != LOCK and not TEMP_PATTERN.fullmatch(p.name))
+    return sorted(p.name for p in out.iterdir() if p.name not in (LOCK, MARK) and not TEMP_PATTERN.fullmatch(p.name))
+
+
+def _written_by(out: Path) -> str:
+    """The kind of command that wrote ``out``: its lock's (a killed command's), else its mark's, else ""."""
+    for name, size in ((LOCK, 64), (MARK, 16)):
+        with contextlib.suppress(OSError), open(out / name, "rb") as f:
+            kind = _owner(f.read(size).decode(errors="replace"))[0]
+            if kind:
+                return kind
+    return ""
 
 
 def _check(out: Path, kind: str, marked: bool, resume: bool, flag: str) -> None:
@@ -151,53 +239,56 @@ def claim_folder(out: str | os.PathLike, kind: str, resume: bool = False, lock: 
     if out.exists() and not out.is_dir():
         raise ValueError(f"{flag} {out} is a file; accepted: a new or empty folder")
     if out.is_dir() and not (out / LOCK).exists():
-        _check(out, kind, False, resume, flag)  # refused before anything is added to it
-    made, locked = not out.exists(), False
+        _check(out, kind, _written_by(out) == kind, resume, flag)  # refused before anything is added to it
+    made, fd, succeeded = not out.exists(), None, False
     try:
         out.mkdir(parents=True, exist_ok=True)
-        fd = os.open(out / LOCK, os.O_RDWR | os.O_CREAT, 0o644) if lock else None
+        fd = take_lock(out / LOCK) if lock else None
+    except LockHeld as held:
+        raise ValueError(f"{out} is being written by another vitlab process{f' (pid {held.pid})' if held.pid else ''};"
+                         f" wait for it to end or choose another {flag}") from None
     except OSError as e:
         raise ValueError(f"cannot write {flag} {out}: {os.strerror(e.errno) if e.errno else e}") from None
     try:
         if fd is not None:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError as e:
-                if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                    raise
-                _, pid = _owner(os.pread(fd, 64, 0).decode(errors="replace"))
-                raise ValueError(f"{out} is being written by another vitlab process{f' (pid {pid})' if pid else ''};"
-                                 f" wait for it to end or choose another {flag}") from None
-            locked = True
             # a killed writer's half-written temporary files: with the folder locked no writer of ours is live here,
             # so they go whatever their age (a temporary file whose writer holds its lock stays)
             remove_stale_temps(out, older_than=0)
-        text = (out / LOCK).read_text(errors="replace") if (out / LOCK).is_file() else ""
-        _check(out, kind, _owner(text)[0] == kind, resume, flag)
+        _check(out, kind, _written_by(out) == kind, resume, flag)
         if fd is not None:
-            line = f"{kind} {os.getpid()} {launch_id()}".rstrip().encode()[:LOCK_BYTES - 1] + b"\n"
-            os.pwrite(fd, line.ljust(LOCK_BYTES), 0)  # one write: the old text or the new, never an empty file
-            os.ftruncate(fd, LOCK_BYTES)
+            write_lock(fd, f"{kind} {os.getpid()} {launch_id()}")
             _CLAIMED[out.absolute()] = fd
         yield out
-        if fd is not None and kind in UNLOCK_WHEN_DONE:
-            _unlock_finished(out, fd)
+        succeeded = True
     finally:
         if fd is not None:
             _CLAIMED.pop(out.absolute(), None)
-            if locked and made and _left_empty(out):  # a command that failed before writing leaves no folder behind
-                (out / LOCK).unlink(missing_ok=True)
-                with contextlib.suppress(OSError):
-                    out.rmdir()
-            os.close(fd)  # releases the lock
+            _hand_on(out, fd, kind, made, succeeded)
 
 
-def _unlock_finished(out: Path, fd: int) -> None:
-    """Remove the lock file of a folder whose command succeeded, if it is still this process's lock."""
-    with contextlib.suppress(OSError):
-        held, there = os.fstat(fd), os.stat(out / LOCK)
-        if (held.st_dev, held.st_ino) == (there.st_dev, there.st_ino):
-            (out / LOCK).unlink()
+def _hand_on(out: Path, fd: int, kind: str, made: bool, succeeded: bool) -> None:
+    """Release the folder at the end of its command, leaving no lock: a folder the command left empty goes (if it
+    made it); a run folder says what it is by its files (an unfinished one keeps its lock, for a restart of its
+    torchrun launch); any other folder gets the mark of its kind in place of the lock."""
+    if not _is_at(fd, out / LOCK):  # the folder was deleted or replaced under the command: touch nothing
+        os.close(fd)
+        return
+    if _left_empty(out):
+        release_lock(out / LOCK, fd)
+        if made:
+            with contextlib.suppress(OSError):
+                out.rmdir()
+        return
+    if kind == "train" and not succeeded:
+        os.close(fd)
+        return
+    if kind != "train":
+        try:
+            atomic_write_bytes(out / MARK, f"{kind}\n".encode())
+        except (OSError, ValueError):  # no room for the mark: the lock, which names the kind too, stays
+            os.close(fd)
+            return
+    release_lock(out / LOCK, fd)
 
 
 def _left_empty(out: Path) -> bool:

@@ -13,10 +13,13 @@ one epoch at 16x16).
 """
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import fnmatch
 import math
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -28,7 +31,7 @@ from typing import Any
 import yaml
 
 from ..progress import Progress
-from ..runs.folder import STUDY_FEATURES, STUDY_RUNS
+from ..runs.folder import LOCK, STUDY_FEATURES, STUDY_RUNS, LockHeld, lock_holder, release_lock, take_lock, write_lock
 from ..runs.format import has_config, is_finished, read_config
 from ..train.recipe import Recipe, load_recipe
 from ..train.trainer import train
@@ -174,37 +177,79 @@ def _beside(folder: Path, ext: str) -> Path:
     return folder.parent / (folder.name + ext)
 
 
+WAIT_S = 5.0  # how often a study looks again at a run that another process trains
+_HELD: dict[Path, int] = {}  # run folder -> the fd of its study lock, while this process trains it
+
+
 def _claim(folder: Path, log: Callable[[str], None]) -> bool:
-    """Take ``folder``'s lock (``NAME.lock`` beside it, holding this process id) before training it. If another
-    live process holds it (a second study that shares the run), wait for that process to finish; returns
-    False when the run was finished meanwhile, True when this process now owns it."""
-    lock = _beside(folder, ".lock")
-    waited = False
-    while True:
-        if is_finished(folder):
-            return False
-        try:
-            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-        except FileExistsError:
-            try:
-                owner = int(lock.read_text() or 0)
-                os.kill(owner, 0)
-            except (ValueError, ProcessLookupError, FileNotFoundError):
-                lock.unlink(missing_ok=True)  # left by a process that is gone
+    """Take ``folder``'s study lock (``NAME.lock`` beside it, flocked while this process trains the run: the kernel
+    releases it however the process ends, so it never goes stale) before training it. While another live process
+    holds it (a second study that shares the run) or writes the run folder itself (a run of a study that was
+    killed), wait for it; returns False when the run was finished meanwhile, True when this process now owns it
+    (until ``_release``)."""
+    lock, fd, waited = _beside(folder, ".lock"), None, False
+    try:
+        while not is_finished(folder):
+            if fd is None:
+                with contextlib.suppress(LockHeld):
+                    fd = take_lock(lock)
+                    write_lock(fd, f"study {os.getpid()}")
+            pid = lock_holder(lock) if fd is None else lock_holder(folder / LOCK)
+            if fd is not None and pid is None:
+                _HELD[folder], fd = fd, None
+                return True
+            if pid is None:  # released as this process looked: take it now
                 continue
-            except PermissionError:
-                pass  # alive, another user's
             if not waited:
-                log(f"{folder.name} is being trained by process {owner}: waiting for it")
+                log(f"{folder.name} is being trained by process {pid or '(unknown)'}: waiting for it")
                 waited = True
-            time.sleep(5)
-            continue
-        with os.fdopen(fd, "w") as f:
-            f.write(str(os.getpid()))
-        if is_finished(folder):  # finished between the check and the lock
-            lock.unlink(missing_ok=True)
-            return False
-        return True
+            time.sleep(WAIT_S)
+        return False
+    finally:
+        if fd is not None:
+            release_lock(lock, fd)
+
+
+def _release(folder: Path) -> None:
+    """Give up this process's study lock on ``folder`` (the lock file goes with it)."""
+    fd = _HELD.pop(folder, None)
+    if fd is not None:
+        release_lock(_beside(folder, ".lock"), fd)
+
+
+PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent ends
+
+
+def dies_with(parent: int) -> Callable[[], None] | None:
+    """Popen's preexec_fn on Linux: the child gets SIGTERM when ``parent`` (the study) ends, even by kill -9, and
+    stops as on Ctrl-C, its run folder whole; no run trains on unsupervised. None elsewhere."""
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None
+    except (OSError, AttributeError):
+        prctl = None
+    if prctl is None:
+        return None
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+
+    def preexec() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != parent:  # the study ended before the line above
+            os.kill(os.getpid(), signal.SIGTERM)
+    return preexec
+
+
+ATTEMPT = "=== "  # the line a study writes in a run's log before each start of it
+
+
+def failure_reason(logfile: Path) -> str:
+    """Why the last start of a run failed, from its log: the command's own one-line error (a run whose log holds
+    other lines after it, e.g. those of a run it found already training, still names its reason), else the last
+    line."""
+    lines = logfile.read_text(errors="replace").splitlines() if logfile.is_file() else []
+    starts = [i for i, line in enumerate(lines) if line.startswith(ATTEMPT)]
+    lines = [line.strip() for line in lines[starts[-1] + 1 if starts else 0:] if line.strip()]
+    said = [line for line in lines if line.startswith("vitlab ")]
+    return (said or lines or ["no output"])[-1]
 
 
 def _train_arms(jobs: list[tuple[str, Recipe]], parallel: int, log: Callable[[str], None], bar) -> None:
@@ -219,7 +264,7 @@ def _train_arms(jobs: list[tuple[str, Recipe]], parallel: int, log: Callable[[st
                 try:
                     train(recipe, resume=has_config(folder), log=lambda s: None)
                 finally:
-                    _beside(folder, ".lock").unlink(missing_ok=True)
+                    _release(folder)
             bar.update(1)
         return
     pending = list(jobs)
@@ -247,7 +292,7 @@ def stop_children(running: list[tuple[str, Path, subprocess.Popen, Any]], wait: 
             proc.kill()
             proc.wait()
         handle.close()
-        _beside(folder, ".lock").unlink(missing_ok=True)
+        _release(folder)
     running.clear()
 
 
@@ -265,8 +310,12 @@ def _supervise(pending: list[tuple[str, Recipe]], running: list[tuple[str, Path,
                 continue
             logfile = _beside(folder, ".log")
             handle = open(logfile, "a")
+            command = _child_command(folder, recipe)
+            handle.write(f"{ATTEMPT}{' '.join(command)}\n")
+            handle.flush()
             env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-            proc = subprocess.Popen(_child_command(folder, recipe), stdout=handle, stderr=subprocess.STDOUT, env=env)
+            proc = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, env=env,
+                                    preexec_fn=dies_with(os.getpid()))
             running.append((name, folder, proc, handle))
             log(f"training {name} -> {folder} (log: {logfile})")
         time.sleep(0.5)
@@ -276,12 +325,11 @@ def _supervise(pending: list[tuple[str, Recipe]], running: list[tuple[str, Path,
                 continue
             handle.close()
             running.remove(item)
-            _beside(folder, ".lock").unlink(missing_ok=True)
+            _release(folder)
             logfile = _beside(folder, ".log")
             bar.update(1)
             if proc.returncode != 0:
-                tail = logfile.read_text().strip().splitlines()[-1:] if logfile.is_file() else []
-                failed.append(f"{name} (exit {proc.returncode}: {tail[0] if tail else 'no output'}; log {logfile})")
+                failed.append(f"{name} (exit {proc.returncode}: {failure_reason(logfile)}; log {logfile})")
         if pending and not running and next_ready([r for _, r in pending]) is None:  # their teacher failed
             failed += [f"{name} (not trained: the run it starts from did not finish)" for name, _ in pending]
             pending.clear()
