@@ -1,5 +1,6 @@
 """vitlab export: ONNX checked with onnxruntime, timm and transformers folders that load back to the same logits."""
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -209,3 +210,67 @@ def test_export_cli(tmp_path, capsys):
     assert main(["export", str(tmp_path / "hybrid"), "--to", "hf", "--out", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("vitlab export: error: ") and "hybrid ViT" in err and err.count("\n") == 1
+
+
+def test_onnx_export_says_how_it_was_checked(tmp_path, capsys, monkeypatch):
+    pytest.importorskip("onnxruntime", reason="onnxruntime is not installed (pip install 'vitlab[onnx]')")
+    vitlab.save(noisy("vit_nano_patch4_32", depth=1), tmp_path / "m")
+    assert main(["export", str(tmp_path / "m"), "--to", "onnx", "--out", str(tmp_path / "o")]) == 0
+    said = capsys.readouterr().out.splitlines()
+    assert said[0].startswith(f"{tmp_path / 'o' / 'model.onnx'} checked with onnxruntime: its logits differ from "
+                              "PyTorch's by at most ") and said[0].endswith("(tolerance 0.0001)")
+    assert float(said[0].split("at most ")[1].split()[0]) < 1e-4
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # as where it is not installed: said, not skipped silently
+    assert main(["export", str(tmp_path / "m"), "--to", "onnx", "--out", str(tmp_path / "o2")]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == (
+        f"{tmp_path / 'o2' / 'model.onnx'} not checked: onnxruntime is not installed (pip install 'vitlab[onnx]' to "
+        "compare it with PyTorch)")
+    assert main(["export", str(tmp_path / "m"), "--to", "onnx", "--no-check", "--out", str(tmp_path / "o3")]) == 0
+    assert "checked" not in capsys.readouterr().out
+
+
+def test_a_second_export_into_the_folder_of_the_first_replaces_its_own_files(tmp_path, capsys):
+    vitlab.save(noisy("vit_nano_patch4_32", depth=1), tmp_path / "m")
+    vitlab.save(noisy("vit_nano_patch4_32", depth=1), tmp_path / "m2")
+    out = tmp_path / "o"
+    written = []
+    for model in ("m", "m2"):
+        assert main(["export", str(tmp_path / model), "--to", "onnx", "--no-check", "--out", str(out)]) == 0
+        written.append((out / "model.onnx").read_bytes())
+    assert written[0] != written[1]  # the second model's graph in place of the first's
+    assert sorted(p.name for p in out.iterdir()) == [".vitlab", "model.onnx", "preprocess.json"]
+    (out / "notes.txt").write_text("mine")  # a file of the user's: the folder is not the export's alone any more
+    capsys.readouterr()
+    assert main(["export", str(tmp_path / "m"), "--to", "onnx", "--no-check", "--out", str(out)]) == 2
+    assert "holds files that vitlab export did not write (notes.txt)" in capsys.readouterr().err
+    assert (out / "notes.txt").read_text() == "mine"
+
+
+@pytest.mark.parametrize("before", [False, True])
+def test_an_onnx_export_onto_a_full_disk_names_the_file_and_leaves_nothing_half_written(before, tmp_path, capsys,
+                                                                                         monkeypatch):
+    import errno
+    import os
+
+    from vitlab.runs.folder import LOCK
+    vitlab.save(noisy("vit_nano_patch4_32", depth=1), tmp_path / "m")
+    out = tmp_path / "o"
+    argv = ["export", str(tmp_path / "m"), "--to", "onnx", "--no-check", "--out", str(out)]
+    if before:
+        assert main(argv) == 0
+    kept = {p.name: p.read_bytes() for p in out.iterdir()} if before else None
+
+    def full(model, args, f, **kwargs):  # the exporter's write stops part-way: no space left
+        Path(f).write_bytes(b"\x08\x09half an ONNX file")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    monkeypatch.setattr(torch.onnx, "export", full)
+    capsys.readouterr()
+    assert main(argv) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"vitlab export: error: disk full: writing {out / 'model.onnx'} stopped after ")
+    assert line.endswith("free some space and run again")
+    if before:  # the earlier export whole, with no lock and no temporary file beside it
+        assert "the previous model.onnx is kept" in line
+        assert {p.name: p.read_bytes() for p in out.iterdir()} == kept and LOCK not in kept
+    else:  # nothing at all: the folder the export made is gone
+        assert "no half-written model.onnx is left" in line and not out.exists()

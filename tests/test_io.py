@@ -1,6 +1,8 @@
 """vitlab.load refuses what it cannot load completely, and says why."""
 import json
+import os
 import shutil
+import stat
 
 import pytest
 import torch
@@ -183,3 +185,18 @@ def test_load_at_another_patch_size_resamples_patch_and_position_embeddings(save
         assert torch.allclose(flexi(big), model(x), atol=1e-4)
     coarse = vitlab.load(saved, patch_size=8)  # the same image size: a 4x4 grid, the position table resampled
     assert coarse.pos_embed.shape[1] == 1 + 16 and coarse(x).shape == (2, 10)
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_saved_and_exported_weights_take_the_umask_like_every_other_file(umask, tmp_path):
+    from vitlab.export import export
+    model = vitlab.create_model("vit_tiny_patch4_32", embed_dim=48, depth=2, num_heads=3, num_classes=3)
+    before = os.umask(umask)
+    try:
+        folders = [vitlab.save(model, tmp_path / "saved"), export(model, "timm", tmp_path / "timm"),
+                   export(model, "hf", tmp_path / "hf")]
+    finally:
+        os.umask(before)
+    for folder in folders:
+        modes = {p.name: oct(stat.S_IMODE(p.stat().st_mode)) for p in folder.iterdir()}
+        assert set(modes.values()) == {oct(0o666 & ~umask)}, modes

@@ -16,6 +16,7 @@ import os
 import re
 import secrets
 import shutil
+import stat
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -137,10 +138,13 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         tmp, fd = _create_temp(path)
     except OSError as e:
         raise _disk_full(path, e) or e from None
+    mode = stat.S_IMODE(os.fstat(fd).st_mode)  # what the umask gives a new file
     try:
         yield tmp
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
+            if stat.S_IMODE(os.fstat(f.fileno()).st_mode) != mode:  # a writer that made its own (safetensors: 0600)
+                os.fchmod(f.fileno(), mode)
         os.replace(tmp, path)
     except BaseException as e:
         written = tmp.stat().st_size if tmp.exists() else 0
@@ -151,6 +155,30 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         raise
     finally:
         os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_files(path: str | os.PathLike) -> Iterator[Path]:
+    """A path inside a locked temporary folder beside ``path``, for a writer that may add files next to it (ONNX's
+    external data): when the block succeeds, every file it wrote is moved into ``path``'s folder, ``path`` last;
+    when it fails, nothing is left (a full disk is a DiskFullError that names ``path``)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(path.parent, path.name)
+    with locked_temp_folder(path.parent, path.name) as tmp:
+        try:
+            yield tmp / path.name
+            written = sorted(tmp.iterdir(), key=lambda p: p.name == path.name)
+            for p in written:
+                with open(p, "rb") as f:
+                    os.fsync(f.fileno())
+            for p in written:
+                os.replace(p, path.parent / p.name)
+        except Exception as e:
+            full = _disk_full(path, e, sum(p.stat().st_size for p in tmp.iterdir() if p.is_file()))
+            if full is not None:
+                raise full from None
+            raise
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -61,11 +62,12 @@ def export_hf(model: nn.Module, folder: str | os.PathLike) -> Path:
     return folder
 
 
-def export(model: nn.Module | str | os.PathLike, to: str, out: str | os.PathLike, check: bool = True) -> Path:
+def export(model: nn.Module | str | os.PathLike, to: str, out: str | os.PathLike, check: bool = True,
+           log: Callable[[str], None] = lambda s: None) -> Path:
     """Export a model (or anything vitlab.load reads) to ``to`` (onnx, timm or hf) in folder ``out``.
 
-    ``check`` (ONNX) compares onnxruntime's output with PyTorch's when onnxruntime is installed.
-    Returns the written file (ONNX) or folder.
+    ``check`` (ONNX) compares onnxruntime's output with PyTorch's when onnxruntime is installed, and tells ``log``
+    the largest difference (or that onnxruntime is missing). Returns the written file (ONNX) or folder.
     """
     if to not in FORMATS:
         raise ValueError(f"unknown export format {to!r}; accepted: {', '.join(FORMATS)}")
@@ -74,5 +76,5 @@ def export(model: nn.Module | str | os.PathLike, to: str, out: str | os.PathLike
     check_model(model, "export")
     model = model.eval()
     if to == "onnx":
-        return export_onnx(model, Path(out), check=check)
+        return export_onnx(model, Path(out), check=check, log=log)
     return export_timm(model, out) if to == "timm" else export_hf(model, out)

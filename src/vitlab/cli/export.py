@@ -20,6 +20,6 @@ def run(args: argparse.Namespace) -> int:
     from ..export import export
     from ..runs.folder import claim_folder
     with claim_folder(args.out, "export"):
-        path = export(args.model, args.to, args.out, check=not args.no_check)
+        path = export(args.model, args.to, args.out, check=not args.no_check, log=print)
     print(f"{args.model} -> {path}")
     return 0

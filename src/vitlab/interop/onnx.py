@@ -10,13 +10,14 @@ which is the same filter.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from ..atomic import atomic_write_json
+from ..atomic import atomic_files, atomic_write_json
 from ..data.views import Preprocess
 
 ONNX_FILE, PREPROCESS_FILE = "model.onnx", "preprocess.json"
@@ -46,10 +47,12 @@ def example_input(model: nn.Module, batch: int = 2, grow: int = 0) -> torch.Tens
     return torch.randn(batch, c, h + grow * step[0], w + grow * step[1])
 
 
-def export_onnx(model: nn.Module, folder: Path, check: bool = True, atol: float = 1e-4) -> Path:
+def export_onnx(model: nn.Module, folder: Path, check: bool = True, atol: float = 1e-4,
+                log: Callable[[str], None] = lambda s: None) -> Path:
     """Write folder/model.onnx (input ``images`` (B, C, H, W), output ``logits``) and folder/preprocess.json.
 
-    ``check`` compares onnxruntime's output with PyTorch's at two batch sizes when onnxruntime is installed.
+    ``check`` compares onnxruntime's output with PyTorch's at two batch sizes when onnxruntime is installed;
+    ``log`` is told the largest difference, or that onnxruntime is missing.
     """
     try:
         import onnx  # noqa: F401  torch's exporter writes the file with it
@@ -67,19 +70,22 @@ def export_onnx(model: nn.Module, folder: Path, check: bool = True, atol: float 
     x = example_input(model, grow=1 if dynamic else 0)
     torch.onnx.register_custom_op_symbolic("aten::_upsample_bicubic2d_aa", _bicubic_aa, OPSET)
     path = folder / ONNX_FILE
-    with warnings.catch_warnings(), torch.no_grad():
+    with warnings.catch_warnings(), torch.no_grad(), atomic_files(path) as tmp:  # never a half-written model.onnx
         warnings.simplefilter("ignore")  # the tracer's notes on Python values it keeps constant
-        torch.onnx.export(model, (x,), str(path), dynamo=False, opset_version=OPSET, input_names=["images"],
+        torch.onnx.export(model, (x,), str(tmp), dynamo=False, opset_version=OPSET, input_names=["images"],
                           output_names=["logits"], dynamic_axes=axes)
     atomic_write_json(folder / PREPROCESS_FILE, preprocess_json(model, dynamic))
     if check:
         try:
             import onnxruntime  # noqa: F401
         except ImportError:
+            log(f"{path} not checked: onnxruntime is not installed ({INSTALL_HINT} to compare it with PyTorch)")
             return path
         worst = max_difference(model, path)
         if worst > atol:
             raise ValueError(f"{path}: onnxruntime differs from PyTorch by {worst:.2e} (tolerance {atol:g})")
+        log(f"{path} checked with onnxruntime: its logits differ from PyTorch's by at most {worst:.1e} "
+            f"(tolerance {atol:g})")
     return path
 
 
