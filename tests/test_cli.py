@@ -84,3 +84,23 @@ def test_null_on_the_command_line_takes_a_recipe_s_value_away(tmp_path, capsys):
     err = error_line(capsys, ["train", "--config", str(recipe), "--epochs", "null", "--out", str(tmp_path / "x")])
     assert "epochs" in err and "accepted: an integer >= 1" in err, err
     assert not (tmp_path / "x").exists()
+
+
+def test_top_k_is_named_after_the_classes_there_are(tmp_path, cache_dir, capsys):
+    import numpy as np
+    from PIL import Image
+
+    import vitlab
+    from vitlab.cli.train import result_line
+    for c in "abc":
+        for i in range(4):
+            (tmp_path / "set" / c).mkdir(parents=True, exist_ok=True)
+            pixels = np.full((16, 16, 3), 60 * "abc".index(c) + i, np.uint8)
+            Image.fromarray(pixels).save(tmp_path / "set" / c / f"{i}.png")
+    model = vitlab.save(vitlab.create_model("vit_micro_patch2_8", num_classes=3), tmp_path / "m")
+    assert main(["eval", str(model), "--data", str(tmp_path / "set"), "--threads", "1"]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert "top-3 100.00%" in line and "top-5" not in line  # three classes: every prediction is in the top 3
+    summary = {"top1": 0.5, "top5": 1.0, "wall_seconds": 1.0, "per_class": {"a": 0.5, "b": 0.5, "c": 0.5}}
+    assert "top-3 100.00%" in result_line(summary, "out")
+    assert "top-5 90.00%" in result_line({**summary, "top5": 0.9, "per_class": dict.fromkeys("abcdefg", 0.5)}, "out")

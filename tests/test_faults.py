@@ -793,3 +793,17 @@ def test_a_data_set_with_nothing_to_learn_or_to_test_is_said(tmp_path, classes, 
         assert any("one class ('a')" in line for line in warnings) == one_class
         assert any("test split of set is empty" in line for line in warnings) == empty_test
         assert len(warnings) == one_class + empty_test
+
+
+@pytest.mark.parametrize("action", [["list"], ["clean", "--all"], ["clean", "--dry-run"]])
+def test_a_cache_that_is_a_file_is_one_line(action, tmp_path, capsys, monkeypatch):
+    from vitlab.cli import main
+    cache = tmp_path / "notes.txt"
+    cache.write_text("mine\n")
+    monkeypatch.setenv("VITLAB_CACHE", str(cache))
+    assert main(["cache", *action]) == 2
+    said = capsys.readouterr()
+    (line,) = said.err.strip().splitlines()
+    assert line == (f"vitlab cache: error: the data cache {cache} is a file, not a folder; accepted: a folder, new "
+                    "or the cache's own (--cache-dir, else $VITLAB_CACHE)")
+    assert said.out == "" and cache.read_text() == "mine\n"

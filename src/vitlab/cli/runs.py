@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from .options import add_option
@@ -60,7 +61,11 @@ def run_study(args: argparse.Namespace) -> int:
     if args.list or not args.name:
         for name, s in STUDIES.items():
             print(f"{name:<11} {s.minutes:g} min per run  {s.claim} ({s.source})")
-        return 0 if args.list else 2
+        if args.list:
+            return 0
+        print(f"vitlab study: error: which study? accepted: {', '.join(STUDIES)} (listed above), or --list",
+              file=sys.stderr)
+        return 2
     try:
         seeds = [int(s) for s in args.seeds.split(",")]
     except ValueError:

@@ -109,5 +109,7 @@ def result_line(summary: dict, out: str) -> str:
     if summary["top1"] is None:
         return (f"held-out {summary['pretrain']} loss {summary['test_loss']:.4f}  {summary['wall_seconds']:.0f} s  -> "
                 f"{out} (fine-tune its encoder: vitlab train --init {out})")
-    return (f"test top-1 {100 * summary['top1']:.2f}%  top-5 {100 * summary['top5']:.2f}%  "
+    from ..train.metrics import top_k_text
+    top_k = top_k_text(summary["per_class"])
+    return (f"test top-1 {100 * summary['top1']:.2f}%  {top_k} {100 * summary['top5']:.2f}%  "
             f"{summary['wall_seconds']:.0f} s  -> {out}")

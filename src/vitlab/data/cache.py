@@ -217,6 +217,9 @@ def cache_entries(cache_dir: str | os.PathLike | None = None,
     """What the cache folder holds, with sizes on disk and, for stores, whether they are current."""
     identify = identify or source_identity
     cache = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    if cache.exists() and not cache.is_dir():
+        raise ValueError(f"the data cache {cache} is a file, not a folder; accepted: a folder, new or the cache's "
+                         "own (--cache-dir, else $VITLAB_CACHE)")
     entries = (_entry(path, identify) for path in (sorted(cache.iterdir()) if cache.is_dir() else []))
     return [e for e in entries if e is not None]
 

@@ -51,7 +51,7 @@ def confusion_counts(model: nn.Module, images: torch.Tensor, labels: torch.Tenso
     model.eval()
     device = next(model.parameters()).device
     out: dict[str, dict[str, torch.Tensor]] = {}
-    k = min(5, num_classes)
+    k = top_k(num_classes)
     for i in range(0, len(images), batch_size):
         n = min(batch_size, len(images) - i)
         batch = to_device(images.narrow(0, i, n), device)
@@ -75,6 +75,16 @@ def confusion_counts(model: nn.Module, images: torch.Tensor, labels: torch.Tenso
     for acc in out.values():
         acc["confusion"] = acc["confusion"].view(num_classes, num_classes)
     return out
+
+
+def top_k(num_classes: int) -> int:
+    """The k of the "top-5" accuracy: 5, or every class when there are fewer (its value is then 100%)."""
+    return min(5, num_classes)
+
+
+def top_k_text(per_class: dict[str, float] | None) -> str:
+    """'top-5', or 'top-3' for 3 classes: the name of the top-k accuracy that was measured."""
+    return f"top-{top_k(len(per_class)) if per_class else 5}"
 
 
 def metrics_from_counts(counts: dict[str, torch.Tensor], classes: Sequence[str]) -> dict:
