@@ -352,3 +352,28 @@ def test_kill_9_at_any_moment_leaves_whole_files_and_resumes(tmp_path, cache_dir
         assert subprocess.run([sys.executable, "-m", "vitlab", "train", *again], env=env).returncode == 0
         assert [r.epoch for r in read_history(out)] == [1, 2, 3] and read_summary(out).epochs == 3
         whole_files(out)  # and the debris of the killed write is gone
+
+
+def test_a_run_with_no_model_yet_is_named_unfinished_by_every_command_that_reads_one(uninterrupted, tmp_path,
+                                                                                     cache_dir, capsys):
+    run = unfinished(uninterrupted, tmp_path)
+    for name in ("config.json", "model.safetensors"):  # as a run stopped after its second epoch
+        (run / name).unlink()
+    image = tmp_path / "a.png"
+    Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(image)
+    commands = [["eval", run], ["predict", run, image], ["inspect", run, "--out", tmp_path / "in"],
+                ["probe", run, "--data", "digits"], ["train", *TINY, "--epochs", "1", "--init", run,
+                                                     "--out", tmp_path / "ft"]]
+    before = checksums(run)
+    stopped = f"{run} is unfinished (stopped at epoch 2; resume with `vitlab train --resume {run}`), so it holds no"
+    for argv in commands:
+        assert stopped in error_line(capsys, argv), argv
+    fd = folder.take_lock(run / LOCK)  # and while it trains
+    folder.write_lock(fd, "train 4242")
+    try:
+        for argv in commands:
+            err = error_line(capsys, argv)
+            assert f"{run} is unfinished (training, pid 4242): its model is written when the run ends" in err, argv
+    finally:
+        os.close(fd)
+    assert checksums(run) == before and not (tmp_path / "in").exists() and not (tmp_path / "ft").exists()

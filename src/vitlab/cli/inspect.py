@@ -107,7 +107,9 @@ def _run(args: argparse.Namespace, out: Path) -> int:
     from ..analysis.capture import attention_modules
     from ..analysis.report import inspect_model
     from ..devices import resolve_device
+    from ..runs.folder import check_model_written
     device = resolve_device(args.device)
+    check_model_written(args.model)
     objective = _pretraining_objective(args.model)  # a pre-training run: its encoder, and its own section
     model = load(args.model).to(device) if objective is None else objective.to(device).encoder
     try:

@@ -12,7 +12,7 @@ from ..data.sources import load_data
 from ..data.views import Preprocess
 from ..devices import resolve_device
 from ..runs.figures import plot_confusion
-from ..runs.folder import claim_folder
+from ..runs.folder import check_model_written, claim_folder
 from ..runs.format import CONFUSION_PNG, EvalSummary, read_split, write_summary
 from ..runs.identity import check_data
 from ..train.metrics import evaluate_model
@@ -45,6 +45,7 @@ def _evaluate(model_path, data, out, batch_size, precision, cache_dir, download,
         raise ValueError(f"{model_path} is not a run folder (no config.yaml names its data): give --data "
                          "(digits, cifar10, cifar100, an image folder or a .tar.gz)")
     dev = resolve_device(device)
+    check_model_written(model_path)
     model = checkpoint.load(model_path).to(dev)
     c = model.pretrained_cfg["input_size"][0]
     prep = Preprocess.from_cfg(model.pretrained_cfg)  # files are decoded by the model's own rule

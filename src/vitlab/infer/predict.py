@@ -11,6 +11,7 @@ from ..data.augment import normalize
 from ..data.sources import read_image
 from ..data.views import Preprocess
 from ..devices import resolve_device, to_device
+from ..runs.folder import check_model_written
 from ..train.metrics import head_logits
 
 
@@ -46,6 +47,7 @@ def predict_files(model_path: str | os.PathLike, images: Sequence[str | os.PathL
     the rule that decodes a run's test images.
     """
     dev = resolve_device(device)
+    check_model_written(model_path)
     model = checkpoint.load(model_path).to(dev)
     if model.num_classes == 0:
         raise ValueError(f"{model_path} has no classifier head (a pre-trained encoder): nothing to predict; "

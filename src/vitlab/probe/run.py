@@ -18,6 +18,7 @@ from ..data.views import Preprocess, stratified_subset
 from ..devices import resolve_device
 from ..models.registry import create_model, get_spec
 from ..progress import log_line
+from ..runs.folder import check_model_written
 from ..runs.identity import check_data
 from .classifiers import accuracy, knn_classify, linear_probe
 from .features import extract_features
@@ -31,6 +32,7 @@ def open_model(spec: str | os.PathLike, img_size: int | None = None) -> tuple[nn
     text = os.fspath(spec)
     size = {"img_size": img_size} if img_size else {}
     if Path(text).exists() or text.startswith("hf-hub:"):
+        check_model_written(text)
         return checkpoint.load(text, **size), "trained weights"
     try:
         get_spec(text)

@@ -23,7 +23,17 @@ from pathlib import Path
 from ..atomic import TEMP_PATTERN, atomic_write_bytes, remove_stale_temps
 from ..checkpoint import CONFIG as MODEL_CONFIG
 from ..checkpoint import WEIGHTS as MODEL_WEIGHTS
-from .format import CONFIG_YAML, CONFUSION_PNG, FILES, RUN_JSON, SUMMARY, check_out_dir, run_command
+from .format import (
+    CONFIG_YAML,
+    CONFUSION_PNG,
+    FILES,
+    RUN_JSON,
+    SUMMARY,
+    check_out_dir,
+    has_config,
+    read_history,
+    run_command,
+)
 
 LOCK = ".vitlab.lock"  # flocked while a command writes the folder; holds "KIND PID [LAUNCH]" for messages
 LOCK_BYTES = 256  # the lock's text, padded with spaces: every write of it is one write of this many bytes
@@ -176,6 +186,22 @@ def _is_at(fd: int, path: Path) -> bool:
         return False
     held = os.fstat(fd)
     return (held.st_dev, held.st_ino) == (there.st_dev, there.st_ino)
+
+
+def check_model_written(path: str | os.PathLike) -> None:
+    """Refuse in one line (a ValueError) a run folder that holds no model yet, saying why: a run still training
+    (and its pid) or one that stopped (its last epoch, and the command that resumes it). Anything else passes."""
+    folder = Path(path)
+    if not folder.is_dir() or (folder / MODEL_CONFIG).exists() or not has_config(folder):
+        return
+    pid = lock_holder(folder / LOCK)
+    if pid is not None:
+        raise ValueError(f"{folder} is unfinished (training{f', pid {pid}' if pid else ''}): its model is written "
+                         "when the run ends; wait for it")
+    history = read_history(folder)
+    when = f"stopped at epoch {history[-1].epoch}" if history else "stopped before its first epoch ended"
+    raise ValueError(f"{folder} is unfinished ({when}; resume with `{run_command(folder)} --resume {folder}`), so it "
+                     "holds no model yet")
 
 
 def launch_id() -> str:
