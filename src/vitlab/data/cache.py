@@ -156,7 +156,7 @@ def _lock_free(store: Path) -> bool:
 def source_identity(kind: str, where: str | os.PathLike, listing: Listing | None = None) -> Any:
     """What identifies a source's content (see ``cache``): None for the embedded digits; raises
     FileNotFoundError when the source is gone."""
-    if kind in ("digits", None):
+    if kind in ("digits", "arrays", None):  # embedded, or a store that is its own source (data/arrays.py)
         return None
     path = Path(where)
     if not path.exists():
@@ -181,7 +181,7 @@ def store_status(header: dict[str, Any], identify: Callable[[str, str], Any]) ->
     except (OSError, ValueError):
         return "superseded (source unreadable)"
     if ident is None:
-        return "current" if kind in ("digits", None) else "source gone"
+        return "current" if kind in ("digits", "arrays", None) else "source gone"
     return "current" if identity_digest(ident) == header.get("fingerprint") else "superseded (source changed)"
 
 
