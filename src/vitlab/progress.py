@@ -99,9 +99,26 @@ class Progress(tqdm):
             self.update(n - self.n)
 
 
-def progress_bar(*args: Any, **kwargs: Any) -> Progress:
-    """A progress bar on stderr (tqdm's arguments): live in a terminal, a line per interval in a log."""
-    return Progress(*args, **kwargs)
+def in_notebook() -> bool:
+    """Whether this process is a Jupyter kernel (IPython's shell under IPKernelApp), as tqdm.autonotebook tells."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None and hasattr(ipython, "get_ipython") else None
+    return shell is not None and "IPKernelApp" in getattr(shell, "config", {})
+
+
+def progress_bar(*args: Any, **kwargs: Any) -> Any:
+    """A progress bar (tqdm's arguments, and ``goto``): in a Jupyter notebook tqdm.auto's (a widget with ipywidgets,
+    else a line redrawn in place); elsewhere on stderr, live in a terminal, a line per interval in a log."""
+    if not in_notebook():
+        return Progress(*args, **kwargs)
+    from tqdm.auto import tqdm as auto
+
+    class NotebookProgress(auto):
+        goto = Progress.goto
+
+    kwargs.pop("clock", None)
+    kwargs.pop("file", None)
+    return NotebookProgress(*args, **kwargs)
 
 
 def log_line(message: str) -> None:

@@ -3,12 +3,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from .. import checkpoint
-from ..data.sources import load_data
+from ..data.sources import DataBundle, load_data
 from ..data.views import Preprocess
 from ..devices import resolve_device
 from ..runs.figures import plot_confusion
@@ -17,6 +18,54 @@ from ..runs.format import CONFUSION_PNG, EvalSummary, read_split, write_summary
 from ..runs.identity import check_data
 from ..train.metrics import evaluate_model
 from .predict import class_names
+
+
+@dataclass(frozen=True)
+class Options:
+    """How an evaluation runs: batch, precision (fp32, bf16, fp16, or auto: bf16 on a GPU that has it) and
+    test-time augmentation (see ``head_logits``)."""
+
+    batch_size: int = 256
+    precision: str = "fp32"
+    tta: bool = False
+    tta_translate: int = 0
+
+
+def model_data(model: torch.nn.Module, data: str, split: dict | None = None, cache_dir: str | None = None,
+               download: bool = False) -> DataBundle:
+    """A data set as a model takes it: its files decoded by the model's own rule, at its size and channels
+    (``split``: the seed and val_fraction of a run's held-out split)."""
+    prep = Preprocess.from_cfg(model.pretrained_cfg)
+    return load_data(data, img_size=prep.size, in_chans=model.pretrained_cfg["input_size"][0], cache_dir=cache_dir,
+                     download=download, fit=prep.fit, **(split or {}))
+
+
+def evaluate_images(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor, classes: list[str],
+                    data: str, options: Options, n_train: int = 0) -> dict[str, dict]:
+    """Metrics of every head of a model (on its device) on uint8 test images (N, C, H, W) of the data set named
+    ``data``, labelled by ``classes``: images of another size are brought to the model's by its own rule, and the
+    labels are mapped onto the model's classes by name where it names them."""
+    prep = Preprocess.from_cfg(model.pretrained_cfg)
+    if tuple(images.shape[-2:]) != prep.size:  # a store folder of another size
+        images = torch.cat([prep.apply(x) for x in images.split(1024)] or [images])
+    if len(images) == 0:
+        raise ValueError(f"{data} has no test images to evaluate on ({n_train} training images in "
+                         f"{len(classes)} classes); accepted: a data set with a test split, or classes of at "
+                         "least 2 images each")
+    names = class_names(model)
+    if model.pretrained_cfg.get("label_names") and set(classes) <= set(names):
+        index = {n: i for i, n in enumerate(names)}  # map the data's labels onto the model's classes by name
+        labels = torch.tensor([index[classes[int(y)]] for y in labels])
+    elif len(classes) != model.num_classes:
+        raise ValueError(f"the model predicts {model.num_classes} classes, {data} has {len(classes)}: "
+                         f"{', '.join(classes[:10])}")
+    precision = options.precision
+    if precision == "auto":
+        cuda = next(model.parameters()).device.type == "cuda"
+        precision = "bf16" if cuda and torch.cuda.is_bf16_supported() else "fp32"
+    return evaluate_model(model, images, labels, names, model.pretrained_cfg["mean"], model.pretrained_cfg["std"],
+                          batch_size=options.batch_size, precision=precision, tta=options.tta,
+                          tta_translate=options.tta_translate)
 
 
 def evaluate_folder(model_path: str | os.PathLike, data: str | None = None, out: str | os.PathLike | None = None,
@@ -47,31 +96,11 @@ def _evaluate(model_path, data, out, batch_size, precision, cache_dir, download,
     dev = resolve_device(device)
     check_model_written(model_path)
     model = checkpoint.load(model_path).to(dev)
-    c = model.pretrained_cfg["input_size"][0]
-    prep = Preprocess.from_cfg(model.pretrained_cfg)  # files are decoded by the model's own rule
-    bundle = load_data(data, img_size=prep.size, in_chans=c, cache_dir=cache_dir, download=download,
-                       fit=prep.fit, **split)
+    bundle = model_data(model, data, split, cache_dir, download)
     check_data(model_path, bundle.identity, "evaluate", own)
-    test_images = bundle.test.images
-    if tuple(test_images.shape[-2:]) != prep.size:  # a store folder of another size
-        test_images = torch.cat([prep.apply(x) for x in test_images.split(1024)] or [test_images])
-    if len(test_images) == 0:
-        raise ValueError(f"{data} has no test images to evaluate on ({len(bundle.train.images)} training images in "
-                         f"{len(bundle.classes)} classes); accepted: a data set with a test split, or classes of at "
-                         "least 2 images each")
+    heads = evaluate_images(model, bundle.test.images, bundle.test.labels, bundle.classes, data,
+                            Options(batch_size, precision, tta, tta_translate), len(bundle.train.images))
     names = class_names(model)
-    labels = bundle.test.labels
-    if model.pretrained_cfg.get("label_names") and set(bundle.classes) <= set(names):
-        index = {n: i for i, n in enumerate(names)}  # map the data's labels onto the model's classes by name
-        labels = torch.tensor([index[bundle.classes[int(y)]] for y in labels])
-    elif len(bundle.classes) != model.num_classes:
-        raise ValueError(f"the model predicts {model.num_classes} classes, {data} has {len(bundle.classes)}: "
-                         f"{', '.join(bundle.classes[:10])}")
-    if precision == "auto":
-        precision = "bf16" if dev.type == "cuda" and torch.cuda.is_bf16_supported() else "fp32"
-    heads = evaluate_model(model, test_images, labels, names, model.pretrained_cfg["mean"],
-                           model.pretrained_cfg["std"], batch_size=batch_size, precision=precision, tta=tta,
-                           tta_translate=tta_translate)
     m = heads["logits"]
     result = EvalSummary(model=str(model_path), data=bundle.name, tta=tta, heads=heads, top1=m["top1"],
                          top5=m["top5"], per_class=m["per_class"], tta_translate=tta_translate)

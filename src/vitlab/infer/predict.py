@@ -3,10 +3,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from typing import Any
 
+import numpy as np
 import torch
+from PIL import Image
 
 from .. import checkpoint
+from ..data.arrays import images_nchw
 from ..data.augment import normalize
 from ..data.sources import read_image
 from ..data.views import Preprocess
@@ -25,6 +29,33 @@ def prepare_image(image: torch.Tensor, cfg: dict) -> torch.Tensor:
     """uint8 (C, H0, W0) -> uint8 (C, h, w) for a model of pretrained config ``cfg``: its ``Preprocess`` (resize
     rule, crop_pct, interpolation) applied to a decoded image."""
     return Preprocess.from_cfg(cfg).apply(image[None])[0]
+
+
+def decode_images(images: Any, cfg: dict) -> torch.Tensor:
+    """Images as a model of pretrained config ``cfg`` takes them, uint8 (N, C, h, w): image files (decoded as
+    ``predict_files`` decodes them), PIL images, or uint8 arrays (H, W, C), (H, W) or (N, H, W, C), brought to the
+    model's size by its own rule (``Preprocess``)."""
+    prep = Preprocess.from_cfg(cfg)
+    chans = cfg["input_size"][0]
+    if isinstance(images, (np.ndarray, torch.Tensor)) and np.asarray(images).ndim == 4:
+        images = list(images)
+    elif not isinstance(images, (list, tuple)):
+        images = [images]
+    decoded = []
+    for image in images:
+        if isinstance(image, (str, os.PathLike)):
+            decoded.append(read_image(image, prep.size, chans, prep.fit))
+            continue
+        if isinstance(image, Image.Image):
+            image = np.asarray(image.convert("RGB" if chans == 3 else "L"))
+        x = torch.from_numpy(images_nchw(np.asarray(image)[None], "an image"))[0]
+        if x.shape[0] != chans:
+            raise ValueError(f"an image of {x.shape[0]} channel(s) is not valid for this model; accepted: {chans} "
+                             "channel(s), a file or a PIL image (converted)")
+        decoded.append(x if tuple(x.shape[-2:]) == prep.size else prepare_image(x, cfg))
+    if not decoded:
+        raise ValueError("no images given; accepted: image files, PIL images or uint8 arrays")
+    return torch.stack(decoded)
 
 
 @torch.no_grad()

@@ -34,6 +34,11 @@ def save(fig: Figure, path: Path, dpi: int = 110, metadata: dict[str, str] | Non
 
 def plot_curves(history: Sequence[EpochRow], path: Path, title: str = "",
                 loss_name: str = "cross-entropy loss") -> Path:
+    """curves.png: ``curves_figure`` written to ``path``."""
+    return save(curves_figure(history, title, loss_name), path)
+
+
+def curves_figure(history: Sequence[EpochRow], title: str = "", loss_name: str = "cross-entropy loss") -> Figure:
     """Loss and accuracy against epoch, train and test; the loss alone for a run without labels (pre-training)."""
     epochs = [h.epoch for h in history]
     labelled = any(h.train_acc is not None or h.test_top1 is not None for h in history)
@@ -51,7 +56,8 @@ def plot_curves(history: Sequence[EpochRow], path: Path, title: str = "",
         ax.legend()
     if title:
         fig.suptitle(title)
-    return save(fig, path)
+    fig.tight_layout()
+    return fig
 
 
 def plot_accuracy(ax, history: Sequence[EpochRow]) -> None:
@@ -67,6 +73,11 @@ def plot_accuracy(ax, history: Sequence[EpochRow]) -> None:
 
 
 def plot_confusion(confusion: Sequence[Sequence[int]], classes: Sequence[str], path: Path, title: str = "") -> Path:
+    """confusion.png: ``confusion_figure`` written to ``path``."""
+    return save(confusion_figure(confusion, classes, title), path)
+
+
+def confusion_figure(confusion: Sequence[Sequence[int]], classes: Sequence[str], title: str = "") -> Figure:
     """Row-normalised confusion matrix (each true class sums to 1) with class names."""
     conf = np.asarray(confusion, dtype=np.float64)
     norm = conf / np.maximum(conf.sum(1, keepdims=True), 1)
@@ -86,7 +97,8 @@ def plot_confusion(confusion: Sequence[Sequence[int]], classes: Sequence[str], p
                 if norm[i, j] >= 0.005:
                     ax.text(j, i, f"{norm[i, j]:.2f}", ha="center", va="center", fontsize=8,
                             color="white" if norm[i, j] > 0.5 else "black")
-    return save(fig, path)
+    fig.tight_layout()
+    return fig
 
 
 def plot_runs(runs: Sequence[tuple[str, Sequence[EpochRow]]], path: Path,

@@ -12,6 +12,7 @@ the figure's metadata).
 from __future__ import annotations
 
 import contextlib
+import datetime
 import errno
 import fcntl
 import fnmatch
@@ -40,6 +41,21 @@ LOCK_BYTES = 256  # the lock's text, padded with spaces: every write of it is on
 MARK = ".vitlab"  # "KIND": the kind of command that wrote the folder, left in place of the lock when it ends
 STARTED = (CONFIG_YAML, RUN_JSON, "tb")  # all a run holds before its first checkpoint: a new run may start it over
 _CLAIMED: dict[Path, int] = {}  # folder (absolute) -> the fd of its lock, while this process writes it
+
+
+RUNS = "runs"  # where a run goes that is given no folder: runs/<model>-<time>
+
+
+def new_run_folder(name: str, when: datetime.datetime | None = None, root: str | os.PathLike = RUNS) -> Path:
+    """``runs/<name>-<YYYYmmdd-HHMMSS>`` (local time), with -2, -3, ... when that folder exists: the folder of a run
+    given none."""
+    stamp = (when or datetime.datetime.now()).strftime("%Y%m%d-%H%M%S")
+    base = Path(root) / f"{Path(str(name)).name or 'model'}-{stamp}"
+    folder, n = base, 1
+    while folder.exists():
+        n += 1
+        folder = base.with_name(f"{base.name}-{n}")
+    return folder
 
 
 class FolderGone(OSError):

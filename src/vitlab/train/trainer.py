@@ -28,7 +28,7 @@ from ..data.sources import DataBundle
 from ..data.views import eval_view
 from ..devices import set_cpu_threads
 from ..models.summary import matmul_flops
-from ..progress import Progress, log_line
+from ..progress import Progress, log_line, progress_bar
 from ..runs.folder import check_claimed, claim_folder, written_by_this_launch
 from ..runs.format import (
     CHECKPOINT,
@@ -331,11 +331,11 @@ def set_up(r: Recipe, d: Dist, resume: bool, log: Callable[[str], None], now: Ca
     if d.is_main:  # only a run whose set-up succeeded leaves a recipe to resume (and its data's identity)
         write_run_files(out, config, identity)
     log(describe(run))
-    run.bar = Progress(total=int(budget) if budget else clock.total_steps,
-                       initial=min(int(state.seconds), int(budget)) if budget else state.step,
-                       disable=not d.is_main, unit="s" if budget else "step", dynamic_ncols=True,
-                       mininterval=1.0, file=sys.stderr,
-                       bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}{postfix}]")
+    run.bar = progress_bar(total=int(budget) if budget else clock.total_steps,
+                           initial=min(int(state.seconds), int(budget)) if budget else state.step,
+                           disable=not d.is_main, unit="s" if budget else "step", dynamic_ncols=True,
+                           mininterval=1.0, file=sys.stderr,
+                           bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}{postfix}]")
     return run
 
 
