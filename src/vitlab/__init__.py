@@ -1,6 +1,46 @@
-"""vitlab: build, train, distil and understand Vision Transformers."""
+"""vitlab: build, train, distil and understand Vision Transformers.
+
+From Python: ``vitlab.fit(model, data, **options)`` trains as ``vitlab train`` does and returns the trained model,
+its history and its figures; ``vitlab.evaluate``, ``vitlab.predict``, ``vitlab.explain`` and ``vitlab.pretrain``
+(``help(vitlab.fit)``, docs/python.md).
+"""
+import sys
+import types
+from typing import Any
+
 from .checkpoint import load, save
 from .models import create_model, list_models
 
 __version__ = "0.1.0"
-__all__ = ["__version__", "create_model", "list_models", "load", "save"]
+__all__ = ["FitResult", "__version__", "create_model", "evaluate", "explain", "fit", "list_models", "load",
+           "predict", "pretrain", "save"]
+API = ("FitResult", "evaluate", "explain", "fit", "predict", "pretrain")
+
+
+class _Vitlab(types.ModuleType):
+    """The vitlab module, whose ``pretrain`` stays the function once the ``vitlab.pretrain`` package (the objectives)
+    is imported: the import system sets a package on its parent, and that is ignored here (``import
+    vitlab.pretrain`` and ``from vitlab.pretrain import ...`` still reach the package)."""
+
+    @property
+    def pretrain(self):
+        from .api import pretrain
+        return pretrain
+
+    @pretrain.setter
+    def pretrain(self, value: Any) -> None:
+        pass
+
+
+sys.modules[__name__].__class__ = _Vitlab
+
+
+def __getattr__(name: str):  # the Python API pulls in the trainer: imported on first use, not with vitlab
+    if name in API:
+        from . import api
+        return getattr(api, name)
+    raise AttributeError(f"module 'vitlab' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *API])

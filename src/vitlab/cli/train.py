@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..runs.identity import ON_RESUME
+from ..runs.folder import new_run_folder
 from ..train.recipe import AUGMENT_FIELDS, FIELDS, SECTIONS
 from .options import add_recipe_option, flag
 
@@ -49,33 +49,15 @@ def parse_model_args(items: list[str], flag: str = "--model-arg", example: str =
     return out
 
 
-def resume_options(args: argparse.Namespace, config: dict) -> dict:
-    """The options given with ``--resume`` that it honours (a longer run: more epochs, a later time budget);
-    any other option given is refused in one line that names it."""
-    given = [name for name in [*FIELDS, *AUGMENT_FIELDS] if name not in SKIP and getattr(args, name) is not None]
-    changed = [flag(n) for n in given if n not in ON_RESUME]
-    changed += [f for f, v in (("--config", args.config), ("--model-arg", args.model_arg)) if v]
+def resumed(args: argparse.Namespace):
+    """The recipe that continues the run in ``--resume DIR``: the options given that a resume honours (a longer run:
+    more epochs, a later time budget); any other option given is refused in one line that names it."""
+    from ..api import resumed_recipe
+    given = {name: getattr(args, name) for name in [*FIELDS, *AUGMENT_FIELDS] if name not in SKIP}
+    refused = [f for f, v in (("--config", args.config), ("--model-arg", args.model_arg)) if v]
     if args.out and Path(args.out).resolve() != Path(args.resume).resolve():
-        changed.append("--out")
-    if changed:
-        raise ValueError(f"{', '.join(changed)} cannot change on --resume; accepted with --resume: "
-                         f"{', '.join(flag(n) for n in ON_RESUME)}")
-    kept = {n: getattr(args, n) for n in given}
-    for name in ("epochs", "time_budget"):
-        old, new = config.get(name), kept.get(name)
-        if new is not None and old is None:
-            raise ValueError(f"{flag(name)} cannot be given on --resume of a run without one")
-        if new is not None and not _number(new) >= old:
-            raise ValueError(f"{flag(name)} {new!r} is not valid on --resume; accepted: a number >= the run's {old!r}")
-    return kept
-
-
-def _number(value) -> float:
-    """The number a text is, NaN when it is none (which no bound accepts)."""
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return float("nan")
+        refused.append("--out")
+    return resumed_recipe(args.resume, given, refused, named=flag)
 
 
 def recipe_of(args: argparse.Namespace):
@@ -88,20 +70,20 @@ def recipe_of(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..runs.format import CONFIG_YAML, read_config
-    from ..train import load_recipe, train
-    if args.resume:
-        folder = Path(args.resume)
-        if not (folder / CONFIG_YAML).is_file():
-            raise FileNotFoundError(f"{folder} is not a run folder: it has no {CONFIG_YAML}")
-        recipe = load_recipe(folder / CONFIG_YAML, out=str(folder), **resume_options(args, read_config(folder)))
-    else:
-        recipe = recipe_of(args)
+    from ..train import train
+    recipe = in_folder(resumed(args) if args.resume else recipe_of(args))
     args.out = recipe.out  # the run folder, named by --out or by the config: the 'interrupted' line names it
     summary = train(recipe, resume=bool(args.resume))
     if summary:
         print(result_line(summary, recipe.out))
     return 0
+
+
+def in_folder(recipe):
+    """The recipe with its run folder: ``--out``, else a new ``runs/<model>-<time>``."""
+    if recipe.out is None:
+        recipe.out = str(new_run_folder(recipe.model or recipe.init or "model"))
+    return recipe
 
 
 def result_line(summary: dict, out: str) -> str:

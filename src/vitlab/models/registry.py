@@ -308,7 +308,11 @@ def build(cls: type[nn.Module], args: dict[str, Any], given: dict[str, Any] | No
 
 
 def create_model(name: str, **overrides: Any) -> nn.Module:
-    """A new model by registered name, its defaults updated by overrides (timm's argument names)."""
+    """A new model by registered name, its defaults updated by overrides (timm's argument names); its weights are
+    new (pretrained ones come from ``vitlab.load``)."""
+    if "pretrained" in overrides:
+        raise ValueError(f"create_model({name!r}, pretrained=...): vitlab's models start new; pretrained weights load "
+                         f"with vitlab.load('hf-hub:timm/<name>'), a timm or Hugging Face folder, or a run folder")
     spec = get_spec(name)
     args = {**spec.args, **overrides}
     model = build(spec.cls, args, overrides)

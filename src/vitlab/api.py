@@ -1,0 +1,318 @@
+"""vitlab from Python: ``fit``, ``pretrain``, ``evaluate``, ``predict`` and ``explain``.
+
+Each is a thin caller of what the command line calls (``vitlab train``, ``pretrain``, ``eval``, ``predict``,
+``inspect``): the same recipe with the same defaults, the same trainer writing the same run folder, the same
+evaluation and the same preprocessing. A notebook gets back what it shows next: the trained model, its history,
+its figures.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from matplotlib.figure import Figure
+from torch import nn
+
+from . import progress
+from .analysis.explain import explain as explain_map
+from .checkpoint import load, save
+from .data.arrays import is_arrays, split_arrays, store_arrays
+from .data.augment import normalize
+from .devices import to_device
+from .infer.eval import Options, evaluate_folder, evaluate_images, model_data
+from .infer.predict import class_names, class_probabilities, decode_images
+from .models import list_models
+from .runs.figures import confusion_figure, curves_figure
+from .runs.folder import new_run_folder
+from .runs.format import CONFIG_YAML, read_config, read_history, read_summary
+from .runs.identity import ON_RESUME
+from .train.recipe import AUGMENT_FIELDS, FIELDS, Recipe, load_recipe
+
+__all__ = ["FitResult", "evaluate", "explain", "fit", "predict", "pretrain"]
+
+ModelLike = str | os.PathLike | nn.Module  # a registered name, a folder (or hf-hub: id), or a module
+
+
+@dataclass
+class FitResult:
+    """A finished run, read back from its folder: ``model`` (trained, in eval mode), ``history`` (one dict per
+    epoch, as metrics.jsonl), ``summary`` (summary.json), ``out`` (the run folder), and its figures."""
+
+    out: Path
+    model: nn.Module
+    history: list[dict[str, Any]]
+    summary: dict[str, Any]
+    _confusion: list | None = field(default=None, repr=False)
+
+    @classmethod
+    def read(cls, out: str | os.PathLike) -> FitResult:
+        """The result of the finished run in ``out``."""
+        out = Path(out)
+        return cls(out, load(out).eval(), [row.to_dict() for row in read_history(out)], read_summary(out).to_dict())
+
+    def plot(self) -> Figure:
+        """Loss and accuracy against epoch, train and test (the run's curves.png)."""
+        return curves_figure(read_history(self.out), f"{self.summary['model']} on {self.summary['data']}")
+
+    def confusion(self) -> Figure:
+        """The confusion matrix of the trained model on the run's test split (the run's confusion.png)."""
+        if self.summary.get("top1") is None:
+            raise ValueError(f"{self.out} is a pre-training run ({self.summary.get('pretrain')}): it has no classes "
+                             "to confuse; accepted: a supervised run")
+        if self._confusion is None:
+            self._confusion = evaluate(self.out)["confusion"]
+        return confusion_figure(self._confusion, self.summary["classes"],
+                                f"{self.summary['model']} on {self.summary['data']}: test top-1 "
+                                f"{100 * self.summary['top1']:.2f}%")
+
+
+def fit(model: ModelLike | None = None, data: Any = None, *, out: str | os.PathLike | None = None,
+        resume: str | os.PathLike | None = None, class_names: Sequence[str] | None = None,
+        **options: Any) -> FitResult:
+    """Train ``model`` on ``data`` as ``vitlab train`` does, into a run folder; returns its ``FitResult``.
+
+    model: a registered name (``vitlab.list_models()``); a module from ``create_model`` or ``load``, trained
+    from its weights (saved beside the run as ``<out>.init``, as ``--init``); or a run or model folder (``--init``).
+    data: any source ``vitlab train --data`` reads ("digits", "cifar10", an image folder, ...), or NumPy arrays in
+    Keras's layout, ``((x_train, y_train), (x_test, y_test))``, uint8 images (N, H, W, C) and integer labels (N,)
+    or (N, 1); ``(x, y)`` alone holds out ``val_fraction`` as a test split. ``class_names`` names the arrays'
+    classes ("0".."K-1" without). options: every recipe field by name (``vitlab train --help``), with the
+    command line's defaults. out: the run folder (default ``runs/<model>-<time>``). resume: a run folder to
+    continue (with only the options a resume may change, e.g. a larger ``epochs``). Stopped by an interrupt
+    (Ctrl-C, the notebook's stop button), the run keeps its last finished epoch for ``fit(resume=...)``.
+
+    Example::
+
+        (x, y), (x_test, y_test) = keras.datasets.cifar10.load_data()   # or any uint8 arrays
+        result = vitlab.fit("vit_tiny_patch4_32", ((x, y), (x_test, y_test)), epochs=30)
+        result.plot()                       # the curves; result.confusion(): the confusion matrix
+        result.history[-1]["test_top1"], result.summary["top1"], result.out
+        vitlab.fit(resume=result.out, epochs=40)                        # ten epochs more
+    """
+    if resume is not None:
+        if model is not None or data is not None or out is not None or class_names is not None:
+            raise ValueError("fit(resume=RUN) goes on with the run's own model, data and folder; accepted with "
+                             f"resume: {', '.join(ON_RESUME)}")
+        return train_recipe(resumed_recipe(resume, checked(options)), resume=True)
+    if model is None or data is None:
+        raise ValueError("fit needs a model and data, e.g. vitlab.fit('vit_micro_patch2_8', 'digits'); or "
+                         "resume=RUN to continue a run")
+    return train_recipe(new_recipe(model, data, out, class_names, checked(options)), resume=False)
+
+
+def pretrain(model: ModelLike | None = None, data: Any = None, *, method: str = "mae",
+             out: str | os.PathLike | None = None, resume: str | os.PathLike | None = None,
+             **options: Any) -> FitResult:
+    """Self-supervised pre-training as ``vitlab pretrain --method METHOD``: ``fit`` with the objective ``method``
+    (mae or mpp) and pre-training's defaults; labels, where the data has them, are not used.
+
+    Example::
+
+        encoder = vitlab.pretrain("vit_micro_patch2_8", "digits", method="mae", epochs=50)
+        result = vitlab.fit(encoder.out, "digits", epochs=20)          # fine-tune the encoder
+    """
+    if resume is not None:
+        return fit(resume=resume, **options)
+    return fit(model, data, out=out, pretrain=method, **options)
+
+
+def evaluate(model: ModelLike, data: Any = None, *, batch_size: int = 256, precision: str = "fp32",
+             tta: bool = False, tta_translate: int = 0, cache_dir: str | None = None,
+             download: bool = False) -> dict[str, Any]:
+    """Metrics of a model on a test split: ``top1``, ``top5``, ``loss``, ``per_class`` (top-1 by class name),
+    ``confusion`` (counts, true x predicted), ``count``, and ``heads`` (each head's, for a distilled model).
+
+    model: a module, or a run or model folder (a run is evaluated on its own test split when ``data`` is None).
+    data: a source (as ``vitlab eval --data``), or arrays: ``(x_test, y_test)`` or Keras's pair, whose test part
+    is used. Images are brought to the model's input by its own preprocessing.
+
+    Example::
+
+        metrics = vitlab.evaluate(result.model, (x_test, y_test))
+        metrics["top1"], metrics["per_class"]
+    """
+    options = Options(batch_size, precision, tta, tta_translate)
+    if not isinstance(model, nn.Module) and not is_arrays(data):
+        found = evaluate_folder(model, None if data is None else os.fspath(data), batch_size=batch_size,
+                                precision=precision, cache_dir=cache_dir, download=download, tta=tta,
+                                tta_translate=tta_translate)
+        return {**found["heads"]["logits"], "heads": found["heads"], "data": found["data"]}
+    module = model if isinstance(model, nn.Module) else load(model)
+    if is_arrays(data):
+        train, test = split_arrays(data)
+        x, y = test if test is not None else train
+        classes = class_names(module)
+        if len(y) and int(y.max()) >= len(classes):
+            raise ValueError(f"the labels hold {int(y.max())}, the model predicts {len(classes)} classes; accepted: "
+                             f"labels 0..{len(classes) - 1}")
+        heads = evaluate_images(module, torch.from_numpy(x), torch.from_numpy(y), classes, "the arrays", options)
+        return {**heads["logits"], "heads": heads, "data": "arrays"}
+    if data is None:
+        raise ValueError("a model in memory has no test split of its own: give data (a source or arrays)")
+    bundle = model_data(module, os.fspath(data), cache_dir=cache_dir, download=download)
+    heads = evaluate_images(module, bundle.test.images, bundle.test.labels, bundle.classes, os.fspath(data), options,
+                            len(bundle.train.images))
+    return {**heads["logits"], "heads": heads, "data": bundle.name}
+
+
+def predict(model: ModelLike, images: Any, *, batch_size: int = 256) -> np.ndarray:
+    """Class probabilities, an (N, classes) array, for image files, PIL images or uint8 arrays ((H, W, C) one image,
+    (N, H, W, C) several), each prepared by the model's own preprocessing (as ``vitlab predict``).
+
+    Example::
+
+        probs = vitlab.predict(result.model, x_test[:8])      # or "cat.png", or [PIL.Image.open(...)]
+        probs.argmax(1)                                        # class indices; vitlab names: model.pretrained_cfg
+    """
+    module = classifier(model)
+    x = decode_images(images, module.pretrained_cfg)
+    return torch.cat([class_probabilities(module, b).cpu() for b in x.split(batch_size)]).numpy()
+
+
+def explain(model: ModelLike, image: Any, method: str = "rollout", *, target_class: int | None = None,
+            token: str = "cls") -> np.ndarray:
+    """The relevance map ``vitlab inspect`` draws, (grid_h, grid_w) over the model's patches (high = relevant,
+    maximum 1), of one image (a file, a PIL image or a uint8 (H, W, C) array), or (N, grid_h, grid_w) of several;
+    ``method`` one of ``vitlab.analysis.explain.METHODS``; ``target_class`` (default: the predicted class) for the
+    class-specific ones.
+
+    Example::
+
+        heat = vitlab.explain(result.model, x_test[0], method="relevance")   # (grid_h, grid_w)
+    """
+    module = classifier(model)
+    x = decode_images(image, module.pretrained_cfg)
+    cfg, dev = module.pretrained_cfg, next(module.parameters()).device
+    target = class_probabilities(module, x).argmax(1) if target_class is None else target_class
+    maps = explain_map(module.eval(), normalize(to_device(x, dev), cfg["mean"], cfg["std"]), method, target, token)
+    maps = maps.detach().float().cpu().numpy()
+    one = not isinstance(image, (list, tuple)) and not (isinstance(image, (np.ndarray, torch.Tensor)) and
+                                                        np.asarray(image).ndim == 4)
+    return maps[0] if one else maps
+
+
+# --- what fit hands the trainer ---
+
+
+def classifier(model: ModelLike) -> nn.Module:
+    """A module, or the model of a folder, that has a classifier head (one line otherwise)."""
+    module = model if isinstance(model, nn.Module) else load(model)
+    if getattr(module, "num_classes", 0) == 0:
+        raise ValueError("the model has no classifier head (a pre-trained encoder): nothing to predict; accepted: a "
+                         "classifier, e.g. one fine-tuned with vitlab.fit(ENCODER_RUN, data)")
+    return module
+
+
+def checked(options: dict[str, Any]) -> dict[str, Any]:
+    """The options, each a recipe field (one line naming the unknown ones and listing the accepted)."""
+    unknown = sorted(set(options) - set(FIELDS) - set(AUGMENT_FIELDS))
+    if unknown:
+        raise ValueError(f"unknown option(s) {', '.join(unknown)}; accepted: {', '.join(accepted_options())}")
+    return options
+
+
+def accepted_options() -> list[str]:
+    return [n for n in [*FIELDS, *AUGMENT_FIELDS] if n not in ("augment", "out")]
+
+
+def new_recipe(model: ModelLike, data: Any, out: str | os.PathLike | None, names: Sequence[str] | None,
+               options: dict[str, Any]) -> Recipe:
+    """The recipe of a new run: the model as a name or as ``init``, the data as a source, the folder."""
+    if {"model", "init", "data"} & set(options):
+        raise ValueError(f"{', '.join(sorted({'model', 'init', 'data'} & set(options)))}: given as fit's model and "
+                         "data arguments, not as options")
+    folder = Path(out) if out is not None else new_run_folder(model_name(model))
+    start = folder.with_name(folder.name + ".init").absolute()  # where a module is saved to start from
+    values = {**options, **model_values(model, start)}
+    if names is not None and not is_arrays(data):
+        raise ValueError("class_names names the classes of arrays; a data source names its own")
+    values["data"] = "arrays" if is_arrays(data) else os.fspath(data)
+    checked_recipe = load_recipe(None, out=str(folder), **values)  # every option checked before anything is written
+    if is_arrays(data):
+        values["data"] = str(store_arrays(data, class_names=names, cache_dir=checked_recipe.cache_dir,
+                                          val_fraction=checked_recipe.val_fraction, seed=checked_recipe.seed, log=say))
+    if isinstance(model, nn.Module):
+        save_start(model, start)
+    return load_recipe(None, out=str(folder), **values)
+
+
+def model_values(model: ModelLike, start: Path) -> dict[str, str]:
+    """The recipe values that name the model: a registered name, or ``init`` (a folder, an hf-hub: id, or the
+    folder ``start`` where a module is saved)."""
+    if isinstance(model, nn.Module):
+        return {"init": str(start)}
+    if str(model) in list_models():
+        return {"model": str(model)}
+    if str(model).startswith("hf-hub:") or Path(model).is_dir():
+        return {"init": os.fspath(model)}
+    raise ValueError(f"model {str(model)!r} is neither a registered name (vitlab.list_models()) nor a run or model "
+                     "folder; accepted: a name, a module from vitlab.create_model or vitlab.load, a folder or an "
+                     "hf-hub: id")
+
+
+def model_name(model: ModelLike) -> str:
+    """What a run folder of the model is named after: its registered name, or its folder's name."""
+    if isinstance(model, nn.Module):
+        return getattr(model, "arch", None) or type(model).__name__
+    return Path(str(model)).name
+
+
+def save_start(model: nn.Module, folder: Path) -> Path:
+    """Save a module to start a run from, as ``<out>.init`` beside the run folder (the run's ``init``)."""
+    if folder.exists():
+        raise ValueError(f"{folder} exists: the module to train would be saved there; accepted: another out")
+    return save(model, folder)
+
+
+def resumed_recipe(folder: str | os.PathLike, given: dict[str, Any], refused: Sequence[str] = (),
+                   named: Callable[[str], str] = str) -> Recipe:
+    """The recipe that continues the unfinished run in ``folder``: its config.yaml, with the options ``given`` that
+    a resume honours (a longer run: more epochs, a later time budget); any other, and those ``refused``, are
+    refused in one line that names them as the caller does (``named``: an option's name, e.g. its flag)."""
+    folder = Path(folder)
+    if not (folder / CONFIG_YAML).is_file():
+        raise FileNotFoundError(f"{folder} is not a run folder: it has no {CONFIG_YAML}")
+    config = read_config(folder)
+    given = {k: v for k, v in given.items() if v is not None}
+    changed = [named(n) for n in given if n not in ON_RESUME] + list(refused)
+    if changed:
+        raise ValueError(f"{', '.join(changed)} cannot change on {named('resume')}; accepted with {named('resume')}: "
+                         f"{', '.join(named(n) for n in ON_RESUME)}")
+    for name in ("epochs", "time_budget"):
+        old, new = config.get(name), given.get(name)
+        if new is not None and old is None:
+            raise ValueError(f"{named(name)} cannot be given on {named('resume')} of a run without one")
+        if new is not None and not _number(new) >= old:
+            raise ValueError(f"{named(name)} {new!r} is not valid on {named('resume')}; accepted: a number >= the "
+                             f"run's {old!r}")
+    return load_recipe(folder / CONFIG_YAML, out=str(folder), **given)
+
+
+def _number(value: Any) -> float:
+    """The number a text is, NaN when it is none (which no bound accepts)."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return float("nan")
+
+
+def say(line: str) -> None:
+    """A line of a run's log, as the progress bar lets it through (looked up when called)."""
+    progress.log_line(line)
+
+
+def train_recipe(recipe: Recipe, resume: bool) -> FitResult:
+    """Train the recipe (the command line's trainer) and read the run back; an interrupt leaves it resumable."""
+    from .train import train
+    try:
+        train(recipe, resume=resume, log=say)
+    except KeyboardInterrupt:
+        say(f"interrupted: {recipe.out} keeps its last finished epoch; continue it with "
+            f"vitlab.fit(resume={recipe.out!r})")
+        raise
+    return FitResult.read(recipe.out)
