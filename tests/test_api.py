@@ -110,6 +110,8 @@ def test_an_interrupted_fit_resumes_to_the_uninterrupted_run(tutorial, tmp_path,
         vitlab.fit("vit_micro_patch2_8", (train, test), out=tmp_path / "run", cache_dir=str(tmp / "cache"), **OPTIONS)
     monkeypatch.setattr(progress, "log_line", said)
     assert len(read_history(tmp_path / "run")) == 1
+    with pytest.raises(ValueError, match="is unfinished .stopped at epoch 1"):
+        vitlab.predict(tmp_path / "run", test[0][:1])
     with pytest.raises(ValueError, match="lr cannot change on resume; accepted with resume: epochs"):
         vitlab.fit(resume=tmp_path / "run", lr=0.1)
     resumed = vitlab.fit(resume=tmp_path / "run")

@@ -28,7 +28,7 @@ from .infer.eval import Options, evaluate_folder, evaluate_images, model_data
 from .infer.predict import class_names, class_probabilities, decode_images
 from .models import list_models
 from .runs.figures import confusion_figure, curves_figure
-from .runs.folder import new_run_folder
+from .runs.folder import check_model_written, new_run_folder
 from .runs.format import CONFIG_YAML, read_config, read_history, read_summary
 from .runs.identity import ON_RESUME
 from .train.recipe import AUGMENT_FIELDS, FIELDS, Recipe, load_recipe
@@ -142,7 +142,7 @@ def evaluate(model: ModelLike, data: Any = None, *, batch_size: int = 256, preci
                                 precision=precision, cache_dir=cache_dir, download=download, tta=tta,
                                 tta_translate=tta_translate)
         return {**found["heads"]["logits"], "heads": found["heads"], "data": found["data"]}
-    module = model if isinstance(model, nn.Module) else load(model)
+    module = loaded(model)
     if is_arrays(data):
         train, test = split_arrays(data)
         x, y = test if test is not None else train
@@ -199,9 +199,17 @@ def explain(model: ModelLike, image: Any, method: str = "rollout", *, target_cla
 # --- what fit hands the trainer ---
 
 
+def loaded(model: ModelLike) -> nn.Module:
+    """A module as it is, or the model of a folder (an unfinished run's refused in one line, as by vitlab predict)."""
+    if isinstance(model, nn.Module):
+        return model
+    check_model_written(model)
+    return load(model)
+
+
 def classifier(model: ModelLike) -> nn.Module:
     """A module, or the model of a folder, that has a classifier head (one line otherwise)."""
-    module = model if isinstance(model, nn.Module) else load(model)
+    module = loaded(model)
     if getattr(module, "num_classes", 0) == 0:
         raise ValueError("the model has no classifier head (a pre-trained encoder): nothing to predict; accepted: a "
                          "classifier, e.g. one fine-tuned with vitlab.fit(ENCODER_RUN, data)")
