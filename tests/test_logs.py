@@ -153,3 +153,29 @@ def test_training_run_logs_to_tensorboard(tmp_path, cache_dir):
     assert [e.step for e in acc.Scalars("train_loss")] == [1, 2]
     assert sorted(acc.Tags()["images"]) == ["confusion", "curves"]
     assert (out / "metrics.jsonl").read_text().count("\n") == 2  # the run's own log stays
+
+
+def test_compare_draws_each_loss_on_its_own_axes_and_names_only_drawn_lines(tmp_path, monkeypatch):
+    from vitlab.runs import figures
+    supervised = make_run(tmp_path / "vit", 2)
+    mae = make_run(tmp_path / "mae", 2)
+    (mae / "config.yaml").write_text(yaml.safe_dump({"model": "vit_micro_patch2_8", "data": "digits", "epochs": 2,
+                                                     "pretrain": "mae"}))
+    rows = [{k: v for k, v in json.loads(line).items() if not k.startswith("test_")}  # no labels: a loss only
+            for line in (mae / "metrics.jsonl").read_text().splitlines()]
+    (mae / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    drawn = []
+    monkeypatch.setattr(figures, "save", lambda fig, path, **kw: drawn.append(fig) or path)
+    compare([supervised, mae], out=tmp_path / "c.png")
+    (fig,) = drawn
+    axes = {ax.get_ylabel(): ax for ax in fig.axes}
+    assert list(axes) == ["train cross-entropy loss", "train MAE loss (squared error, hidden patches)",
+                          "test top-1 (%)"]
+    for ylabel, names in (("train cross-entropy loss", ["vit"]), ("train MAE loss (squared error, hidden patches)",
+                                                                 ["mae"]), ("test top-1 (%)", ["vit"])):
+        ax = axes[ylabel]
+        assert [line.get_label() for line in ax.get_lines()] == names
+        assert [t.get_text() for t in ax.get_legend().get_texts()] == names  # no name without its line
+        fig.canvas.draw()
+        ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
+        assert ticks and all(t == int(t) for t in ticks), ticks  # whole epochs, never 1.5

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .figures import plot_runs
+from .figures import LOSS_NAMES, plot_runs
 from .folder import claim_file, figure_metadata
 from .format import (
     METRICS,
@@ -30,7 +30,7 @@ COLUMNS = [("run", "run"), ("status", "status"), ("model", "model"), ("params", 
 
 def read_run(path: str | os.PathLike) -> dict[str, Any]:
     """One run's row: run, path, status, model, parameters, data, epochs, training and wall seconds, img/s,
-    top-1, top-5, and its history (the metrics.jsonl rows as dicts)."""
+    top-1, top-5, its history (the metrics.jsonl rows as dicts) and what its training loss is."""
     folder = Path(path)
     if not folder.is_dir():
         raise FileNotFoundError(f"no run folder at {folder}")
@@ -38,8 +38,10 @@ def read_run(path: str | os.PathLike) -> dict[str, Any]:
     recipe = read_config(folder)
     if not history and not is_finished(folder):
         raise FileNotFoundError(f"{folder} is not a run folder: it has neither {SUMMARY} nor {METRICS}")
+    objective = str(recipe.get("pretrain") or "none")
     row: dict[str, Any] = {"run": folder.name or str(folder), "path": str(folder), "model": recipe.get("model"),
-                           "data": recipe.get("data"), "parameters": None, "history": [h.to_dict() for h in history]}
+                           "data": recipe.get("data"), "parameters": None, "history": [h.to_dict() for h in history],
+                           "loss": LOSS_NAMES.get(objective, f"{objective} loss")}  # what its train_loss is
     if is_finished(folder):
         s = read_summary(folder)
         row.update(status="finished", model=s.model, data=s.data, parameters=s.parameters, epochs=s.epochs,
@@ -101,7 +103,7 @@ def compare(runs: Sequence[str | os.PathLike], out: str | os.PathLike = "compare
     if len(set(names)) < len(names):  # same folder names under different parents: label by path
         for r in rows:
             r["run"] = r["path"]
-    plot_runs([(r["run"], [EpochRow.from_dict(h) for h in r["history"]]) for r in rows], out,
+    plot_runs([(r["run"], [EpochRow.from_dict(h) for h in r["history"]], r["loss"]) for r in rows], out,
               metadata=figure_metadata(out, "compare"))
     return rows
 

@@ -10,9 +10,13 @@ from pathlib import Path
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from ..atomic import atomic_path
 from .format import EpochRow
+
+LOSS_NAMES = {"none": "cross-entropy loss", "mae": "MAE loss (squared error, hidden patches)",
+              "mpp": "MPP loss (cross-entropy, corrupted patches)"}  # what a run's train_loss is, by its --pretrain
 
 
 def new_figure(width: float, height: float) -> Figure:
@@ -101,19 +105,34 @@ def confusion_figure(confusion: Sequence[Sequence[int]], classes: Sequence[str],
     return fig
 
 
-def plot_runs(runs: Sequence[tuple[str, Sequence[EpochRow]]], path: Path,
+def plot_runs(runs: Sequence[tuple[str, Sequence[EpochRow], str]], path: Path,
               metadata: dict[str, str] | None = None) -> Path:
-    """Train loss and test top-1 against epoch, one line per (name, history), in one figure."""
-    fig = new_figure(12, 4.5)
-    ax_loss, ax_acc = fig.subplots(1, 2)
-    for name, h in runs:
-        line, = ax_loss.plot([x.epoch for x in h], [x.train_loss for x in h], label=name)
-        tested = [x for x in h if x.test_top1 is not None]  # a pre-training run has a loss curve only
-        ax_acc.plot([x.epoch for x in tested], [100 * x.test_top1 for x in tested], marker=".",
-                    color=line.get_color(), label=name)
-    ax_loss.set(xlabel="epoch", ylabel="train loss", title="Training loss")
-    ax_acc.set(xlabel="epoch", ylabel="test top-1 (%)", title="Test accuracy")
-    for ax in (ax_loss, ax_acc):
+    """Several runs' curves in one figure, one colour per (name, history, loss name): see ``runs_figure``."""
+    return save(runs_figure(runs), path, metadata=metadata)
+
+
+def runs_figure(runs: Sequence[tuple[str, Sequence[EpochRow], str]]) -> Figure:
+    """The training loss against epoch on one axes per loss (a pre-training objective's loss is no cross-entropy),
+    then test top-1 for the runs that measure one; a legend names only the lines drawn on its axes, and epochs are
+    ticked at whole numbers."""
+    kinds = list(dict.fromkeys(loss for _, h, loss in runs if h))
+    tested = [[x for x in h if x.test_top1 is not None] for _, h, _ in runs]  # a pre-training run has a loss only
+    fig = new_figure(max(6.0, 5.5 * (len(kinds) + any(tested))), 4.5)
+    axes = list(np.atleast_1d(fig.subplots(1, len(kinds) + any(tested))))
+    for ax, kind in zip(axes, kinds):
+        for i, (name, h, loss) in enumerate(runs):
+            if h and loss == kind:
+                ax.plot([x.epoch for x in h], [x.train_loss for x in h], color=f"C{i % 10}", label=name)
+        ax.set(xlabel="epoch", ylabel=f"train {kind}", title="Training loss")
+    if any(tested):
+        for i, (name, _, _) in enumerate(runs):
+            if tested[i]:
+                axes[-1].plot([x.epoch for x in tested[i]], [100 * x.test_top1 for x in tested[i]], marker=".",
+                              color=f"C{i % 10}", label=name)
+        axes[-1].set(xlabel="epoch", ylabel="test top-1 (%)", title="Test accuracy")
+    for ax in axes:
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    return save(fig, path, metadata=metadata)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    return fig

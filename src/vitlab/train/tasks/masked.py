@@ -14,7 +14,7 @@ import torch.nn as nn
 from ...data.augment import normalize
 from ...devices import to_device
 from ...pretrain import check_encoder, create_objective, save_objective
-from ...runs.figures import plot_curves
+from ...runs.figures import LOSS_NAMES, plot_curves
 from ...runs.format import CURVES_PNG, EpochRow
 from ..step import autocast
 from .base import EvalSplit, Task
@@ -67,7 +67,6 @@ def loss_metrics(loss: float) -> dict[str, Any]:
     return {"loss": loss, "top1": None, "top5": None, "per_class": None, "confusion": None}
 
 
-LOSS_NAMES = {"mae": "MAE loss (squared error, hidden patches)", "mpp": "MPP loss (cross-entropy, corrupted patches)"}
 
 
 class MaskedPretraining(Task):

@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ...runs.figures import plot_confusion, plot_curves
+from ...runs.figures import LOSS_NAMES, plot_confusion, plot_curves
 from ...runs.format import CONFUSION_PNG, CURVES_PNG, EpochRow
 from ..finetune import fit_head
 from ..metrics import confusion_counts, metrics_from_counts
@@ -82,7 +82,7 @@ class Supervised(Task):
 
     def draw(self, out: Path, history: list[EpochRow], m: dict, title: str, classes: Sequence[str]) -> list[str]:
         """curves.png and confusion.png."""
-        plot_curves(history, out / CURVES_PNG, title=title, loss_name="cross-entropy loss")
+        plot_curves(history, out / CURVES_PNG, title=title, loss_name=LOSS_NAMES["none"])
         plot_confusion(m["confusion"], list(classes), out / CONFUSION_PNG,
                        title=f"Confusion matrix, test top-1 {100 * m['top1']:.2f}%")
         return [CURVES_PNG, CONFUSION_PNG]
