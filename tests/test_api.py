@@ -55,6 +55,7 @@ def test_the_seed_tutorial_trains_plots_evaluates_and_predicts(tutorial):
     curves = result.plot()
     assert isinstance(curves, Figure) and [ax.get_title() for ax in curves.axes] == ["Loss", "Accuracy"]
     assert len(curves.axes[0].lines[0].get_xdata()) == 3
+    assert curves._repr_png_().startswith(b"\x89PNG")  # what a notebook shows (no pyplot needed)
     metrics = vitlab.evaluate(result.model, test)
     assert metrics["top1"] == pytest.approx(result.summary["top1"]) and metrics["count"] == 48
     assert set(metrics) >= {"top1", "top5", "loss", "per_class", "confusion"}

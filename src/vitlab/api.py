@@ -19,7 +19,6 @@ from matplotlib.figure import Figure
 from torch import nn
 
 from . import progress
-from .analysis.explain import explain as explain_map
 from .checkpoint import load, save
 from .data.arrays import is_arrays, split_arrays, store_arrays
 from .data.augment import normalize
@@ -185,6 +184,7 @@ def explain(model: ModelLike, image: Any, method: str = "rollout", *, target_cla
 
         heat = vitlab.explain(result.model, x_test[0], method="relevance")   # (grid_h, grid_w)
     """
+    from .analysis.explain import explain as explain_map  # the analysis code, loaded by its first use only
     module = classifier(model)
     x = decode_images(image, module.pretrained_cfg)
     cfg, dev = module.pretrained_cfg, next(module.parameters()).device

@@ -4,10 +4,11 @@ from __future__ import annotations
 import io
 import sys
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
-from tqdm import tqdm
+from tqdm import TqdmWarning, tqdm
 
 LOG_INTERVAL = 30.0  # seconds between lines when the output is a file or a pipe
 
@@ -111,7 +112,9 @@ def progress_bar(*args: Any, **kwargs: Any) -> Any:
     else a line redrawn in place); elsewhere on stderr, live in a terminal, a line per interval in a log."""
     if not in_notebook():
         return Progress(*args, **kwargs)
-    from tqdm.auto import tqdm as auto
+    with warnings.catch_warnings():  # without ipywidgets tqdm.auto is the plain bar, which a notebook redraws in place
+        warnings.simplefilter("ignore", TqdmWarning)
+        from tqdm.auto import tqdm as auto
 
     class NotebookProgress(auto):
         goto = Progress.goto

@@ -4,6 +4,7 @@ Drawn on matplotlib Figures with the Agg canvas: no display and no pyplot state.
 """
 from __future__ import annotations
 
+import io
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -19,9 +20,19 @@ LOSS_NAMES = {"none": "cross-entropy loss", "mae": "MAE loss (squared error, hid
               "mpp": "MPP loss (cross-entropy, corrupted patches)"}  # what a run's train_loss is, by its --pretrain
 
 
+class ShownFigure(Figure):
+    """A Figure that a notebook shows: without pyplot's inline backend IPython has no printer for a Figure, and
+    printed its text instead."""
+
+    def _repr_png_(self) -> bytes:
+        buf = io.BytesIO()
+        self.savefig(buf, format="png", dpi=100)
+        return buf.getvalue()
+
+
 def new_figure(width: float, height: float) -> Figure:
-    """A Figure on the Agg canvas."""
-    fig = Figure(figsize=(width, height))
+    """A Figure on the Agg canvas (shown as a PNG in a notebook)."""
+    fig = ShownFigure(figsize=(width, height))
     FigureCanvasAgg(fig)
     return fig
 
