@@ -363,7 +363,8 @@ def test_a_run_with_no_model_yet_is_named_unfinished_by_every_command_that_reads
     Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(image)
     commands = [["eval", run], ["predict", run, image], ["inspect", run, "--out", tmp_path / "in"],
                 ["probe", run, "--data", "digits"], ["train", *TINY, "--epochs", "1", "--init", run,
-                                                     "--out", tmp_path / "ft"]]
+                                                     "--out", tmp_path / "ft"],
+                ["train", *TINY, "--epochs", "1", "--teacher", run, "--out", tmp_path / "ft"]]
     before = checksums(run)
     stopped = f"{run} is unfinished (stopped at epoch 2; resume with `vitlab train --resume {run}`), so it holds no"
     for argv in commands:

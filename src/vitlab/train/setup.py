@@ -16,7 +16,6 @@ from ..data.sources import DataBundle, ImageSet, load_data
 from ..data.views import Preprocess, stratified_subset
 from ..devices import auto_precision
 from ..models.registry import accepted_args, check_args, create_model, get_spec
-from ..runs.folder import check_model_written
 from ..runs.format import PRETRAIN_WEIGHTS
 from .distributed import Dist, barrier, broadcast_flag
 from .finetune import freeze_blocks
@@ -85,7 +84,6 @@ def _from_init(r: Recipe, task: Task, get_data: Callable,
                log: Callable[[str], None]) -> tuple[nn.Module, DataBundle, tuple, tuple]:
     """A run from --init: at the checkpoint's size unless --img-size says otherwise, its images resized by the
     checkpoint's own rule and interpolation (a position table resampled only for another size)."""
-    check_model_written(r.init)
     base = checkpoint.load(r.init)
     task.check_model(base)  # before any data is read
     check_named_model(r, base)

@@ -29,7 +29,7 @@ from ..data.views import eval_view
 from ..devices import set_cpu_threads
 from ..models.summary import matmul_flops
 from ..progress import Progress, log_line, progress_bar
-from ..runs.folder import check_claimed, claim_folder, written_by_this_launch
+from ..runs.folder import check_claimed, check_model_written, claim_folder, written_by_this_launch
 from ..runs.format import (
     CHECKPOINT,
     EpochRow,
@@ -142,13 +142,16 @@ def resumes_a_restart(r: Recipe, log: Callable[[str], None]) -> bool:
 
 
 def check_sources_outside(r: Recipe) -> None:
-    """Refuse a run whose --out is (or holds) the model it starts from or its teacher: it would overwrite them."""
+    """Refuse a run whose --out is (or holds) the model it starts from or its teacher: it would overwrite them; and
+    one whose model or teacher is a run with no model yet (still training, or stopped)."""
     out = Path(r.out).resolve()
     for flag, source in (("--init", r.init), ("--teacher", r.teacher)):
         if source and not str(source).startswith("hf-hub:") and out in (Path(source).resolve(),
                                                                          *Path(source).resolve().parents):
             raise ValueError(f"{flag} {source} lies in --out {r.out}: the run would overwrite it; "
                              "choose another --out")
+        if source:
+            check_model_written(source)
 
 
 @contextlib.contextmanager
