@@ -197,6 +197,9 @@ def read_json_object(path: str | os.PathLike) -> dict[str, Any]:
         value = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"{path} is not valid JSON ({e})") from None
+    except RecursionError:  # 100k nested '[': Python's JSON reader gives up
+        raise ValueError(f"{path} nests its JSON values deeper than vitlab reads; accepted: a JSON object of "
+                         "ordinary depth") from None
     if not isinstance(value, dict):
         raise ValueError(f"{path} must hold a JSON object, not {type(value).__name__}")
     return value

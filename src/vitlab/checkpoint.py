@@ -7,8 +7,9 @@ never unpickles: weights come from safetensors (or, for old Hub folders, ``torch
 """
 from __future__ import annotations
 
+import errno
 import hashlib
-import json
+import math
 import os
 import pickle
 import re
@@ -26,6 +27,7 @@ from .models.base import make_pretrained_cfg
 from .models.beit import resize_rel_pos_table
 from .models.layers import resample_abs_pos_embed, resample_patch_embed, to_2tuple
 from .models.registry import build, check_model, create_model, get_spec, model_class
+from .text import quote
 
 FORMAT_VERSION = 1
 CONFIG, WEIGHTS = "config.json", "model.safetensors"
@@ -78,13 +80,38 @@ def resolve(path: str | os.PathLike) -> Path:
     return hub.download(path) if hub.is_hub_id(path) else Path(path)
 
 
+def no_loop(path: Path) -> Path:
+    """``path``, refused in one line when it is a symbolic link that leads back to itself (a loop, which
+    ``is_file`` and ``exists`` would call missing) or to nothing."""
+    try:
+        os.stat(path)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise ValueError(f"{path} is a symlink loop (it leads back to itself); accepted: a file, or a link to "
+                             "one") from None
+        if path.is_symlink():
+            raise ValueError(f"{path} is a symlink to {os.readlink(path)}, which does not exist; accepted: a file, "
+                             "or a link to one") from None
+    return path
+
+
+def _shards(index: Path) -> list[str]:
+    """The shard files a model.safetensors.index.json names (its weight_map's values), each a file of the folder."""
+    weight_map = read_json_object(index).get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map or not all(
+            isinstance(v, str) and v and "/" not in v and v not in (".", "..") for v in weight_map.values()):
+        raise ValueError(f"{index}: 'weight_map' is {quote(weight_map) if weight_map is not None else 'missing'}; "
+                         "accepted: an object mapping each tensor name to a shard file of the folder")
+    return sorted(set(weight_map.values()))
+
+
 def read_config(path: str | os.PathLike) -> tuple[Path, dict[str, Any]]:
     """(folder, parsed config.json) for a model folder, its config.json or a Hub id."""
     p = resolve(path)
-    folder = p.parent if p.name == CONFIG else p
+    folder = no_loop(p.parent if p.name == CONFIG else p)
     if not folder.exists():
         raise FileNotFoundError(f"no model at {folder}: expected a folder with {CONFIG} and {WEIGHTS}")
-    cfg_path = folder / CONFIG
+    cfg_path = no_loop(folder / CONFIG)
     if not cfg_path.is_file():
         raise FileNotFoundError(f"{folder} has no {CONFIG}; a model folder holds {CONFIG} and {WEIGHTS} "
                                 "(written by vitlab.save, timm's save_for_hf or transformers' save_pretrained)")
@@ -107,7 +134,7 @@ def files_sha256(path: str | os.PathLike) -> dict[str, str]:
 
 def read_weights(folder: Path, expected_sha256: str | None = None) -> dict[str, torch.Tensor]:
     """The tensors of a folder: model.safetensors (or a sharded index, or pytorch_model.bin without pickle code)."""
-    st = folder / WEIGHTS
+    st = no_loop(folder / WEIGHTS)
     if st.is_file():
         if expected_sha256 and _sha256(st) != expected_sha256:
             raise ValueError(f"{st} is corrupt or was changed: its sha256 does not match the one in {CONFIG}")
@@ -116,16 +143,15 @@ def read_weights(folder: Path, expected_sha256: str | None = None) -> dict[str, 
         except (SafetensorError, OSError, RuntimeError) as e:
             raise ValueError(f"{st} is truncated or corrupt ({e})") from None
     index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    if no_loop(index).is_file():
         state: dict[str, torch.Tensor] = {}
-        for shard in shards:
+        for shard in _shards(index):
             try:
-                state.update(load_file(folder / shard))
+                state.update(load_file(no_loop(folder / shard)))
             except (SafetensorError, OSError, RuntimeError) as e:
                 raise ValueError(f"{folder / shard} is missing, truncated or corrupt ({e})") from None
         return state
-    pt = folder / "pytorch_model.bin"
+    pt = no_loop(folder / "pytorch_model.bin")
     if pt.is_file():
         return load_plain(pt, "cannot be read as plain tensors")
     raise FileNotFoundError(f"{folder} has no weights: expected {WEIGHTS}")
@@ -189,9 +215,9 @@ def _adapt_rel_pos_tables(model: nn.Module, state: dict[str, torch.Tensor]) -> N
             state[key] = resize_rel_pos_table(table, model.get_submodule(key.rsplit(".", 1)[0]).window_size)
 
 
-def load_state_strict(model: nn.Module, state: dict[str, torch.Tensor], source: str) -> None:
-    """Load every tensor or none: missing, unexpected and mis-shaped keys are named in the error."""
-    own = model.state_dict()
+def state_problems(own: dict[str, torch.Tensor], state: dict[str, torch.Tensor]) -> str:
+    """The missing, unexpected and mis-shaped tensors of ``state`` against a model's own (its state_dict), in
+    words ("" when every tensor finds its place)."""
     missing = [k for k in own if k not in state]
     unexpected = [k for k in state if k not in own]
     mismatched = [f"{k} (file {tuple(state[k].shape)}, model {tuple(own[k].shape)})"
@@ -201,8 +227,14 @@ def load_state_strict(model: nn.Module, state: dict[str, torch.Tensor], source: 
                         ("shape mismatches", mismatched)):
         if keys:
             problems.append(f"{label}: {', '.join(keys[:6])}" + (f" and {len(keys) - 6} more" if len(keys) > 6 else ""))
+    return "; ".join(problems)
+
+
+def load_state_strict(model: nn.Module, state: dict[str, torch.Tensor], source: str) -> None:
+    """Load every tensor or none: missing, unexpected and mis-shaped keys are named in the error."""
+    problems = state_problems(model.state_dict(), state)
     if problems:
-        raise ValueError(f"{source} does not fit a {type(model).__name__}: " + "; ".join(problems))
+        raise ValueError(f"{source} does not fit a {type(model).__name__}: {problems}")
     model.load_state_dict(state, strict=True)
 
 
@@ -216,64 +248,113 @@ def _check_config_types(cfg: dict[str, Any], path: Path) -> None:
             raise ValueError(f"{path}: {key!r} must be a JSON object, not {type(cfg[key]).__name__}")
 
 
-def load(path: str | os.PathLike, **overrides: Any) -> nn.Module:
-    """A ready model (eval mode) from a vitlab, timm or Hugging Face folder; overrides change its arguments.
-
-    ``img_size=`` resamples the position embedding to a new input size; ``patch_size=`` resamples the patch
-    embedding (FlexiViT's pseudo-inverse resize) and the position table to the new grid; ``num_classes=`` with a
-    different count gives fresh, untrained heads; ``dynamic_img_size=True`` accepts any input size.
-    """
-    folder, cfg = read_config(path)
-    _check_config_types(cfg, folder / CONFIG)
-    expected_sha = None
+def _kind(cfg: dict[str, Any], folder: Path) -> tuple[str | None, Any, dict, dict, Any, str | None]:
+    """(registered name, class, model arguments, preprocessing, state-dict converter, expected sha256) of a vitlab,
+    timm or Hugging Face config.json."""
     if cfg.get("library") == "vitlab":
         arch = cfg.get("architecture")
         cls = None if arch else model_class(cfg.get("class"), str(folder / CONFIG))
-        args, preprocess = dict(cfg.get("model_args") or {}), dict(cfg.get("pretrained_cfg") or {})
-        expected_sha = cfg.get("sha256")
-        convert = dict
-    elif timm.is_timm_config(cfg):
+        return arch, cls, dict(cfg.get("model_args") or {}), dict(cfg.get("pretrained_cfg") or {}), dict, \
+            cfg.get("sha256")
+    if timm.is_timm_config(cfg):
         arch, args, preprocess = timm.model_args(cfg)
-        cls, convert = None, timm.convert_state_dict
-    elif hf.is_hf_config(cfg):
+        return arch, None, args, preprocess, timm.convert_state_dict, None
+    if hf.is_hf_config(cfg):
         cls, args, preprocess = hf.model_args(cfg)
         preprocess.update(hf.preprocessing(folder, cfg))
-        arch = None
-        convert = lambda s: hf.convert_state_dict(s, cfg)
-    else:
-        raise ValueError(f"{folder / CONFIG} is not a model config vitlab knows: expected 'library': 'vitlab', "
-                         "'architecture' (timm) or 'model_type' (Hugging Face)")
-    old_img = args.get("img_size", get_spec(arch).args.get("img_size", 224) if arch else 224)
-    old_classes = args.get("num_classes", get_spec(arch).args.get("num_classes", 1000) if arch else 1000)
-    state = convert(read_weights(folder, expected_sha))
-    args.update(overrides)
+        return None, cls, args, preprocess, lambda s: hf.convert_state_dict(s, cfg), None
+    raise ValueError(f"{folder / CONFIG} is not a model config vitlab knows: expected 'library': 'vitlab', "
+                     "'architecture' (timm) or 'model_type' (Hugging Face)")
+
+
+def _build(arch: str | None, cls: Any, args: dict[str, Any], cfg: dict[str, Any], folder: Path) -> nn.Module:
+    """The model the config's arguments describe (on torch's current default device: "meta" builds no tensor)."""
     try:
-        model = create_model(arch, **args) if arch else build(cls, args)
+        return create_model(arch, **args) if arch else build(cls, args)
     except (TypeError, OverflowError, RuntimeError) as e:  # a value of the wrong kind or size (text, -1)
         raise ValueError(f"{folder / CONFIG}: its model arguments do not build a model ({e})") from None
     except ValueError as e:
         if arch:
             raise
         raise no_architecture(cfg, folder, e) from None
+
+
+def _size(tensors) -> str:
+    n = sum(t.numel() for t in tensors)
+    return f"{n / 1e9:.2f} G" if n >= 1e9 else f"{n / 1e6:.2f} M" if n >= 1e6 else f"{n:,}"
+
+
+def load(path: str | os.PathLike, **overrides: Any) -> nn.Module:
+    """A ready model (eval mode) from a vitlab, timm or Hugging Face folder; overrides change its arguments.
+
+    ``img_size=`` resamples the position embedding to a new input size; ``patch_size=`` resamples the patch
+    embedding (FlexiViT's pseudo-inverse resize) and the position table to the new grid; ``num_classes=`` with a
+    different count gives fresh, untrained heads; ``dynamic_img_size=True`` accepts any input size. The model the
+    config describes is first built on the meta device (no memory) and held to the weights' tensors, so a config
+    that disagrees with its weights (a depth or width far beyond them) is refused before anything is allocated.
+    """
+    folder, cfg = read_config(path)
+    _check_config_types(cfg, folder / CONFIG)
+    arch, cls, args, preprocess, convert, expected_sha = _kind(cfg, folder)
+    old_img = args.get("img_size", get_spec(arch).args.get("img_size", 224) if arch else 224)
+    old_classes = args.get("num_classes", get_spec(arch).args.get("num_classes", 1000) if arch else 1000)
+    state = convert(read_weights(folder, expected_sha))
+    args.update(overrides)
+    with torch.device("meta"):
+        shell = _build(arch, cls, args, cfg, folder)
+    heads = tuple(f"{name}." for name in shell.classifier_names)
+    new_head = "num_classes" in overrides and overrides["num_classes"] != old_classes
+    if new_head:  # fresh heads: the file's are dropped, the model's own kept
+        state = {k: v for k, v in state.items() if not k.startswith(heads)}
+        preprocess.pop("label_names", None)
+    # a patch size asked for (patch_size=) resamples the kernel; one the config implies by mistake stays a mismatch
+    _adapt_pos_embed(shell, state, old_img, _adapt_patch_embed(shell, state) if "patch_size" in overrides else None)
+    _adapt_rel_pos_tables(shell, state)
+    own = {k: v for k, v in shell.state_dict().items() if not (new_head and k.startswith(heads))}
+    problems = state_problems(own, state)
+    if problems:
+        raise no_architecture(cfg, folder, ValueError(
+            f"{folder} does not fit a {type(shell).__name__}: {folder / CONFIG} describes {_size(own.values())} "
+            f"values, its weights hold {_size(state.values())}; {problems}"))
+    model = _build(arch, cls, args, cfg, folder)
     if not arch:
         model.arch, model.model_args = None, dict(args)
         model.pretrained_cfg = make_pretrained_cfg(model, args.get("in_chans", 3))
-    new_head = "num_classes" in overrides and overrides["num_classes"] != old_classes
     if new_head:
-        heads = tuple(f"{name}." for name in model.classifier_names)
-        state = {k: v for k, v in state.items() if not k.startswith(heads)}
         state.update({k: v for k, v in model.state_dict().items() if k.startswith(heads)})
-        preprocess.pop("label_names", None)
-    # a patch size asked for (patch_size=) resamples the kernel; one the config implies by mistake stays a mismatch
-    _adapt_pos_embed(model, state, old_img, _adapt_patch_embed(model, state) if "patch_size" in overrides else None)
-    _adapt_rel_pos_tables(model, state)
-    try:
-        load_state_strict(model, state, str(folder))
-    except ValueError as e:
-        raise no_architecture(cfg, folder, e) from None
+    load_state_strict(model, state, str(folder))
     preprocess.pop("input_size", None)
+    check_preprocess(preprocess, model, folder / CONFIG)
     model.pretrained_cfg.update(preprocess)
     return model.eval()
+
+
+def _numbers(value: Any) -> list[float] | None:
+    """A list of finite numbers, or None when ``value`` is not one (text, nested lists, NaN, true)."""
+    if not isinstance(value, (list, tuple)) or not value:
+        return None
+    ok = all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in value)
+    return [float(v) for v in value] if ok else None
+
+
+def check_preprocess(preprocess: dict[str, Any], model: nn.Module, where: Path) -> None:
+    """One line naming the file and the field for a mean or std that would make the input NaN or Inf (std 0, text,
+    of another channel count) and for label names that are not one per class."""
+    chans = model.pretrained_cfg["input_size"][0]
+    for key in ("mean", "std"):
+        if key not in preprocess:
+            continue
+        values = _numbers(preprocess[key])
+        if values is None or len(values) not in (1, chans) or (key == "std" and min(values) <= 0):
+            each = ", each > 0" if key == "std" else ""
+            raise ValueError(f"{where}: pretrained_cfg {key} is {quote(preprocess[key])}; accepted: {chans} finite "
+                             f"number{'s' if chans > 1 else ''} (one per input channel){each}")
+    names = preprocess.get("label_names")
+    if names and model.num_classes and (not isinstance(names, (list, tuple)) or len(names) != model.num_classes
+                                        or not all(isinstance(n, str) for n in names)):
+        got = f"{len(names)} names" if isinstance(names, (list, tuple)) else quote(names)
+        raise ValueError(f"{where}: pretrained_cfg label_names holds {got} for a model of {model.num_classes} "
+                         f"classes; accepted: {model.num_classes} names (text), one per class, or none")
 
 
 def no_architecture(cfg: dict[str, Any], folder: Path, e: ValueError) -> ValueError:

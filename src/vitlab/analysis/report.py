@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from ..atomic import atomic_write_bytes
+from ..finite import check_finite
 from ..progress import progress_bar
 from . import plots
 from .capture import attention_modules, capture_attention, prefix_token_names
@@ -180,9 +181,11 @@ class Inspection:
         """The shown images' logits and attention maps, from one forward pass."""
         if getattr(self.model, "no_attention", ""):  # nothing to capture
             with torch.no_grad():
-                return self.model.eval()(self.images), []
-        with torch.no_grad(), capture_attention(self.model) as maps:
-            logits = self.model(self.images)  # (B, classes)
+                logits, maps = self.model.eval()(self.images), []
+        else:
+            with torch.no_grad(), capture_attention(self.model) as maps:
+                logits = self.model(self.images)  # (B, classes)
+        check_finite(logits, len(logits), "outputs", "the model")
         return logits, maps
 
     @property
@@ -290,6 +293,7 @@ def inspect_model(model: nn.Module, images: torch.Tensor, out_dir: str | Path, *
                    objective=objective)
     if no_attention:
         r.note(f"{ATTENTION_ONLY}: skipped, {no_attention}.")
+    r.maps  # the first forward pass, before any figure: outputs that are not numbers are refused here  # noqa: B018
     sections = ATTENTION_FREE_SECTIONS if no_attention else SECTIONS
     with progress_bar(total=len(sections), desc="inspect", unit="section") as bar:  # with its ETA
         for section in sections:

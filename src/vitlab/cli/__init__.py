@@ -18,6 +18,9 @@ import threading
 import typing
 from pathlib import Path
 
+from safetensors import SafetensorError
+
+from ..text import clip_quotes
 from . import cache, export, infer, inspect, models, pretrain, probe, runs, train
 
 # in the order `vitlab --help` lists them
@@ -66,14 +69,22 @@ def main(argv: list[str] | None = None) -> int:
         print(f"vitlab study: error: {e}", file=sys.stderr)
         return 1
     except (ValueError, FileNotFoundError) as e:
-        print(f"vitlab {args.command}: error: {e}", file=sys.stderr)
+        print(f"vitlab {args.command}: error: {clip_quotes(str(e))}", file=sys.stderr)
+        return 2
+    except RecursionError:  # a file nested deeper than Python's readers go (a JSON or YAML of 100k '['), wherever read
+        print(f"vitlab {args.command}: error: an input file nests deeper than vitlab reads ({sys.getrecursionlimit()} "
+              "levels); accepted: a file of ordinary depth", file=sys.stderr)
+        return 2
+    except SafetensorError as e:  # a weights file that safetensors cannot read, reached by a reader that did not say
+        print(f"vitlab {args.command}: error: a safetensors file is truncated or corrupt "
+              f"({clip_quotes(str(e))})", file=sys.stderr)
         return 2
     except ModuleNotFoundError as e:  # an optional package the work needs (onnx for an ONNX export, ...)
         print(f"vitlab {args.command}: error: this needs the Python package {e.name!r}, which is not installed; "
               f"install it: pip install {PACKAGES.get(e.name or '', e.name)}", file=sys.stderr)
         return 2
     except OSError as e:  # the file system failed the work (a full disk, say): the line says which file and why
-        print(f"vitlab {args.command}: error: {os_error_line(e)}", file=sys.stderr)
+        print(f"vitlab {args.command}: error: {clip_quotes(os_error_line(e))}", file=sys.stderr)
         return 1
     except FloatingPointError as e:
         print(f"vitlab {args.command}: stopped: {e}", file=sys.stderr)

@@ -41,10 +41,11 @@ def model_data(model: torch.nn.Module, data: str, split: dict | None = None, cac
 
 
 def evaluate_images(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor, classes: list[str],
-                    data: str, options: Options, n_train: int = 0) -> dict[str, dict]:
+                    data: str, options: Options, n_train: int = 0, source: object = "the model") -> dict[str, dict]:
     """Metrics of every head of a model (on its device) on uint8 test images (N, C, H, W) of the data set named
     ``data``, labelled by ``classes``: images of another size are brought to the model's by its own rule, and the
-    labels are mapped onto the model's classes by name where it names them."""
+    labels are mapped onto the model's classes by name where it names them. Logits that hold a NaN or an Inf are
+    refused (ValueError naming ``source``), never scored."""
     prep = Preprocess.from_cfg(model.pretrained_cfg)
     if tuple(images.shape[-2:]) != prep.size:  # a store folder of another size
         images = torch.cat([prep.apply(x) for x in images.split(1024)] or [images])
@@ -65,7 +66,7 @@ def evaluate_images(model: torch.nn.Module, images: torch.Tensor, labels: torch.
         precision = "bf16" if cuda and torch.cuda.is_bf16_supported() else "fp32"
     return evaluate_model(model, images, labels, names, model.pretrained_cfg["mean"], model.pretrained_cfg["std"],
                           batch_size=options.batch_size, precision=precision, tta=options.tta,
-                          tta_translate=options.tta_translate)
+                          tta_translate=options.tta_translate, source=source)
 
 
 def evaluate_folder(model_path: str | os.PathLike, data: str | None = None, out: str | os.PathLike | None = None,
@@ -99,7 +100,7 @@ def _evaluate(model_path, data, out, batch_size, precision, cache_dir, download,
     bundle = model_data(model, data, split, cache_dir, download)
     check_data(model_path, bundle.identity, "evaluate", own)
     heads = evaluate_images(model, bundle.test.images, bundle.test.labels, bundle.classes, data,
-                            Options(batch_size, precision, tta, tta_translate), len(bundle.train.images))
+                            Options(batch_size, precision, tta, tta_translate), len(bundle.train.images), model_path)
     names = class_names(model)
     m = heads["logits"]
     result = EvalSummary(model=str(model_path), data=bundle.name, tta=tta, heads=heads, top1=m["top1"],

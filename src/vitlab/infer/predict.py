@@ -15,6 +15,7 @@ from ..data.augment import normalize
 from ..data.sources import read_image
 from ..data.views import Preprocess
 from ..devices import resolve_device, to_device
+from ..finite import check_finite
 from ..runs.folder import check_model_written
 from ..train.metrics import head_logits
 
@@ -59,12 +60,14 @@ def decode_images(images: Any, cfg: dict) -> torch.Tensor:
 
 
 @torch.no_grad()
-def class_probabilities(model: torch.nn.Module, images: torch.Tensor) -> torch.Tensor:
+def class_probabilities(model: torch.nn.Module, images: torch.Tensor, source: object = "the model") -> torch.Tensor:
     """Softmax of the model's eval logits (the mean of a distilled model's heads) for a uint8 batch, on the
-    model's device."""
+    model's device; logits that hold a NaN or an Inf are refused (ValueError naming ``source``)."""
     dev = next(model.parameters()).device
     x = normalize(to_device(images, dev), model.pretrained_cfg["mean"], model.pretrained_cfg["std"])
-    return head_logits(model.eval(), x)["logits"].float().softmax(-1)
+    probs = head_logits(model.eval(), x)["logits"].float().softmax(-1)
+    check_finite(probs, len(probs), "class probabilities", source)
+    return probs
 
 
 @torch.no_grad()
@@ -96,7 +99,7 @@ def predict_files(model_path: str | os.PathLike, images: Sequence[str | os.PathL
     if not decoded:
         raise ValueError(results[0]["error"] if len(results) == 1 else
                          f"none of the {len(results)} images could be read; the first: {results[0]['error']}")
-    probs = class_probabilities(model, torch.stack(decoded)).cpu()
+    probs = class_probabilities(model, torch.stack(decoded), model_path).cpu()
     top = probs.topk(min(top_k, probs.shape[1]), dim=1)
     good = iter(range(len(decoded)))
     for r in results:

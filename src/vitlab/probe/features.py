@@ -2,7 +2,8 @@
 
 The cache is one safetensors file per (weights, images, preprocessing): the weights' and the
 images' content hashes and every preprocessing setting make its name, so changed weights, other
-images or another normalisation compute afresh, and the same request reads the file back.
+images or another normalisation compute afresh, and the same request reads the file back. The file
+carries the sha256 of its features, checked on every read: features changed on disk are computed again.
 """
 from __future__ import annotations
 
@@ -15,17 +16,18 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn as nn
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
 
 from ..atomic import atomic_path
 from ..data.augment import normalize
 from ..data.owned import make_owned_folder
 from ..data.views import eval_view
 from ..devices import to_device
+from ..finite import check_finite
 from ..progress import progress_bar
 
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2  # 2: the features' sha256 in the file's metadata
 PRECISIONS = ("fp32", "bf16")
 
 
@@ -47,6 +49,14 @@ def images_hash(images: torch.Tensor | np.ndarray, rows: int = 256) -> str:
         chunk = images[i:i + rows]
         chunk = chunk.cpu().numpy() if isinstance(chunk, torch.Tensor) else chunk
         h.update(np.ascontiguousarray(chunk))
+    return h.hexdigest()
+
+
+def features_sha256(feats: torch.Tensor) -> str:
+    """The sha256 of a features tensor's shape, dtype and bytes: what the cache file carries to be checked on read."""
+    feats = feats.detach().cpu().contiguous()
+    h = hashlib.sha256(f"{feats.dtype}:{tuple(feats.shape)};".encode())
+    h.update(feats.reshape(-1).view(torch.uint8).numpy())
     return h.hexdigest()
 
 
@@ -79,9 +89,14 @@ def _read_cache(path: Path, n: int, log: Callable[[str], None]) -> torch.Tensor 
     try:
         # a copy in memory of torch's own alignment: the file's bytes start anywhere, and CPU kernels sum in
         # another order on unaligned rows, so a probe on read features could flip an image a computed run did not
-        feats = load_file(path)["features"].clone()
+        with safe_open(str(path), "pt") as f:
+            feats, stored = f.get_tensor("features").clone(), (f.metadata() or {}).get("sha256")
     except (SafetensorError, KeyError, OSError, RuntimeError) as e:
         log(f"feature cache {path} is unreadable ({e}); computing the features again")
+        return None
+    if stored != features_sha256(feats):
+        log(f"feature cache {path} does not match its checksum (changed since it was written); computing the "
+            "features again")
         return None
     if feats.dim() != 2 or len(feats) != n:
         log(f"feature cache {path} holds {tuple(feats.shape)} features for {n} images; computing them again")
@@ -113,7 +128,7 @@ def extract_features(model: nn.Module, images: torch.Tensor | np.ndarray, batch_
                      mean: Sequence[float] | None = None, std: Sequence[float] | None = None,
                      size: Sequence[int] | None = None, crop_pct: float = 1.0, precision: str = "fp32",
                      cache_dir: str | os.PathLike | None = None, data_id: str | None = None,
-                     log: Callable[[str], None] = lambda s: None) -> torch.Tensor:
+                     log: Callable[[str], None] = lambda s: None, source: object = "the model") -> torch.Tensor:
     """Pre-logits features (N, D) float32 on the CPU: ``forward_head(forward_features(x), pre_logits=True)``.
 
     ``images`` are uint8 (N, C, H, W) (a tensor, or a memory-mapped store's array, read a batch at a
@@ -122,7 +137,8 @@ def extract_features(model: nn.Module, images: torch.Tensor | np.ndarray, batch_
     ``pretrained_cfg``. With ``cache_dir`` the features are read from / written to
     ``features-<key>.safetensors`` there; ``data_id`` names the images' content (e.g. a store's
     fingerprint) instead of hashing them. The model runs in eval mode on ``device`` (its own by
-    default) and gets its mode and device back.
+    default) and gets its mode and device back. Features that hold a NaN or an Inf are refused (ValueError naming
+    ``source``), never cached.
     """
     images = _as_uint8_images(images)
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
@@ -149,11 +165,13 @@ def extract_features(model: nn.Module, images: torch.Tensor | np.ndarray, batch_
         feats = _compute(model, images, batch_size, device, prep, precision, progress)
     finally:
         model.to(home).train(was_training)
+    check_finite(feats, len(feats), "features", source)
     if path is not None:
         try:
             make_owned_folder(path.parent, "features")
             with atomic_path(path) as tmp:
-                save_file({"features": feats.contiguous()}, str(tmp), metadata={"key": json.dumps(key, sort_keys=True)})
+                save_file({"features": feats.contiguous()}, str(tmp),
+                          metadata={"key": json.dumps(key, sort_keys=True), "sha256": features_sha256(feats)})
         except (OSError, ValueError) as e:  # a cache that takes no writes (read-only, full): computed, not kept
             log(f"features not cached: {path.parent} cannot be written ({getattr(e, 'strerror', None) or e})")
             return feats

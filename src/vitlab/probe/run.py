@@ -92,7 +92,7 @@ def probe(model_spec: str | os.PathLike, data: str, *, seed: int = 0, val_fracti
     for name in ("train", "test"):
         feats[name] = extract_features(model, sets[name][0], batch_size, dev, progress, mean=cfg["mean"],
                                        std=cfg["std"], size=sets["size"], precision=precision,
-                                       cache_dir=features_dir / FEATURES_DIR, log=log)
+                                       cache_dir=features_dir / FEATURES_DIR, log=log, source=model_spec)
     seconds["features"] = now() - t0
     (x_train, y_train), (x_test, y_test) = (feats["train"], sets["train"][1]), (feats["test"], sets["test"][1])
     classes = len(sets["classes"])

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from ..data.augment import normalize
 from ..devices import to_device
+from ..finite import check_finite, nonfinite_rows
 from .step import autocast
 
 
@@ -64,7 +65,9 @@ def confusion_counts(model: nn.Module, images: torch.Tensor, labels: torch.Tenso
             acc = out.setdefault(name, {
                 "confusion": torch.zeros(num_classes * num_classes, dtype=torch.long, device=device),
                 "top5": torch.zeros((), dtype=torch.long, device=device),
-                "loss": torch.zeros((), dtype=torch.float64, device=device)})
+                "loss": torch.zeros((), dtype=torch.float64, device=device),
+                "nonfinite": torch.zeros((), dtype=torch.long, device=device)})
+            acc["nonfinite"] += nonfinite_rows(logits)
             cells = y * num_classes + logits.argmax(1)
             acc["confusion"].index_add_(0, cells, torch.ones_like(cells))
             acc["top5"] += (logits.topk(k, dim=1).indices == y.unsqueeze(1)).any(1).sum()
@@ -105,8 +108,12 @@ def metrics_from_counts(counts: dict[str, torch.Tensor], classes: Sequence[str])
 
 def evaluate_model(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, classes: Sequence[str],
                    mean: Sequence[float], std: Sequence[float], batch_size: int = 256, precision: str = "fp32",
-                   progress=None, tta: bool = False, tta_translate: int = 0) -> dict[str, dict]:
-    """Metrics per head ('logits', and 'cls'/'dist' for distilled models) on one process."""
+                   progress=None, tta: bool = False, tta_translate: int = 0, source: object = "the model"
+                   ) -> dict[str, dict]:
+    """Metrics per head ('logits', and 'cls'/'dist' for distilled models) on one process; a model whose logits hold
+    a NaN or an Inf is refused (ValueError) rather than scored."""
     counts = confusion_counts(model, images, labels, mean, std, len(classes), batch_size, precision, progress, tta,
                               tta_translate=tta_translate)
+    for name, c in counts.items():
+        check_finite(c["nonfinite"], len(images), "logits" if name == "logits" else f"{name} logits", source)
     return {name: metrics_from_counts(c, classes) for name, c in counts.items()}

@@ -1,0 +1,196 @@
+"""Hostile model folders, data files and options: each is one line naming the file, the field and what is accepted
+(exit 2), never a traceback, a silent wrong figure or an allocation the files do not justify."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from safetensors.torch import load_file, save_file
+from test_one_line import run_cli
+
+import vitlab
+from vitlab.text import clip_quotes, quote
+
+MODEL = "vit_micro_patch2_8"
+
+
+def error_line(capsys, argv, code=2):
+    """The one error line of a refused command (progress lines may come before it)."""
+    got, err, _ = run_cli(capsys, argv)
+    assert got == code and err and err[-1].startswith(f"vitlab {argv[0]}: error: "), (got, err)
+    assert not any("error" in line for line in err[:-1]), err
+    return err[-1]
+
+
+@pytest.fixture
+def pngs(tmp_path):
+    """A 3-class folder of 16x16 RGB PNGs, 4 a class, each class its own brightness."""
+    rng = np.random.default_rng(0)
+    root = tmp_path / "set"
+    for c, name in enumerate("abc"):
+        (root / name).mkdir(parents=True)
+        for i in range(4):
+            Image.fromarray((rng.integers(0, 60, (16, 16, 3)) + 80 * c).astype(np.uint8)).save(root / name / f"{i}.png")
+    return root
+
+
+@pytest.fixture
+def saved(tmp_path):
+    """A saved 16x16 RGB model of the 3 classes a, b, c."""
+    model = vitlab.create_model(MODEL, img_size=16, in_chans=3, num_classes=3)
+    model.pretrained_cfg["label_names"] = ["a", "b", "c"]
+    return vitlab.save(model, tmp_path / "model")
+
+
+def edit_config(folder, **pretrained_cfg):
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["pretrained_cfg"].update(pretrained_cfg)
+    (folder / "config.json").write_text(json.dumps(cfg))
+
+
+def commands(model, pngs, tmp_path):
+    cache = ["--cache-dir", str(tmp_path / "cache"), "--threads", "1"]
+    return {"eval": ["eval", str(model), "--data", str(pngs), *cache],
+            "predict": ["predict", str(model), str(pngs / "a" / "0.png"), "--threads", "1"],
+            "probe": ["probe", str(model), "--data", str(pngs), "--k", "3", *cache],
+            "inspect": ["inspect", str(model), "--images", str(pngs / "a" / "0.png"), "--out", str(tmp_path / "i"),
+                        "--threads", "1"]}
+
+
+# ----------------------------------------------------------------------------------------------
+# outputs that are not numbers are refused, never scored
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+@pytest.mark.parametrize("command", ["eval", "predict", "probe", "inspect"])
+def test_a_model_whose_outputs_are_not_finite_is_refused_by_every_command(tmp_path, capsys, pngs, value, command):
+    model = vitlab.create_model(MODEL, img_size=16, in_chans=3, num_classes=3)
+    with torch.no_grad():
+        model.blocks[0].mlp.fc1.weight[0, 0] = value  # every feature and every logit after it
+    folder = vitlab.save(model, tmp_path / "broken")
+    line = error_line(capsys, commands(folder, pngs, tmp_path)[command])
+    assert "non-finite" in line and "NaN or Inf" in line and str(folder) in line or command == "inspect"
+    assert "accepted:" in line
+    assert not (tmp_path / "i" / "report.html").exists()
+
+
+@pytest.mark.parametrize("field, value, says", [
+    ("std", [0], "std is [0]"), ("std", [1.0, 0.0, 1.0], "each > 0"), ("mean", "abc", "mean is 'abc'"),
+    ("mean", [0.5, 0.5], "3 finite numbers"), ("std", [True, 1, 1], "std is [true, 1, 1]"),
+])
+def test_a_mean_or_std_that_breaks_the_input_is_refused_naming_the_file_and_field(tmp_path, capsys, pngs, saved,
+                                                                                   field, value, says):
+    edit_config(saved, **{field: value})
+    with pytest.raises(ValueError, match=f"config.json: pretrained_cfg {field} is"):
+        vitlab.load(saved)
+    for command in ("eval", "predict"):
+        line = error_line(capsys, commands(saved, pngs, tmp_path)[command])
+        assert str(saved / "config.json") in line and f"pretrained_cfg {field}" in line and "accepted: 3 finite" in line
+        assert says.replace("true", "True") in line or says in line
+
+
+def test_a_changed_feature_cache_is_computed_again(tmp_path, pngs, saved):
+    from vitlab.probe.run import probe
+    logs = []
+    first = probe(saved, str(pngs), k=3, cache_dir=str(tmp_path / "cache"), progress=False, log=logs.append)
+    caches = sorted((tmp_path / "cache" / "features").glob("features-*.safetensors"))
+    assert caches
+    features = {path: load_file(path)["features"] for path in caches}
+    for path in caches:  # rewritten with NaN, the metadata (its key and checksum) kept
+        meta = __import__("safetensors").safe_open(str(path), "pt").metadata()
+        save_file({"features": torch.full_like(load_file(path)["features"], float("nan"))}, str(path), metadata=meta)
+    logs.clear()
+    again = probe(saved, str(pngs), k=3, cache_dir=str(tmp_path / "cache"), progress=False, log=logs.append)
+    assert again["knn"] == first["knn"] and again["linear"] == first["linear"]
+    assert all(torch.equal(load_file(path)["features"], f) for path, f in features.items())  # written again
+    assert sum("does not match its checksum" in line for line in logs) == len(caches), logs
+    logs.clear()
+    probe(saved, str(pngs), k=3, cache_dir=str(tmp_path / "cache"), progress=False, log=logs.append)
+    assert any("read from" in line for line in logs) and not any("checksum" in line for line in logs)
+
+
+# ----------------------------------------------------------------------------------------------
+# quoting a user's content
+
+
+def test_quoted_content_is_cut_to_80_characters():
+    assert quote("x" * 200) == "'" + "x" * 80 + "…' (120 more characters)"
+    assert quote("short") == "'short'"
+    line = clip_quotes(f"the model's file {'y' * 200!r} and its maker's")
+    assert line == f"the model's file {quote('y' * 200)} and its maker's"
+
+
+# ----------------------------------------------------------------------------------------------
+# model folders whose files lie
+
+
+class Allocations(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts the values of every tensor a factory op (empty, zeros, ...) makes off the meta device."""
+
+    def __init__(self):
+        super().__init__()
+        self.values = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func.__name__.startswith(("empty", "zeros", "ones", "full", "rand")) and out.device.type != "meta":
+            self.values += out.numel()
+        return out
+
+
+def test_a_config_far_larger_than_its_weights_is_refused_before_anything_is_allocated(tmp_path, capsys, saved):
+    cfg = json.loads((saved / "config.json").read_text())
+    cfg["model_args"].update(depth=12, embed_dim=512)  # 25 M values described, 0.1 M in the file
+    (saved / "config.json").write_text(json.dumps(cfg))
+    with Allocations() as made, pytest.raises(ValueError) as e:
+        vitlab.load(saved)
+    assert made.values < 1_000_000, made.values
+    line = str(e.value)
+    assert "config.json describes 25.28 M values, its weights hold 1" in line and "missing tensors" in line
+    line = error_line(capsys, ["export", str(saved), "--to", "onnx", "--out", str(tmp_path / "x")])
+    assert "does not fit a VisionTransformer" in line and not (tmp_path / "x").exists()
+
+
+def test_a_sharded_index_without_its_weight_map_is_one_line(tmp_path, capsys, saved, pngs):
+    (saved / "model.safetensors").rename(saved / "shard-1.safetensors")
+    cfg = json.loads((saved / "config.json").read_text())
+    del cfg["sha256"]
+    (saved / "config.json").write_text(json.dumps(cfg))
+    index = saved / "model.safetensors.index.json"
+    index.write_text(json.dumps({"weight_map": {"x": "shard-1.safetensors"}}))
+    assert vitlab.load(saved).num_classes == 3  # a good index loads
+    for bad, says in (({"metadata": {}}, "'weight_map' is missing"), ({"weight_map": [1]}, "'weight_map' is [1]"),
+                      ({"weight_map": {"x": "../elsewhere"}}, "'weight_map' is {'x': '../elsewhere'}")):
+        index.write_text(json.dumps(bad))
+        line = error_line(capsys, commands(saved, pngs, tmp_path)["predict"])
+        assert f"{index}: {says}" in line and "accepted: an object mapping each tensor name to a shard" in line
+
+
+@pytest.mark.parametrize("names", [["a", "b"], ["a", "b", "c", "d"], "abc", ["a", 2, "c"]])
+def test_label_names_that_are_not_one_per_class_are_one_line(tmp_path, capsys, saved, pngs, names):
+    edit_config(saved, label_names=names)
+    line = error_line(capsys, commands(saved, pngs, tmp_path)["predict"])
+    assert f"{saved / 'config.json'}: pretrained_cfg label_names holds" in line
+    assert "for a model of 3 classes; accepted: 3 names" in line
+
+
+def test_a_config_nested_beyond_reading_is_one_line(tmp_path, capsys, saved, pngs):
+    (saved / "config.json").write_text("[" * 100_000)
+    line = error_line(capsys, commands(saved, pngs, tmp_path)["predict"])
+    assert f"{saved / 'config.json'} nests its JSON values deeper than vitlab reads" in line
+
+
+@pytest.mark.parametrize("name", ["config.json", "model.safetensors"])
+def test_a_symlink_loop_is_said_as_such_not_as_missing(tmp_path, capsys, saved, pngs, name):
+    (saved / name).unlink()
+    (saved / name).symlink_to(saved / name)
+    line = error_line(capsys, commands(saved, pngs, tmp_path)["predict"])
+    assert f"{saved / name} is a symlink loop" in line
+    (saved / name).unlink()
+    (saved / name).symlink_to(tmp_path / "gone")
+    line = error_line(capsys, commands(saved, pngs, tmp_path)["predict"])
+    assert f"{saved / name} is a symlink to {tmp_path / 'gone'}, which does not exist" in line
+
