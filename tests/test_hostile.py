@@ -194,3 +194,42 @@ def test_a_symlink_loop_is_said_as_such_not_as_missing(tmp_path, capsys, saved, 
     line = error_line(capsys, commands(saved, pngs, tmp_path)["predict"])
     assert f"{saved / name} is a symlink to {tmp_path / 'gone'}, which does not exist" in line
 
+
+# ----------------------------------------------------------------------------------------------
+# labels held to the classes, whatever the source
+
+
+def parquet_set(path, labels, names=None):
+    pytest.importorskip("pyarrow")
+    from test_tables import png, write_parquet
+    write_parquet(path, [(png(40 * (i % 3 + 1), i + 1), y) for i, y in enumerate(labels)], names)
+    return path
+
+
+def test_an_integer_label_far_beyond_the_others_is_refused_naming_its_row(tmp_path):
+    path = parquet_set(tmp_path / "set.parquet", [0, 1, 2] * 3 + [1000])
+    with pytest.raises(ValueError) as e:
+        vitlab.data.load_data(str(path), img_size=8, cache_dir=str(tmp_path / "c"))
+    assert "set.parquet row 9 has label 1000, which makes 1001 classes" in str(e.value)
+    assert "997 of them with no image (e.g. 3, 4, 5)" in str(e.value) and "accepted: labels 0..K-1" in str(e.value)
+    assert not (tmp_path / "c").exists() or not any((tmp_path / "c").glob("*/store*"))
+
+
+def test_a_label_beyond_the_class_names_is_refused_naming_its_row(tmp_path):
+    path = parquet_set(tmp_path / "set.parquet", [0, 1, 2] * 3 + [7], names=["a", "b", "c"])
+    with pytest.raises(ValueError, match=r"set.parquet row 9 has label 7, out of range for the 3 classes; "
+                                         r"accepted: 0\.\.2"):
+        vitlab.data.load_data(str(path), img_size=8, cache_dir=str(tmp_path / "c"))
+
+
+def test_a_null_label_is_said_as_null_at_its_row(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    from test_tables import png
+    table = pa.table({"image": pa.array([{"bytes": png(40, i), "path": f"{i}.png"} for i in range(6)]),
+                      "label": pa.array([0, 1, None, 0, 1, None], type=pa.int64())})
+    pq.write_table(table, tmp_path / "set.parquet")
+    with pytest.raises(ValueError) as e:
+        vitlab.data.load_data(str(tmp_path / "set.parquet"), img_size=8, cache_dir=str(tmp_path / "c"))
+    assert "set.parquet row 2 has a null label (2 of 6 rows have one); accepted: a label for every image" in str(e.value)
+    assert "-1" not in str(e.value)

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..text import quote
 from .decode import IMAGE_EXTENSIONS, Payload
 from .download import Log
 
@@ -46,6 +47,14 @@ class Listing:
     names: Callable[[int], str]  # row -> what to call it in a message
     payloads: Callable[[int], Iterator[Payload]]  # row -> the payloads of that row and the ones after it
     payload_at: Callable[[int], Payload] | None = None  # row -> its payload, where reading out of order is cheap
+
+    def __post_init__(self) -> None:
+        """Every label is one of the classes, whatever the source: one line naming the first row that is not."""
+        bad = np.flatnonzero((self.labels < 0) | (self.labels >= len(self.classes)))
+        if len(bad):
+            row = int(bad[0])
+            raise ValueError(f"{self.where}: {self.names(row)} has label {int(self.labels[row])}, out of range for the "
+                             f"{len(self.classes)} classes; accepted: 0..{len(self.classes) - 1}")
 
 
 def _pyarrow():
@@ -147,6 +156,42 @@ def _parquet_batches(pq, f: Path, column: str) -> Iterator:
         raise _unreadable_parquet(f, e) from None
 
 
+def _parquet_labels(values: list, classes: list[str] | None, path: Path,
+                    names: Callable[[int], str]) -> tuple[list[str], np.ndarray]:
+    """(classes, labels) of a Parquet label column: integers are class indices (the schema's ClassLabel names, else
+    0..the largest), anything else a class name. A null label, an unlabelled split's -1 and an integer far beyond the
+    others (classes with no image between) are each one line naming the row."""
+    nulls = [r for r, v in enumerate(values) if v is None]
+    if nulls:
+        raise ValueError(f"{path}: {names(nulls[0])} has a null label ({len(nulls)} of {len(values)} rows have one); "
+                         "accepted: a label for every image")
+    negative = [r for r, v in enumerate(values) if isinstance(v, int) and v < 0]
+    if negative:
+        raise ValueError(f"{path}: {names(negative[0])} has label {values[negative[0]]} (an unlabelled split has "
+                         "labels -1): give the files of the labelled splits only")
+    if classes is None and all(isinstance(v, int) for v in values):
+        counts = np.bincount(np.asarray(values, dtype=np.int64), minlength=1)
+        empty = np.flatnonzero(counts == 0)
+        if len(empty):
+            row = int(np.argmax(values))
+            raise ValueError(f"{path}: {names(row)} has label {values[row]}, which makes {len(counts)} classes "
+                             f"(integer labels are class indices), {len(empty)} of them with no image (e.g. "
+                             f"{', '.join(map(str, empty[:3]))}); accepted: labels 0..K-1 with images in each class, "
+                             "or class names in the file's ClassLabel metadata")
+        classes = [str(i) for i in range(len(counts))]
+    if classes is None:
+        classes, index = class_index([str(v) for v in values], str(path))
+    else:
+        index = {c: i for i, c in enumerate(classes)}
+        unknown = [r for r, v in enumerate(values) if not isinstance(v, int) and str(v) not in index]
+        if unknown:
+            raise ValueError(f"{path}: {names(unknown[0])} has label {quote(values[unknown[0]])}, which is not one of "
+                             f"the {len(classes)} class names of its ClassLabel metadata; accepted: "
+                             f"{', '.join(map(quote, classes[:10]))}{', ...' if len(classes) > 10 else ''}")
+    labels = np.array([v if isinstance(v, int) else index[str(v)] for v in values], dtype=np.int64)
+    return classes, labels
+
+
 def list_parquet(path: Path, log: Log) -> Listing:
     """The rows of a Parquet source: train files, then the held-out split's files when there is one."""
     pq = _pyarrow()
@@ -178,20 +223,6 @@ def list_parquet(path: Path, log: Log) -> Listing:
             raise ValueError(f"{f} is not a readable Parquet file with a {label_col!r} column ({e})") from None
         raw_labels.append(col.to_pylist())
         counts.append(len(col))
-    classes = _class_names(schemas[0], label_col)
-    values = [v for part in raw_labels for v in part]
-    if classes is None and all(isinstance(v, int) for v in values if v is not None):
-        classes = [str(i) for i in range(max((v for v in values if v is not None), default=-1) + 1)]
-    if classes is None:
-        classes, index = class_index([str(v) for v in values if v is not None], str(path))
-    else:
-        index = {c: i for i, c in enumerate(classes)}
-    labels = np.array([v if isinstance(v, int) else index.get(str(v), -1) if v is not None else -1
-                       for v in values], dtype=np.int64)
-    if len(labels) and (labels.max() >= len(classes) or labels.min() < 0):
-        bad = int(labels.max()) if labels.max() >= len(classes) else int(labels.min())
-        raise ValueError(f"{path}: label {bad} is out of range for the {len(classes)} classes (an unlabelled "
-                         "split has labels -1: give the files of the labelled splits only)")
     all_files = train_files + test_files
     starts = np.cumsum([0, *counts])
     n_train = int(starts[len(train_files)])
@@ -199,6 +230,9 @@ def list_parquet(path: Path, log: Log) -> Listing:
     def names(row: int) -> str:
         k = int(np.searchsorted(starts, row, side="right")) - 1
         return f"{all_files[k].relative_to(root)} row {row - starts[k]}"
+
+    classes, labels = _parquet_labels([v for part in raw_labels for v in part], _class_names(schemas[0], label_col),
+                                      path, names)
 
     def payloads(start: int) -> Iterator[Payload]:
         for k, f in enumerate(all_files):
