@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import struct
+import zlib
 
 import numpy as np
 import pytest
@@ -231,5 +233,32 @@ def test_a_null_label_is_said_as_null_at_its_row(tmp_path):
     pq.write_table(table, tmp_path / "set.parquet")
     with pytest.raises(ValueError) as e:
         vitlab.data.load_data(str(tmp_path / "set.parquet"), img_size=8, cache_dir=str(tmp_path / "c"))
-    assert "set.parquet row 2 has a null label (2 of 6 rows have one); accepted: a label for every image" in str(e.value)
+    said = "set.parquet row 2 has a null label (2 of 6 rows have one); accepted: a label for every image"
+    assert said in str(e.value)
     assert "-1" not in str(e.value)
+
+
+# ----------------------------------------------------------------------------------------------
+# images too large to decode
+
+
+def bomb_png(path, side=20000):
+    """A PNG of side x side black pixels (400 M for 20000) in 0.4 MB: a decompression bomb."""
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    z = zlib.compressobj(9)
+    pixels = b"".join(z.compress(bytes(side + 1)) for _ in range(side)) + z.flush()
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", side, side, 8, 0, 0, 0, 0))
+                     + chunk(b"IDAT", pixels) + chunk(b"IEND", b""))
+    return path
+
+
+def test_an_image_beyond_the_decompression_bomb_limit_is_named_with_its_size(tmp_path, capsys, pngs, saved):
+    big = bomb_png(pngs / "a" / "big.png")
+    logs = []
+    bundle = vitlab.data.load_data(str(pngs), img_size=16, cache_dir=str(tmp_path / "c"), log=logs.append)
+    said = "20000x20000 pixels (400 M), over Pillow's decompression-bomb limit of 179 M pixels"
+    assert any("skipped 1 unreadable files" in line and f"a/big.png ({said})" in line for line in logs), logs
+    assert bundle.skipped == 1 and any(said in name for name in bundle.unreadable)
+    line = error_line(capsys, ["predict", str(saved), str(big)])
+    assert f"{big} is {said}; accepted: images of at most 179 M pixels" in line

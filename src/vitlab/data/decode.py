@@ -125,6 +125,26 @@ def image_size(payload: Payload) -> tuple[int, int] | None:
         return None
 
 
+def too_large(payload: Payload) -> str | None:
+    """Why an image file is refused for its size (its sides and Pillow's decompression-bomb limit, read from its
+    header alone: nothing is decoded), or None when its size is not the reason."""
+    limit = Image.MAX_IMAGE_PIXELS
+    if not limit:
+        return None
+    try:
+        Image.MAX_IMAGE_PIXELS = None  # the header only: the size is read, no pixel
+        with _open(payload) as img:
+            w, h = img.size
+    except Exception:  # noqa: BLE001 - a header Pillow cannot read: unreadable for another reason
+        return None
+    finally:
+        Image.MAX_IMAGE_PIXELS = limit
+    if w * h <= 2 * limit:  # Pillow refuses above twice its MAX_IMAGE_PIXELS (and warns above it)
+        return None
+    return f"{w}x{h} pixels ({w * h / 1e6:.0f} M), over Pillow's decompression-bomb limit of {2 * limit / 1e6:.0f} M " \
+        "pixels"
+
+
 def read_image(path: str | os.PathLike, img_size: int | tuple[int, int] | None = None,
                in_chans: int = 3, fit: str = "squash") -> torch.Tensor:
     """One image file as uint8 (C, H, W), converted and resized exactly as load_data does for image folders
@@ -142,6 +162,10 @@ def read_image(path: str | os.PathLike, img_size: int | tuple[int, int] | None =
     try:
         arr = _decode(str(path), tuple(img_size) if img_size else None, in_chans, fit)
     except Exception as e:  # noqa: BLE001 - report any decoder failure as an unreadable file
+        big = too_large(str(path)) if isinstance(e, Image.DecompressionBombError) else None
+        if big:
+            raise ValueError(f"{path} is {big}; accepted: images of at most {2 * Image.MAX_IMAGE_PIXELS / 1e6:.0f} M "
+                             "pixels") from None
         raise ValueError(f"{path} is not an image Pillow can read ({type(e).__name__}: {e}); accepted: "
                          f"{' '.join(IMAGE_EXTENSIONS)}") from None
     return torch.from_numpy(arr.copy()).permute(2, 0, 1).contiguous()

@@ -20,7 +20,7 @@ import os
 import re
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +34,7 @@ from ..atomic import DiskFullError
 from ..progress import progress_bar
 from .cache import CACHE_VERSION, cache_key, default_cache_dir, identity_digest, settle, source_identity
 from .cifar import CIFAR_REMOTES, cifar_variant, find_or_fetch_cifar, load_cifar
-from .decode import Payload, decode_into, default_workers, image_size, read_image
+from .decode import Payload, decode_into, default_workers, image_size, read_image, too_large
 from .disk import DISK_FULL, check_writable, disk_usage, format_size, free_bytes, space_message
 from .download import ARCHIVE_SUFFIXES, Log, archive_stem, download_url, is_archive
 from .scan import UNLABELLED, cifar_in_tree, read_archive, scan_folder, tree_items
@@ -356,6 +356,15 @@ def data_identity(store: Store) -> dict[str, Any]:
             "labels_sha256": digest.hexdigest()}
 
 
+def _skipped_name(listing: Listing) -> Callable[[int], str]:
+    """Row -> how a message names a file that could not be read: its name, and its size where that is the reason
+    (an image beyond Pillow's decompression-bomb limit)."""
+    def name(row: int) -> str:
+        big = too_large(listing.payload_at(row)) if listing.payload_at is not None else None
+        return f"{listing.names(row)} ({big})" if big else listing.names(row)
+    return name
+
+
 def _tree_listing(tree, log: Log) -> Listing:
     tree, classes, items, n_train, has_test = tree_items(tree, log)
     labels = np.array([y for _, y in items], dtype=np.int64)
@@ -463,9 +472,9 @@ def _build(src: _Source, header: dict[str, Any], keys: list[str], cache: Path, s
     header = dict(header, key=key, name=name, classes=list(listing.classes),
                   listed_per_class=np.bincount(labels, minlength=len(listing.classes)).tolist() if len(labels) else [])
     with _faults_in_one_line(src.origin, cache, path, shape, reorder):
-        store, bad = build_store(path, header, shape, labels, fill, arrange, log, listing.names, fill_order)
+        store, bad = build_store(path, header, shape, labels, fill, arrange, log, _skipped_name(listing), fill_order)
     if bad:
-        names = [listing.names(r) for r in bad]
+        names = [_skipped_name(listing)(r) for r in bad]
         log(f"skipped {len(bad)} unreadable files, e.g.: {', '.join(names[:5])}")
     log(f"the data cache {cache} now takes {format_size(disk_usage(cache))} ('vitlab cache list' shows what it "
         "holds; 'vitlab cache clean' removes superseded stores)")
