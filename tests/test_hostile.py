@@ -9,9 +9,9 @@ import zlib
 import numpy as np
 import pytest
 import torch
+from conftest import error_line as one_line
 from PIL import Image
 from safetensors.torch import load_file, save_file
-from test_one_line import run_cli
 
 import vitlab
 from vitlab.text import clip_quotes, quote
@@ -20,11 +20,8 @@ MODEL = "vit_micro_patch2_8"
 
 
 def error_line(capsys, argv, code=2):
-    """The one error line of a refused command (progress lines may come before it)."""
-    got, err, _ = run_cli(capsys, argv)
-    assert got == code and err and err[-1].startswith(f"vitlab {argv[0]}: error: "), (got, err)
-    assert not any("error" in line for line in err[:-1]), err
-    return err[-1]
+    """The one error line of a refused command (log and progress lines may come before it)."""
+    return one_line(capsys, argv, code, after_log=True)
 
 
 @pytest.fixture

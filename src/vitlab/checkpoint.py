@@ -126,8 +126,8 @@ def files_sha256(path: str | os.PathLike) -> dict[str, str]:
     index = folder / "model.safetensors.index.json"
     if index.is_file() and not (folder / WEIGHTS).is_file():
         try:
-            names += sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (ValueError, KeyError, TypeError, AttributeError):
+            names += _shards(index)
+        except ValueError:
             pass  # the load says what is wrong with the index
     return {name: _sha256(folder / name) for name in names if (folder / name).is_file()}
 
