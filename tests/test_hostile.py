@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import error_line as one_line
+from conftest import run_cli
 from PIL import Image
 from safetensors.torch import load_file, save_file
 
@@ -259,3 +260,52 @@ def test_an_image_beyond_the_decompression_bomb_limit_is_named_with_its_size(tmp
     assert bundle.skipped == 1 and any(said in name for name in bundle.unreadable)
     line = error_line(capsys, ["predict", str(saved), str(big)])
     assert f"{big} is {said}; accepted: images of at most 179 M pixels" in line
+
+
+# ----------------------------------------------------------------------------------------------
+# pre-training takes the options it uses, and only those
+
+
+def test_pretrain_help_lists_only_the_options_pretraining_uses(capsys):
+    from vitlab.cli.options import flag
+    from vitlab.train.recipe import SUPERVISED_ONLY
+    helps = {command: run_cli(capsys, [command, "--help"]).out for command in ("pretrain", "train")}
+    listed = lambda text, name: f"{flag(name)} " in text or f"{flag(name)}\n" in text  # noqa: E731
+    assert all(listed(helps["train"], name) for name in SUPERVISED_ONLY)
+    assert not [name for name in SUPERVISED_ONLY if listed(helps["pretrain"], name)]
+    assert all(listed(helps["pretrain"], name) for name in ("epochs", "lr", "crop", "hflip", "val_fraction"))
+
+
+@pytest.mark.parametrize("argv, named", [
+    (["--mixup", "0.8"], "--mixup"), (["--tta"], "--tta"),
+    (["--label-smoothing", "0.1", "--cutmix", "1"], "--cutmix, --label-smoothing"),
+    (["--teacher", "t", "--alpha", "0.3"], "--teacher, --alpha"), (["--layer-decay", "0.7"], "--layer-decay"),
+])
+def test_supervised_options_given_to_pretrain_are_refused_naming_them(tmp_path, capsys, argv, named):
+    line = error_line(capsys, ["pretrain", "--method", "mae", *argv, "--out", str(tmp_path / "r")])
+    assert f"error: {named}: supervised training's, which pre-training does not use" in line
+    assert "accepted: the options `vitlab pretrain --help` lists" in line and not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("values, named", [({"mixup": 0.8}, "mixup"), ({"label_smoothing": 0.1}, "label_smoothing"),
+                                           ({"tta": True}, "tta"), ({"tau": 3.0}, "tau")])
+def test_a_pretraining_recipe_that_sets_a_supervised_option_is_refused(values, named):
+    from vitlab.train.recipe import make_recipe
+    with pytest.raises(ValueError, match=f"^{named}: not valid with pretrain='mae', which uses no labels"):
+        make_recipe({"pretrain": "mae", "data": "cifar10", **values})
+    assert make_recipe({"data": "cifar10", **values})  # the same values train a supervised run
+
+
+def test_pretraining_can_hold_out_nothing_and_says_what_it_evaluates(tmp_path, cache_dir):
+    from test_pretrain_run import flat_folder, tiny_pretrain
+
+    from vitlab.train import train
+    from vitlab.train.recipe import make_recipe
+    lines = []
+    summary = train(tiny_pretrain(str(flat_folder(tmp_path / "flat")), tmp_path / "run", val_fraction=0),
+                    log=lines.append)
+    assert summary["num_train"] == 30 and summary["num_test"] == 0 and np.isfinite(summary["test_loss"])
+    assert any("val_fraction 0: no image is held out, so each evaluation measures the pre-training loss on the "
+               "training images" in line for line in lines), lines
+    with pytest.raises(ValueError, match="val_fraction=0 holds no image out, and a supervised run needs test images"):
+        make_recipe({"data": "cifar10", "val_fraction": 0})

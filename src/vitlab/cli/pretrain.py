@@ -1,6 +1,7 @@
 """``vitlab pretrain --method mae|mpp``: ``vitlab train`` with a self-supervised objective, labels unused.
 
-The options are train's (the recipe's fields), with pre-training defaults (``recipe.PRETRAIN_DEFAULTS``: MAE's
+The options are train's (the recipe's fields) less those only supervised training uses (``recipe.SUPERVISED_ONLY``,
+refused by name when given), with pre-training defaults (``recipe.PRETRAIN_DEFAULTS``: MAE's
 augmentation, no label mixing, lr = 1.5e-4 x batch_size / 256) that options given explicitly override, and
 ``--pretrain-arg KEY=VALUE`` for the objective's own options.
 """
@@ -9,8 +10,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..train.recipe import AUGMENT_FIELDS, FIELDS
+from ..train.recipe import AUGMENT_FIELDS, FIELDS, SUPERVISED_ONLY
 from . import train as train_cli
+from .options import add_recipe_option, flag
 
 OWN = ("pretrain", "pretrain_args")  # given here as --method and --pretrain-arg
 
@@ -26,12 +28,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--pretrain-arg", action="append", metavar="KEY=VALUE", default=None,
                    help="objective option, repeatable; mae: " + ", ".join(objective_options("mae"))
                    + "; mpp: " + ", ".join(objective_options("mpp")))
-    train_cli.add_run_options(p, skip=OWN)
+    train_cli.add_run_options(p, skip=(*OWN, *SUPERVISED_ONLY))
+    for name in SUPERVISED_ONLY:  # parsed, to be refused by name in one line, but not listed
+        add_recipe_option(p, name)
+        p._actions[-1].help = argparse.SUPPRESS
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from ..runs.format import read_config
+    supervised = [flag(name) for name in SUPERVISED_ONLY if getattr(args, name) is not None]
+    if supervised:
+        raise ValueError(f"{', '.join(supervised)}: supervised training's, which pre-training does not use (it learns "
+                         "without labels, a classifier head or a teacher); accepted: the options `vitlab pretrain "
+                         "--help` lists")
     if args.resume:
         method = read_config(Path(args.resume)).get("pretrain", "none")
         if args.pretrain_arg or (args.method and args.method != method):

@@ -89,7 +89,8 @@ def in_folder(recipe):
 def result_line(summary: dict, out: str) -> str:
     """What a finished run prints: its test accuracy, or a pre-training run's held-out loss."""
     if summary["top1"] is None:
-        return (f"held-out {summary['pretrain']} loss {summary['test_loss']:.4f}  {summary['wall_seconds']:.0f} s  -> "
+        held = "held-out" if summary["num_test"] else "training-image (none held out)"
+        return (f"{held} {summary['pretrain']} loss {summary['test_loss']:.4f}  {summary['wall_seconds']:.0f} s  -> "
                 f"{out} (fine-tune its encoder: vitlab train --init {out})")
     from ..train.metrics import top_k_text
     top_k = top_k_text(summary["per_class"])

@@ -53,7 +53,8 @@ class Recipe(Settings):
     # data
     data: str = Field("digits", description="digits (embedded), cifar10, cifar100, an image folder or a .tar.gz")
     download: bool = Field(False, description="download CIFAR if missing (checksums verified)")
-    val_fraction: float = Field(0.2, gt=0, lt=1, description="held-out share when the data has no test split")
+    val_fraction: float = Field(0.2, ge=0, lt=1, description="held-out share when the data has no test split (0, "
+                                "pre-training only: none held out, the loss evaluated on the training images)")
     train_fraction: float = Field(1.0, gt=0, le=1, description="train on this share of the training split, the "
                                   "same share of every class (nested: 5% lies inside 10%; the test split is whole)")
     cache_dir: str | None = Field(None, description="where decoded data sets are cached")
@@ -226,16 +227,31 @@ def check_pretrain(r: Recipe) -> None:
     if r.pretrain == "none":
         if r.pretrain_args:
             raise ValueError(f"pretrain_args {r.pretrain_args} need a pre-training objective: pretrain mae or mpp")
+        if r.val_fraction == 0:
+            raise ValueError("val_fraction=0 holds no image out, and a supervised run needs test images to score; "
+                             "accepted: a number in (0, 1), or 0 with pretrain mae or mpp")
         return
     object.__setattr__(r, "pretrain_args", check_options(r.pretrain, r.pretrain_args))
-    supervised = [name for name, on in (("teacher", r.teacher), ("distill", r.distill == "self"),
-                                        ("freeze_backbone", r.freeze_backbone),
-                                        ("freeze_blocks", r.freeze_blocks), ("layer_decay", r.layer_decay < 1),
-                                        ("head_init", r.head_init != "auto"),
-                                        ("tta", r.tta)) if on]
+    values = {**r.model_dump(exclude={"augment"}), **r.augment.model_dump()}
+    supervised = [name for name in SUPERVISED_ONLY if name not in ("mix_prob", "switch_prob")  # inert without mixing
+                  and values[name] != field_default(name)]
     if supervised:
         raise ValueError(f"{', '.join(supervised)}: not valid with pretrain={r.pretrain!r}, which uses no labels; "
                          "accepted: these options with pretrain none")
+
+
+# The options only a supervised run uses (labels, a classifier head, a teacher): `vitlab pretrain` does not list them
+# and refuses them given, and a pre-training recipe that sets them is refused.
+SUPERVISED_ONLY = ("head_init", "freeze_backbone", "freeze_blocks", "layer_decay", "tta", "tta_translate", "teacher",
+                   "distill", "tau", "alpha", "teacher_once", "mixup", "cutmix", "mix_prob", "switch_prob",
+                   "label_smoothing")
+
+
+def field_default(name: str) -> Any:
+    """The default of a recipe or augmentation field, with pre-training's where it has one (no mixing, say)."""
+    if name in PRETRAIN_DEFAULTS.get("augment", {}):
+        return PRETRAIN_DEFAULTS["augment"][name]
+    return (FIELDS.get(name) or AUGMENT_FIELDS[name]).get_default(call_default_factory=True)
 
 
 # Pre-training defaults (MAE's): random resized crops of 20-100% of the image and flips, no other augmentation,

@@ -24,7 +24,7 @@ import torch.nn as nn
 import yaml
 
 from ..data.augment import BatchAugment
-from ..data.sources import DataBundle
+from ..data.sources import DataBundle, ImageSet
 from ..data.views import eval_view
 from ..devices import set_cpu_threads
 from ..models.summary import matmul_flops
@@ -234,7 +234,7 @@ class Run:
     def evaluate(self, m: nn.Module, limit: int | None = None) -> dict[str, dict]:
         """The task's metrics per head on the test split, each rank on its contiguous shard (a view, read batch by
         batch), summed over the ranks; ``limit`` stops after that many images of the shard."""
-        d, test, i = self.d, self.inputs.data.test, self.inputs
+        d, test, i = self.d, held_out(self.inputs.data), self.inputs
         start, stop = len(test.images) * d.rank // d.world, len(test.images) * (d.rank + 1) // d.world
         n = stop - start if limit is None else min(limit, stop - start)
         split = EvalSplit(images=test.images.narrow(0, start, n), labels=test.labels.narrow(0, start, n), first=start,
@@ -253,6 +253,12 @@ class Run:
                        precision=self.precision, clip_grad=r.clip_grad, ema=state.ema, ema_decay=r.ema_decay,
                        accum_steps=r.accum_steps, scaler=state.scaler, channels_last=self.nets.channels_last,
                        correct=self.task.correct)
+
+
+def held_out(data: DataBundle) -> ImageSet:
+    """The images a run evaluates on: its test split, or the training images where none is held out (pre-training
+    with val_fraction 0)."""
+    return data.test if len(data.test.images) else data.train
 
 
 def eval_batch_size(inputs: Inputs, d: Dist) -> int:
@@ -347,7 +353,10 @@ def build_inputs(r: Recipe, d: Dist, task: Task, fresh: bool,
     """The model (on the device) and the data as the run takes it; returns
     (model, inputs, the model's parameter count, whether it runs channels-last)."""
     model, data, mean, std = build_model_and_data(r, d, task, log)
-    if len(data.test.images) == 0:
+    if len(data.test.images) == 0 and r.pretrain != "none" and r.val_fraction == 0:
+        log("val_fraction 0: no image is held out, so each evaluation measures the pre-training loss on the training "
+            "images (unaugmented): how well the objective fits them, not how it generalises")
+    elif len(data.test.images) == 0:
         raise ValueError(f"{data.name} leaves no test images ({len(data.train.images)} training images in "
                          f"{len(data.classes)} classes, val_fraction {r.val_fraction:g}): accepted: classes of at "
                          "least 2 images each, or a larger --val-fraction")
@@ -445,7 +454,7 @@ def keep_back_final_evaluation(run: Run) -> None:
     run.evaluate(run.nets.model, limit=run.eval_batch)  # every rank: it sums over them; its metrics are read back
     t_probe = run.now()
     run.evaluate(run.nets.model, limit=run.eval_batch)
-    shard = len(run.inputs.data.test.images) // run.d.world
+    shard = len(held_out(run.inputs.data).images) // run.d.world
     capped = run.clock.keep_back((2.0 if run.state.ema is not None else 1.0) * (run.now() - t_probe)
                                  * shard / min(run.eval_batch, shard))
     run.log(f"kept back {run.clock.reserve:.0f} s of the budget for the final evaluation"
