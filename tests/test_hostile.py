@@ -116,6 +116,14 @@ def test_a_changed_feature_cache_is_computed_again(tmp_path, pngs, saved):
 # quoting a user's content
 
 
+def test_a_csv_line_of_junk_is_quoted_cut_to_80_characters(tmp_path, capsys):
+    junk = tmp_path / "junk.csv"
+    junk.write_text("".join(chr(33 + i % 90) for i in range(3000)).replace(",", ";").replace('"', "'") + "\n")
+    line = error_line(capsys, ["train", "--data", str(junk), "--out", str(tmp_path / "r")])
+    assert "line 1: expected 'path,label', got \"!" in line and "…\" (2953 more characters)" in line
+    assert len(line) < 300, len(line)
+
+
 def test_quoted_content_is_cut_to_80_characters():
     assert quote("x" * 200) == "'" + "x" * 80 + "…' (120 more characters)"
     assert quote("short") == "'short'"
