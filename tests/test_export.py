@@ -252,6 +252,7 @@ def test_an_onnx_export_onto_a_full_disk_names_the_file_and_leaves_nothing_half_
     import errno
     import os
 
+    from vitlab.runs import folder
     from vitlab.runs.folder import LOCK
     vitlab.save(noisy("vit_nano_patch4_32", depth=1), tmp_path / "m")
     out = tmp_path / "o"
@@ -263,7 +264,11 @@ def test_an_onnx_export_onto_a_full_disk_names_the_file_and_leaves_nothing_half_
     def full(model, args, f, **kwargs):  # the exporter's write stops part-way: no space left
         Path(f).write_bytes(b"\x08\x09half an ONNX file")
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    def no_room(path, data):  # nor for any other new file
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
     monkeypatch.setattr(torch.onnx, "export", full)
+    monkeypatch.setattr(folder, "atomic_write_bytes", no_room)
     capsys.readouterr()
     assert main(argv) == 2
     (line,) = capsys.readouterr().err.strip().splitlines()

@@ -243,11 +243,17 @@ def _entries(out: Path) -> list[str]:
 
 def _written_by(out: Path) -> str:
     """The kind of command that wrote ``out``: its lock's (a killed command's), else its mark's, else ""."""
-    for name, size in ((LOCK, 64), (MARK, 16)):
-        with contextlib.suppress(OSError), open(out / name, "rb") as f:
-            kind = _owner(f.read(size).decode(errors="replace"))[0]
-            if kind:
-                return kind
+    return _kind_in(out / LOCK) or _mark(out)
+
+
+def _mark(out: Path) -> str:
+    return _kind_in(out / MARK)
+
+
+def _kind_in(path: Path) -> str:
+    """The first word of a lock or mark file ("" when there is none)."""
+    with contextlib.suppress(OSError), open(path, "rb") as f:
+        return _owner(f.read(64).decode(errors="replace"))[0]
     return ""
 
 
@@ -324,7 +330,7 @@ def _hand_on(out: Path, fd: int, kind: str, made: bool, succeeded: bool) -> None
     if kind == "train" and not succeeded:
         os.close(fd)
         return
-    if kind != "train":
+    if kind != "train" and _mark(out) != kind:  # (a folder marked already needs no write: it may be a full disk's)
         try:
             atomic_write_bytes(out / MARK, f"{kind}\n".encode())
         except (OSError, ValueError):  # no room for the mark: the lock, which names the kind too, stays
