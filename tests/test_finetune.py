@@ -15,10 +15,10 @@ import vitlab
 from vitlab.cli import main
 from vitlab.runs.format import load_checkpoint
 from vitlab.train import load_recipe, train
+from vitlab.train.build import epoch_plan
 from vitlab.train.finetune import fit_head
 from vitlab.train.optim import layer_ids
 from vitlab.train.schedule import describe_warmup, step_share, warmup_cosine
-from vitlab.train.setup import epoch_plan
 
 DECAY = 0.5
 QUICK = dict(epochs=1, batch_size=8, precision="fp32", threads=1, warmup=0.0, auto_augment="none", mixup=0.0,

@@ -18,8 +18,8 @@ from vitlab.pretrain import create_objective, load_objective, save_objective
 from vitlab.runs.compare import read_run
 from vitlab.runs.format import PRETRAIN_WEIGHTS, load_checkpoint, read_history, read_pretrain
 from vitlab.train import load_recipe, train
+from vitlab.train.build import build_model_and_data
 from vitlab.train.distributed import init_distributed
-from vitlab.train.setup import build_model_and_data
 from vitlab.train.tasks import task_for
 from vitlab.train.tasks.masked import held_out_loss
 
@@ -172,7 +172,7 @@ def test_init_from_a_pretraining_run_loads_every_encoder_tensor(tmp_path, cache_
     train(tiny_pretrain("digits", run, epochs=1, train_fraction=0.1), log=lambda s: None)
     lines = []
     r = load_recipe(None, init=str(run), data="digits", epochs=1, precision="fp32", threads=1, out=str(tmp_path / "ft"))
-    model, data, _, _ = build_model_and_data(r, init_distributed("cpu"), task_for(r, lines.append), lines.append)
+    model, data, _ = build_model_and_data(r, init_distributed("cpu"), task_for(r, lines.append), lines.append)
     encoder_state = vitlab.load(run).state_dict()
     state = model.state_dict()
     assert set(state) - set(encoder_state) == {"head.weight", "head.bias"} and model.num_classes == 10

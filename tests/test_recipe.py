@@ -123,7 +123,7 @@ def test_checkpoint_holds_every_field_of_the_train_state(tmp_path, cache_dir):
 
 
 def test_non_finite_loss_policy():
-    from vitlab.train.trainer import check_finite
+    from vitlab.train.step import check_finite
     check_finite(0, "fp32", 20, 10)
     check_finite(5, "fp16", 20, 10)  # skipped by the scaler, under the bound: go on
     with pytest.raises(FloatingPointError, match="21 fp16 steps had a non-finite loss"):

@@ -329,8 +329,8 @@ def test_time_budget_keeps_back_the_final_evaluation_before_any_evaluation(tmp_p
 def test_budget_counting_training_only_stops_the_clock_for_evaluations(tmp_path, cache_dir, monkeypatch):
     """budget_counts: training: each evaluation (here 100 s on the fake clock, far past the 12 s budget) leaves the
     training time as it was; the same evaluations on the clock end a run that counts everything after one epoch."""
-    from vitlab.train import trainer
-    evaluate = trainer.Run.evaluate
+    from vitlab.train import setup
+    evaluate = setup.Run.evaluate
     results = {}
     for counts in ("training", "all"):
         clock = Ticks(0.05)
@@ -339,7 +339,7 @@ def test_budget_counting_training_only_stops_the_clock_for_evaluations(tmp_path,
             clock.t += 100
             return evaluate(self, model, limit=limit)
 
-        monkeypatch.setattr(trainer.Run, "evaluate", slow_evaluate)
+        monkeypatch.setattr(setup.Run, "evaluate", slow_evaluate)
         lines = []
         summary = train(load_recipe(None, model="vit_micro_patch2_8", batch_size=64, precision="fp32", threads=1,
                                     time_budget=0.2, budget_counts=counts, out=str(tmp_path / counts)),

@@ -1,217 +1,410 @@
-"""What a run is built from: the model and data sized for each other, the optimiser, the precision."""
+"""The set-up of a run, everything decided once before the loop: the output folder claimed, the model and data
+(build.py), the preprocessing, the CPU threads and the precision, the state a checkpoint restores; the loop
+(trainer.py) gets them as one ``Run``."""
 from __future__ import annotations
 
-import inspect
-from collections.abc import Callable
-from dataclasses import replace
+import contextlib
+import copy
+import os
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 import torch.nn as nn
+import yaml
 
-from .. import checkpoint
-from ..data.augment import BatchAugment, normalize
-from ..data.sources import DataBundle, ImageSet, load_data
-from ..data.views import Preprocess, stratified_subset
-from ..devices import auto_precision
-from ..models.registry import accepted_args, check_args, create_model, get_spec
-from ..runs.format import PRETRAIN_WEIGHTS
-from .distributed import Dist, barrier, broadcast_flag
-from .finetune import freeze_blocks
-from .recipe import Recipe, default_model
-
-if TYPE_CHECKING:
-    from .tasks import Task
-
-
-def build_model_and_data(r: Recipe, d: Dist, task: Task,
-                          log: Callable[[str], None]) -> tuple[nn.Module, DataBundle, tuple, tuple]:
-    """The model the task trains and the data, sized for each other; returns (model, data, mean, std). The model's
-    pretrained_cfg records the preprocessing the run applies (``views.Preprocess``): what eval, predict and the
-    exports apply."""
-    def get_data(img_size, in_chans, fit=None):
-        if d.is_main:
-            data = load_data(r.data, img_size=img_size, in_chans=in_chans, cache_dir=r.cache_dir,
-                             download=r.download, val_fraction=r.val_fraction, seed=r.seed, log=log,
-                             store_size=r.store_size, workers=r.workers, fit=fit)
-        barrier(d)  # rank 0 decodes and fills the cache; the others then read it
-        if not d.is_main:
-            data = load_data(r.data, img_size=img_size, in_chans=in_chans, cache_dir=r.cache_dir,
-                             download=False, val_fraction=r.val_fraction, seed=r.seed, log=lambda s: None,
-                             store_size=r.store_size, workers=r.workers, fit=fit)
-        if r.train_fraction < 1:
-            keep = stratified_subset(data.train.labels, r.train_fraction)
-            log(f"training on {len(keep)} of {len(data.train.labels)} images ({100 * r.train_fraction:g}% of "
-                "every class)")
-            data.train = ImageSet(data.train.images[keep], data.train.labels[keep])
-        if data.unlabelled and task.labels:
-            raise ValueError(f"{r.data} is a folder of unlabelled images (no class folders): supervised training "
-                             "needs <root>/<class>/<image>; accepted without labels: vitlab pretrain --method mae|mpp")
-        return data
-
-    if r.init:
-        return _from_init(r, task, get_data, log)
-    name = r.model or default_model(r.data)
-    spec = get_spec(name)
-    check_args(spec.cls, r.model_args)  # before any data is read
-    task.check_model(spec.cls)  # before any data is read
-    args = {**spec.args, **r.model_args}
-    in_chans = args.get("in_chans", 3)
-    img_size = r.img_size or args.get("img_size", 224)
-    check_size(name, img_size, args, r, log)
-    data = get_data(img_size, in_chans)
-    overrides = dict(r.model_args, num_classes=task.num_classes(data.classes))
-    if "img_size" in accepted_args(spec.cls):
-        overrides["img_size"] = tuple(data.img_size)
-    if "drop_path_rate" in accepted_args(spec.cls):
-        overrides.setdefault("drop_path_rate", r.drop_path)
-    model = create_model(name, **overrides)
-    mean, std = tuple(data.mean), tuple(data.std)
-    model.pretrained_cfg.update(applied(r, Preprocess(tuple(data.img_size), mean=mean, std=std)).to_cfg())
-    return model, data, mean, std
+from ..data.augment import BatchAugment
+from ..data.sources import DataBundle, ImageSet
+from ..data.views import Preprocess, eval_view
+from ..devices import auto_precision, set_cpu_threads
+from ..models.summary import matmul_flops
+from ..progress import Progress, progress_bar
+from ..runs.folder import check_model_written, claim_folder, written_by_this_launch
+from ..runs.format import CHECKPOINT, config_values, has_config, read_config
+from ..runs.identity import (
+    check_threads,
+    checkpoint_marks,
+    own_checkpoint,
+    resumed_threads,
+    run_identity,
+    write_run_files,
+)
+from .build import build_model_and_data, describe_plan, epoch_plan, freeze, prepare_model
+from .clock import RunClock
+from .distributed import Dist, broadcast_flag, broadcast_state, on_rank0
+from .feed import BatchFeeder, fits_on_device
+from .optim import Lookahead, describe_groups, recipe_optimizer
+from .progressive import ProgressiveResize
+from .recipe import Recipe
+from .schedule import Plateau, describe_warmup
+from .state import TrainState
+from .step import Stepper, channels_last_helps
+from .tasks import EvalSplit, Task, task_for
+from .tensorboard import TensorBoardLog
 
 
-def applied(r: Recipe, prep: Preprocess) -> Preprocess:
-    """The preprocessing a run applies to an image file when its images are decoded by ``prep``'s rule: with
-    --store-size, the shorter side to store_size and evaluation's centre crop (bicubic) instead."""
-    if r.store_size is None:
-        return prep
-    return replace(prep, crop_mode="center", crop_pct=prep.crop_pct if r.init else r.crop_pct, interpolation="bicubic")
+@dataclass
+class Run:
+    """Everything a run is made of once it is set up; the loop reads and advances it."""
+
+    recipe: Recipe
+    dist: Dist
+    out: Path
+    log: Callable[[str], None]
+    now: Callable[[], float]
+    task: Task
+    # the data as the steps and the evaluations take it
+    data: DataBundle
+    classes: list[str]
+    mean: tuple
+    std: tuple
+    feeder: BatchFeeder
+    augment: BatchAugment
+    view: Callable | None        # how stored test images larger than the training size are evaluated
+    img_size: tuple[int, int]
+    batch_size: int
+    per_epoch: int
+    # the model as it trains: ``model`` is what the task trains (the model, or an objective around it), ``net`` the
+    # same as the steps run it (compiled and/or replicated)
+    model: nn.Module
+    net: nn.Module
+    n_params: int
+    channels_last: bool
+    resize: ProgressiveResize
+    lookahead: Lookahead | None
+    state: TrainState
+    clock: RunClock
+    tb: TensorBoardLog | None = None
+    bar: Progress | None = None
+    marks: dict | None = None   # what every checkpoint carries besides the state: the run's id, the recipe as run
+
+    @property
+    def budget(self) -> float | None:
+        return self.clock.budget
+
+    @property
+    def precision(self) -> str:
+        return self.state.precision
+
+    @property
+    def eval_batch(self) -> int:
+        return eval_batch_size(self.batch_size, self.dist)
+
+    def out_of_time(self) -> bool:
+        """A time budget that is spent (the reserve for the end kept back); the same answer on every rank."""
+        return self.budget is not None and self.clock.progress(self.state.step) >= 1
+
+    def evaluate(self, model: nn.Module, limit: int | None = None) -> dict[str, dict]:
+        """The task's metrics per head on the test split, each rank on its contiguous shard (a view, read batch by
+        batch), summed over the ranks; ``limit`` stops after that many images of the shard."""
+        dist, test = self.dist, held_out(self.data)
+        start, stop = len(test.images) * dist.rank // dist.world, len(test.images) * (dist.rank + 1) // dist.world
+        n = stop - start if limit is None else min(limit, stop - start)
+        split = EvalSplit(images=test.images.narrow(0, start, n), labels=test.labels.narrow(0, start, n), first=start,
+                          classes=self.classes, mean=self.mean, std=self.std, batch_size=self.eval_batch,
+                          precision=self.precision, view=self.view, d=dist)
+        return self.task.evaluate(model, split)
+
+    def stepper(self) -> Stepper:
+        """What every step uses, as the run now stands (``net`` is made again when a stem freezes)."""
+        recipe, state = self.recipe, self.state
+        return Stepper(net=self.net, augment=self.augment, loss=self.task.loss, optimizer=state.optimizer,
+                       precision=self.precision, clip_grad=recipe.clip_grad, ema=state.ema, ema_decay=recipe.ema_decay,
+                       accum_steps=recipe.accum_steps, scaler=state.scaler, channels_last=self.channels_last,
+                       correct=self.task.correct)
 
 
-def _from_init(r: Recipe, task: Task, get_data: Callable,
-               log: Callable[[str], None]) -> tuple[nn.Module, DataBundle, tuple, tuple]:
-    """A run from --init: at the checkpoint's size unless --img-size says otherwise, its images resized by the
-    checkpoint's own rule and interpolation (a position table resampled only for another size)."""
-    base = checkpoint.load(r.init)
-    task.check_model(base)  # before any data is read
-    check_named_model(r, base)
-    in_chans = base.pretrained_cfg["input_size"][0]
-    own = tuple(base.pretrained_cfg["input_size"][1:])
-    size = (r.img_size, r.img_size) if r.img_size else own
-    embed = getattr(base, "patch_embed", None)
-    patch = r.model_args.get("patch_size") or (embed.patch_size if embed is not None else None)
-    patch = (patch, patch) if isinstance(patch, int) else tuple(patch) if patch else None
-    if patch and (size[0] % patch[0] or size[1] % patch[1]):
-        raise ValueError(f"img_size {size[0]}x{size[1]} is not divisible by the patch size {patch[0]}x{patch[1]} of "
-                         f"{r.init}; accepted: multiples of it, e.g. --img-size "
-                         f"{max(patch[0], size[0] // patch[0] * patch[0])}")
-    prep = Preprocess.from_cfg(base.pretrained_cfg).at(size)
-    why = "--img-size" if r.img_size else f"the input size of {r.init}"
-    source = base.pretrained_cfg.get("preprocess_from") or f"{r.init}'s config"
-    log(f"training at {size[0]}x{size[1]} ({why}); images are decoded as {source} says: {prep.describe()}, mean "
-        f"{', '.join(f'{v:g}' for v in prep.mean)}, std {', '.join(f'{v:g}' for v in prep.std)}")
-    data = get_data(size, in_chans, prep.fit)
-    overrides = dict(r.model_args)
-    if "drop_path_rate" in accepted_args(type(base)):
-        overrides.setdefault("drop_path_rate", r.drop_path)
-    if embed is not None and tuple(embed.img_size) != size:
-        overrides["img_size"] = size
-        log(f"resampling the position embedding from {tuple(embed.img_size)} to {size}")
-    model = checkpoint.load(r.init, **overrides)
-    if r.model:  # the architecture of --init under the name --model gives it (check_named_model)
-        model.arch = r.model
-    loaded = model.state_dict()  # held: a new head's tensors cannot take the place of the ones it replaces
-    task.fit_init_head(model, data.classes)
-    log(describe_init(r.init, loaded, model))
-    model.pretrained_cfg.update(applied(r, prep).to_cfg())
-    mean, std = tuple(model.pretrained_cfg["mean"]), tuple(model.pretrained_cfg["std"])
-    return model, data, mean, std
+def held_out(data: DataBundle) -> ImageSet:
+    """The images a run evaluates on: its test split, or the training images where none is held out (pre-training
+    with val_fraction 0)."""
+    return data.test if len(data.test.images) else data.train
 
 
-ARCH_FREE = ("num_classes", "drop_path_rate")  # arguments that --init's model takes from the run, not the name
+def eval_batch_size(batch_size: int, dist: Dist) -> int:
+    """The batch of a pass without gradients (evaluation, a teacher's predictions made once) on each rank."""
+    return max(batch_size // dist.world, 256)
 
 
-def check_named_model(r: Recipe, base: nn.Module) -> None:
-    """A run from --init trains the model --init holds: a --model beside it must name that architecture (the same
-    class and arguments, under the same or another registered name); refused in one line otherwise."""
-    arch = getattr(base, "arch", None)
-    if not r.model or r.model == arch:
+def set_up(recipe: Recipe, dist: Dist, resume: bool, log: Callable[[str], None], now: Callable[[], float]) -> Run:
+    """Build the run in the order its parts need each other: the checkpoint to resume, the task, the model and data,
+    the threads, the preprocessing, the feed, the optimiser state (the precision), the task's preparation, the clock;
+    then record the run's files and start the bar."""
+    out = Path(recipe.out)
+    ckpt = broadcast_state(on_rank0(lambda: own_checkpoint(out, config_values(recipe, None)), dist,
+                                    f"read {out / CHECKPOINT}"),
+                           dist) if resume else None  # by rank 0 (another machine may not see --out), before any work
+    check_batch(recipe, dist)
+    set_fast_math(dist.device)
+    torch.manual_seed(recipe.seed)
+    tb = TensorBoardLog(out) if recipe.log == "tensorboard" and dist.is_main else None  # a missing package: first
+    task = task_for(recipe, log)
+    model, data, decoded = build_model_and_data(recipe, dist, task, log)
+    check_test_split(recipe, data, log)
+    identity = broadcast_state(on_rank0(lambda: run_identity(out, ckpt, data.identity, log, sources={
+        "teacher": recipe.teacher, "init": recipe.init}), dist, "check its data and models"), dist)
+    set_threads(recipe, dist, model, data, identity, ckpt is not None, log)
+    prep = preprocessing(recipe, decoded)
+    classes, img_size = list(data.classes), tuple(data.img_size)  # stored photos may be larger: see ``view``
+    channels_last = place_model(recipe, dist, model, task, data, prep, fresh=ckpt is None and not recipe.init, log=log)
+    n_params = sum(p.numel() for p in model.parameters())
+    batch_size, per_epoch = plan_epoch(recipe, dist, len(data.train.images), log)
+    on_device = recipe.data_on_device if recipe.data_on_device is not None else fits_on_device(
+        data.train.images.nbytes, dist.device)
+    feeder = BatchFeeder(data.train.images, data.train.labels, dist.device, on_device)
+    augment = BatchAugment(recipe.augment, img_size, prep.mean, prep.std, len(classes)).to(dist.device)
+    view = eval_view_of(prep) if tuple(data.train.images.shape[-2:]) != img_size else None
+    config = config_values(recipe, getattr(model, "arch", None))
+    model = task.wrap(model, prep.mean, prep.std)  # what trains, checkpoints and resumes
+    task.make_loss(dist.device, classes, prep.mean, prep.std)
+    state = build_state(recipe, dist, task, model, feeder, augment, batch_size, ckpt, log)
+    restore(state, ckpt, model, out, resume, log)
+    spent = task.prepare(data.train, view, eval_batch_size(batch_size, dist), now)
+    if ckpt is None:  # a resumed run counted them in its first session
+        state.seconds += spent
+    resize = ProgressiveResize(model, img_size, recipe.progressive_scale, recipe.progressive_until, log)
+    net = run_net(model, recipe, dist)  # replicas made in step before the lookahead copies the weights
+    lookahead = Lookahead(model, recipe.lookahead_every, recipe.lookahead_decay) if recipe.lookahead_every else None
+    budget = recipe.time_budget * 60 if recipe.time_budget else None
+    clock = RunClock(dist, per_epoch * recipe.epochs, budget, seconds=state.seconds, reserve=state.reserve, now=now)
+    if said := describe_warmup(recipe.warmup, None if budget else clock.total_steps, recipe.lr, recipe.min_lr):
+        log(said)
+    run = Run(recipe=recipe, dist=dist, out=out, log=log, now=now, task=task, data=data, classes=classes,
+              mean=prep.mean, std=prep.std, feeder=feeder, augment=augment, view=view, img_size=img_size,
+              batch_size=batch_size, per_epoch=per_epoch, model=model, net=net,
+              n_params=n_params, channels_last=channels_last, resize=resize, lookahead=lookahead, state=state,
+              clock=clock, tb=tb, marks=checkpoint_marks(identity, config))
+    if dist.is_main:  # only a run whose set-up succeeded leaves a recipe to resume (and its data's identity)
+        write_run_files(out, config, identity)
+    log(describe(run))
+    run.bar = run_bar(run)
+    if run.budget is not None and run.clock.reserve == 0 and recipe.budget_counts == "all":
+        keep_back_final_evaluation(run)
+    return run
+
+
+def check_batch(recipe: Recipe, dist: Dist) -> None:
+    if recipe.batch_size % (dist.world * recipe.accum_steps):
+        raise ValueError(f"batch_size {recipe.batch_size} is not divisible by {dist.world} processes x "
+                         f"{recipe.accum_steps} accumulation steps")
+
+
+def check_test_split(recipe: Recipe, data: DataBundle, log: Callable[[str], None]) -> None:
+    if len(data.test.images) == 0 and recipe.pretrain != "none" and recipe.val_fraction == 0:
+        log("val_fraction 0: no image is held out, so each evaluation measures the pre-training loss on the training "
+            "images (unaugmented): how well the objective fits them, not how it generalises")
+    elif len(data.test.images) == 0:
+        raise ValueError(f"{data.name} leaves no test images ({len(data.train.images)} training images in "
+                         f"{len(data.classes)} classes, val_fraction {recipe.val_fraction:g}): accepted: classes of "
+                         "at least 2 images each, or a larger --val-fraction")
+
+
+def set_threads(recipe: Recipe, dist: Dist, model: nn.Module, data: DataBundle, identity: dict[str, Any],
+                resumed: bool, log: Callable[[str], None]) -> None:
+    """The CPU threads the run trains with, decided here only: --threads; else on a resume the count the run trained
+    with (run.json); else on a CPU from the work of a step and the cores other work leaves free. A new run records
+    the count in its identity; a resume with another count is warned of."""
+    if recipe.threads:
+        torch.set_num_threads(recipe.threads)
+    elif dist.device.type == "cpu" and resumed and identity.get("threads"):
+        log(resumed_threads(identity))
+    elif dist.device.type == "cpu":
+        image = torch.zeros(1, data.train.images.shape[1], *data.img_size, device=dist.device)
+        log(set_cpu_threads(3 * matmul_flops(model, image) * recipe.batch_size // (dist.world * recipe.accum_steps)))
+    check_threads(identity, resumed=resumed, log=log)
+
+
+def preprocessing(recipe: Recipe, decoded: Preprocess) -> Preprocess:
+    """The preprocessing the run applies to an image file, decided here only (the model records it, evaluation
+    applies it): the rule its images were decoded by, or with --store-size the shorter side to store_size and a
+    centre crop (bicubic) of the model's crop_pct (--init) or the recipe's."""
+    if recipe.store_size is None:
+        return decoded
+    return replace(decoded, crop_mode="center", crop_pct=decoded.crop_pct if recipe.init else recipe.crop_pct,
+                   interpolation="bicubic")
+
+
+def eval_view_of(prep: Preprocess) -> Callable[[torch.Tensor], torch.Tensor]:
+    """How stored images larger than the training size are evaluated: resized and cropped as ``prep`` says."""
+    return lambda batch: eval_view(batch, prep.size, prep.crop_pct, prep.interpolation, prep.crop_mode,
+                                   prep.crop_offset)
+
+
+def place_model(recipe: Recipe, dist: Dist, model: nn.Module, task: Task, data: DataBundle, prep: Preprocess,
+                fresh: bool, log: Callable[[str], None]) -> bool:
+    """Freeze what the recipe says, record the preprocessing and the labels in the model's pretrained_cfg, move it to
+    the device and, in a fresh run, initialise it from the data; returns whether it runs channels-last."""
+    freeze(model, recipe, log)
+    model.pretrained_cfg.update(prep.to_cfg(), label_names=task.label_names(list(data.classes)))
+    channels_last = recipe.channels_last if recipe.channels_last is not None else channels_last_helps(model,
+                                                                                                       dist.device)
+    model.to(dist.device, memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+    if fresh:
+        prepare_model(model, data.train.images, prep.mean, prep.std, log)
+    return channels_last
+
+
+def plan_epoch(recipe: Recipe, dist: Dist, n_train: int, log: Callable[[str], None]) -> tuple[int, int]:
+    """(largest batch, steps per epoch): no image left out."""
+    batch_size, per_epoch = epoch_plan(n_train, recipe.batch_size, dist.world * recipe.accum_steps)
+    if said := describe_plan(n_train, recipe.batch_size, batch_size, per_epoch):
+        log(said)
+    return batch_size, per_epoch
+
+
+def build_state(recipe: Recipe, dist: Dist, task: Task, model: nn.Module, feeder: BatchFeeder, augment: BatchAugment,
+                batch_size: int, ckpt: dict | None, log: Callable[[str], None]) -> TrainState:
+    """The state a run advances and checkpoints: the model, its optimiser (the task's betas), the plateau schedule,
+    the EMA copy and the precision, decided here only (a resumed run's own)."""
+    n_first = min(len(feeder.images), batch_size // dist.world)
+    precision = ckpt["precision"] if ckpt is not None else choose_precision(
+        recipe, model, augment, *feeder.gather(torch.arange(n_first)), dist, log)
+    state = TrainState(
+        model=model,
+        optimizer=recipe_optimizer(model, recipe, batch_size, dist.device, task.betas),
+        plateau=Plateau(recipe.plateau_patience, recipe.plateau_factor),
+        ema=copy.deepcopy(model).eval().requires_grad_(False) if recipe.ema_decay > 0 else None,
+        scaler=torch.amp.GradScaler(dist.device.type) if precision == "fp16" else None,
+        precision=precision, task=task)
+    if recipe.layer_decay < 1:
+        log(describe_groups(state.optimizer, recipe.layer_decay))
+    return state
+
+
+def restore(state: TrainState, ckpt: dict[str, Any] | None, model: nn.Module, out: Path, resume: bool,
+            log: Callable[[str], None]) -> None:
+    """Restore the checkpoint into the run's state; weights of another model, or an optimiser of other parameter
+    groups, are refused in one line."""
+    if ckpt is None:
+        if resume:
+            log(f"no checkpoint in {out} yet: starting the run from the beginning")
         return
-    spec, given = get_spec(r.model), dict(getattr(base, "model_args", {}) or {})
-    if spec.cls is not type(base) or built_with(spec.cls, spec.args, given) != built_with(
-            type(base), registered_args(arch), given):
-        raise ValueError(f"--model {r.model} is not the model of --init {r.init}, which holds "
-                         f"{arch or type(base).__name__}: a run from --init trains the model it holds; accepted: "
-                         f"no --model{f', or --model {arch}' if arch else ''} (or another --init)")
-
-
-def registered_args(name: str | None) -> dict:
-    """A registered name's arguments ({} for a model without one, or a name vitlab does not register)."""
+    check_groups(state.optimizer, ckpt, out / CHECKPOINT, model)
     try:
-        return get_spec(name).args if name else {}
-    except ValueError:
-        return {}
+        state.load_state_dict(ckpt)
+    except RuntimeError as e:  # load_state_dict: missing, unexpected or misshapen tensors
+        saved, first = ckpt.get("arch") or "another model", str(e).strip().splitlines()[-1].strip()
+        raise ValueError(f"{out / CHECKPOINT} holds the weights of {saved}, not of {model_name(model)} that the run "
+                         f"trains ({first[:100].rstrip('.')}); accepted: a checkpoint of this run") from None
+    log(f"resuming {out} after epoch {state.epoch}")
 
 
-def built_with(cls: type, args: dict, given: dict) -> dict:
-    """Every argument ``cls`` is built with from a name's ``args`` and the overrides ``given`` (the class's defaults
-    filled in), less ARCH_FREE."""
-    defaults = {k: p.default for k, p in inspect.signature(cls.__init__).parameters.items()
-                if p.default is not inspect.Parameter.empty}
-    return {k: v for k, v in {**defaults, **args, **given}.items() if k not in ARCH_FREE}
+def model_name(model: nn.Module) -> str:
+    """The model's registered name (a pre-training objective's: its encoder's)."""
+    model = getattr(model, "encoder", model)
+    return getattr(model, "arch", None) or type(model).__name__
 
 
-def describe_init(source: str, loaded: dict[str, torch.Tensor], model: nn.Module) -> str:
-    """The line that says what --init took from ``source`` (``loaded``: the model's state as read) and what is new."""
-    state = model.state_dict()
-    new = [k for k, v in state.items() if k not in loaded or v.data_ptr() != loaded[k].data_ptr()]
-    kept = len(state) - len(new)
-    pretrained = (Path(source) / PRETRAIN_WEIGHTS).is_file()
-    return (f"--init {source}: loaded {kept} {'encoder ' if pretrained else ''}tensors"
-            f"{f' (its decoder, {PRETRAIN_WEIGHTS}, is not used)' if pretrained else ''}; "
-            f"new: {', '.join(new) if new else 'none'}")
+def describe(run: Run) -> str:
+    """The line that says what is trained, on what, how."""
+    recipe, dist = run.recipe, run.dist
+    train_images = run.data.train.images
+    return (f"model {model_name(run.model)} ({run.n_params / 1e6:.2f}M parameters) on "
+            f"{dist.device}, {len(train_images)} training images {tuple(train_images.shape[1:])}"
+            f"{f' trained at {run.img_size[0]}x{run.img_size[1]}' if run.view is not None else ''}"
+            f"{' (on the device)' if dist.device.type == 'cuda' and run.feeder.on_device else ''}, "
+            f"{run.task.describe(run.classes)}, "
+            f"batch {run.batch_size}{f' over {dist.world} processes' if dist.enabled else ''}"
+            f"{f' in {recipe.accum_steps} micro-batches' if recipe.accum_steps > 1 else ''}, {run.precision}, "
+            + (f"time budget {recipe.time_budget:g} min" + (" of training (evaluations not counted)"
+                                                              if recipe.budget_counts == "training" else "")
+               if run.budget else f"{recipe.epochs} epochs of {run.per_epoch} steps"))
 
 
-NATIVE_SIZE = {"digits": 8, "cifar10": 32, "cifar100": 32}  # the built-in data sets' image sizes
+def run_bar(run: Run) -> Progress:
+    """The bar: seconds of a time budget, else steps."""
+    budget, state = run.budget, run.state
+    return progress_bar(total=int(budget) if budget else run.clock.total_steps,
+                        initial=min(int(state.seconds), int(budget)) if budget else state.step,
+                        disable=not run.dist.is_main, unit="s" if budget else "step", dynamic_ncols=True,
+                        mininterval=1.0, file=sys.stderr,
+                        bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}{postfix}]")
 
 
-def check_size(name: str, img_size: int | tuple, args: dict, r: Recipe, log: Callable[[str], None]) -> None:
-    """Before any data is decoded: refuse a size the model's patches do not tile; say when a built-in data set is
-    scaled up to the model's default size."""
-    patch = args.get("patch_size")
-    size = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
-    if isinstance(patch, int) and any(s % patch for s in size):
-        raise ValueError(f"img_size {size[0]}x{size[1]} is not divisible by the patch size {patch} of {name}; "
-                         f"accepted: a multiple of {patch} (e.g. --img-size {max(patch, size[0] // patch * patch)})")
-    native = NATIVE_SIZE.get(r.data)
-    if r.img_size is None and native and size != (native, native):
-        multiple = patch if isinstance(patch, int) else 1
-        log(f"warning: {name} takes {size[0]}x{size[1]} images and {r.data}'s are {native}x{native}: they are scaled "
-            f"to {size[0]}x{size[1]} ({size[0] * size[1] / native ** 2:.0f}x the pixels to compute on); choose the "
-            f"size with --img-size (a multiple of {multiple}, e.g. {-(-native // multiple) * multiple})")
+def run_net(model: nn.Module, recipe: Recipe, dist: Dist) -> nn.Module:
+    """The model as the steps run it: compiled (one graph per input size) and/or replicated. DistributedDataParallel
+    reduces the gradients of the parameters that train when it is made: made again after a freeze."""
+    net = torch.compile(model, dynamic=False) if recipe.compile else model
+    if dist.enabled:
+        net = nn.parallel.DistributedDataParallel(net, device_ids=[dist.device.index] if dist.device.type == "cuda"
+                                                  else None)
+    return net
 
 
-def prepare_model(model: nn.Module, train_images: torch.Tensor, mean, std, log: Callable[[str], None],
-                  n: int = 5000) -> None:
-    """A fresh run of a model that initialises from data (``init_from_data``): give it the first ``n`` training
-    images, normalised."""
-    if hasattr(model, "init_from_data"):
-        images = normalize(train_images[:n].to(next(model.parameters()).device), mean, std)
-        if model.init_from_data(images):
-            log(f"initialised {type(model).__name__} from {len(images)} training images")
+def keep_back_final_evaluation(run: Run) -> None:
+    """Keep back the end's evaluation before the first one has been timed: one batch, timed, scaled to the test
+    split, after one untimed batch that pays for warm-up (a CPU's kernels are chosen on the first call), so that a
+    run evaluated only at the end still ends within its budget."""
+    run.evaluate(run.model, limit=run.eval_batch)  # every rank: it sums over them; its metrics are read back
+    t_probe = run.now()
+    run.evaluate(run.model, limit=run.eval_batch)
+    shard = len(held_out(run.data).images) // run.dist.world
+    capped = run.clock.keep_back((2.0 if run.state.ema is not None else 1.0) * (run.now() - t_probe)
+                                 * shard / min(run.eval_batch, shard))
+    run.log(f"kept back {run.clock.reserve:.0f} s of the budget for the final evaluation"
+            + (" (half the budget: the evaluation was timed at more; the run may end late)" if capped else ""))
 
 
-def epoch_plan(n: int, batch_size: int, unit: int) -> tuple[int, int]:
-    """(largest batch, steps per epoch) for ``n`` training images: every image once an epoch, in batches of near-equal
-    size (they differ by one image at most) no larger than ``batch_size``, each of ``unit`` images (processes x
-    micro-batches) or more where the set allows; a set smaller than the batch is one step."""
-    steps = max(1, min(-(-n // batch_size), n // unit))
-    return -(-n // steps), steps
+def claim_out(stack: contextlib.ExitStack, recipe: Recipe, dist: Dist, resume: bool,
+              log: Callable[[str], None]) -> bool:
+    """Rank 0 claims --out for the run (the one rank that writes there: another machine's ranks may not see it) and
+    decides whether it resumes; returns that decision, on every rank."""
+    def claim() -> bool:
+        again = resume or resumes_a_restart(recipe, log)
+        started = not again and has_config(recipe.out)
+        stack.enter_context(claim_folder(recipe.out, "train", resume=again))
+        if started:
+            log(f"{recipe.out} holds a run that stopped before its first epoch ended: starting it over")
+        return again
+    return broadcast_flag(bool(on_rank0(claim, dist, f"claim --out {recipe.out}")), dist)
 
 
-def describe_plan(n: int, batch_size: int, largest: int, steps: int) -> str | None:
-    """The line that says how the epoch's batches were chosen, when they are not all ``batch_size``; else None."""
-    if largest == batch_size and n == steps * batch_size:
-        return None
-    if steps == 1:
-        return (f"batch_size {batch_size} is larger than the {n} training images: each step uses the whole "
-                "training set")
-    smallest = n // steps
-    sizes = f"{smallest}-{largest}" if smallest < largest else f"{largest}"
-    return (f"batches of {sizes} images, {steps} steps an epoch: every one of the {n} training images is used every "
-            f"epoch (batch_size {batch_size} at most)")
+def resumes_a_restart(recipe: Recipe, log: Callable[[str], None]) -> bool:
+    """True when torchrun has restarted the worker group (TORCHELASTIC_RESTART_COUNT > 0) and --out holds this
+    launch's own run of this recipe: the run then continues from its last checkpoint (or starts over without one)."""
+    restarts, out = int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0), Path(recipe.out)
+    if not restarts or not written_by_this_launch(out) or not has_config(out):
+        return False
+    saved, mine = read_config(out), yaml.safe_load(yaml.safe_dump(recipe.to_dict()))
+    if {**saved, "model": None} != {**mine, "model": None}:  # the model's name is written as the model says it
+        log(f"restart {restarts} of the worker group: {out} holds a run of another recipe; not resumed")
+        return False
+    log(f"restart {restarts} of the worker group: resuming this launch's run in {out}")
+    return True
+
+
+def check_sources_outside(recipe: Recipe) -> None:
+    """Refuse a run whose --out is (or holds) the model it starts from or its teacher: it would overwrite them; and
+    one whose model or teacher is a run with no model yet (still training, or stopped)."""
+    out = Path(recipe.out).resolve()
+    for flag, source in (("--init", recipe.init), ("--teacher", recipe.teacher)):
+        if source and not str(source).startswith("hf-hub:") and out in (Path(source).resolve(),
+                                                                         *Path(source).resolve().parents):
+            raise ValueError(f"{flag} {source} lies in --out {recipe.out}: the run would overwrite it; "
+                             "choose another --out")
+        if source:
+            check_model_written(source)
+
+
+@contextlib.contextmanager
+def torch_globals_kept() -> Iterator[None]:
+    """Restore, on leaving, the torch globals a run changes: threads, TF32, cudnn.benchmark, the RNG states."""
+    threads = torch.get_num_threads()
+    flags = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark)
+    rng = torch.random.get_rng_state()
+    cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+        (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+         torch.backends.cudnn.benchmark) = flags
+        torch.random.set_rng_state(rng)
+        if cuda_rng is not None:
+            torch.cuda.set_rng_state_all(cuda_rng)
+
 
 
 def check_groups(optimizer: torch.optim.Optimizer, ckpt: dict, path, model: nn.Module) -> None:
@@ -232,24 +425,6 @@ def check_groups(optimizer: torch.optim.Optimizer, ckpt: dict, path, model: nn.M
                          "accepted: a checkpoint of this run")
 
 
-def freeze_backbone(model: nn.Module) -> None:
-    """Train only the classifier head(s): a linear probe."""
-    for name, p in model.named_parameters():
-        p.requires_grad = name.split(".")[0] in model.classifier_names
-
-
-def freeze(model: nn.Module, r: Recipe, log: Callable[[str], None]) -> None:
-    """Freeze what the recipe says (the backbone, or the embeddings and the first blocks) and say what."""
-    if r.freeze_backbone:
-        freeze_backbone(model)
-    elif r.freeze_blocks:
-        names = freeze_blocks(model, r.freeze_blocks)
-        frozen = sum(p.numel() for n, p in model.named_parameters() if n in set(names))
-        total = sum(p.numel() for p in model.parameters())
-        log(f"frozen: the embeddings and the first {r.freeze_blocks} blocks ({frozen / 1e6:.2f}M of "
-            f"{total / 1e6:.2f}M parameters)")
-
-
 def epoch_seed(seed: int, epoch: int, rank: int) -> int:
     return (seed * 1_000_003 + epoch * 7919 + rank * 104_729) % (2 ** 31)
 
@@ -262,19 +437,19 @@ def set_fast_math(device: torch.device) -> None:
         torch.backends.cudnn.benchmark = True
 
 
-def choose_precision(r: Recipe, model: nn.Module, augment: BatchAugment, images: torch.Tensor,
-                     labels: torch.Tensor, d: Dist, log: Callable[[str], None]) -> str:
+def choose_precision(recipe: Recipe, model: nn.Module, augment: BatchAugment, images: torch.Tensor,
+                     labels: torch.Tensor, dist: Dist, log: Callable[[str], None]) -> str:
     """'fp32', 'bf16' or 'fp16'. 'auto' is bf16 where the hardware computes in it fast (a GPU that supports it,
     a CPU with AMX), else fp32: decided from the hardware, never from a timing (see devices.auto_precision)."""
-    if r.precision != "auto":
-        if r.precision == "bf16" and d.device.type == "cuda" and not torch.cuda.is_bf16_supported():
-            raise ValueError(f"precision='bf16' is not supported by {torch.cuda.get_device_name(d.device)}; "
+    if recipe.precision != "auto":
+        if recipe.precision == "bf16" and dist.device.type == "cuda" and not torch.cuda.is_bf16_supported():
+            raise ValueError(f"precision='bf16' is not supported by {torch.cuda.get_device_name(dist.device)}; "
                              "accepted here: fp16, fp32, auto")
-        if r.precision == "fp16" and d.device.type != "cuda":
+        if recipe.precision == "fp16" and dist.device.type != "cuda":
             raise ValueError("precision='fp16' needs a GPU (a gradient scaler on the CPU is of no use); "
                              "accepted on the CPU: auto, bf16, fp32")
-        return r.precision
-    precision, why = auto_precision(d.device)
-    precision = "bf16" if broadcast_flag(precision == "bf16", d) else "fp32"  # rank 0's hardware decides
+        return recipe.precision
+    precision, why = auto_precision(dist.device)
+    precision = "bf16" if broadcast_flag(precision == "bf16", dist) else "fp32"  # rank 0's hardware decides
     log(f"precision auto: {'bf16' if precision == 'bf16' else 'float32'} ({why})")
     return precision

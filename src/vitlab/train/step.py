@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -176,3 +177,22 @@ def channels_last_helps(model: nn.Module, device: torch.device) -> bool:
     it has such stages (``has_conv_stages``; benchmarks/bench_teacher_pass.py: 1.26-1.50x on a 2-core Zen 4)."""
     return device.type == "cuda" and has_conv_stages(model)
 
+
+def figures_every(device: torch.device) -> int:
+    """Steps between reading the running totals back (progress-bar figures, the finite-loss check): on a GPU
+    each read waits for the queued work, so it is rarer there."""
+    return 50 if device.type == "cuda" else 5
+
+
+def check_finite(nonfinite: float, precision: str, bound: int, step: int) -> None:
+    """Stop a run whose loss is no longer finite: at once in float32/bf16 (it diverged), after ``bound``
+    skipped steps in fp16 (whose gradient scaler skips such steps while it finds its scale)."""
+    if nonfinite == 0 or math.isnan(nonfinite):
+        return
+    if precision != "fp16":
+        raise FloatingPointError(f"the training loss is not finite (by step {step}, {precision}): the run diverged; "
+                                 "train it again with a lower --lr, --clip-grad, or --precision fp32 (in a new --out "
+                                 "once it has a checkpoint: --resume keeps the recipe)")
+    if nonfinite > bound:
+        raise FloatingPointError(f"{int(nonfinite)} fp16 steps had a non-finite loss and were skipped (bound "
+                                 f"--max-nonfinite {bound}); try --precision bf16 or fp32, or a lower --lr")
