@@ -15,8 +15,9 @@ from test_train import comparable, kill_at, metrics, run_cli
 import vitlab
 from vitlab.cli import main
 from vitlab.pretrain import create_objective, load_objective, save_objective
+from vitlab.pretrain.objective import read_pretrain, write_pretrain
 from vitlab.runs.compare import read_run
-from vitlab.runs.format import PRETRAIN_WEIGHTS, load_checkpoint, read_history, read_pretrain
+from vitlab.runs.format import PRETRAIN_WEIGHTS, load_checkpoint, read_history
 from vitlab.train import load_recipe, train
 from vitlab.train.build import build_model_and_data
 from vitlab.train.distributed import init_distributed
@@ -61,7 +62,6 @@ def test_a_decoder_of_another_shape_is_refused(tmp_path):
     objective = create_objective("mae", encoder(), decoder_depth=1)
     save_objective(objective, tmp_path, "mae", {"decoder_depth": 1})
     method, _, rest = read_pretrain(tmp_path)
-    from vitlab.runs.format import write_pretrain
     write_pretrain(tmp_path, method, {"decoder_depth": 2}, rest)
     with pytest.raises(ValueError, match="does not fit"):
         load_objective(tmp_path)

@@ -8,16 +8,21 @@ the options that rebuild the objective around the encoder.
 from __future__ import annotations
 
 import inspect
+import json
 import os
 import typing
 from pathlib import Path
 from typing import Any
 
+import torch
 from pydantic import TypeAdapter, ValidationError
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
 from torch import nn
 
 from .. import checkpoint
-from ..runs.format import read_pretrain, write_pretrain
+from ..atomic import atomic_path
+from ..runs.format import PRETRAIN_WEIGHTS
 from ..settings import describe
 from .encoder import load_decoder_state, split_pretrained
 from .mae import MaskedAutoencoder
@@ -59,6 +64,33 @@ def create_objective(method: str, encoder: nn.Module, **options: Any) -> nn.Modu
     if method not in OBJECTIVES:
         raise ValueError(f"unknown pre-training method {method!r}; accepted: {', '.join(OBJECTIVES)}")
     return OBJECTIVES[method](encoder, **options)
+
+
+def write_pretrain(out: Path, method: str, options: dict[str, Any], state: dict[str, torch.Tensor]) -> None:
+    """pretrain.safetensors: the objective's tensors besides the encoder (the encoder is the run's model), with
+    the method and the options that rebuild the objective (JSON, in the file's metadata)."""
+    state = {k: v.detach().cpu().contiguous() for k, v in state.items()}
+    with atomic_path(out / PRETRAIN_WEIGHTS) as tmp:
+        save_file(state, tmp, metadata={"format": "pt", "method": method, "options": json.dumps(options)})
+
+
+def read_pretrain(folder: str | os.PathLike) -> tuple[str, dict[str, Any], dict[str, torch.Tensor]]:
+    """(method, options, tensors) of a pre-training run's pretrain.safetensors; one line when it is missing or
+    unreadable."""
+    path = Path(folder) / PRETRAIN_WEIGHTS
+    if not path.is_file():
+        raise FileNotFoundError(f"{folder} is not a finished pre-training run: it has no {PRETRAIN_WEIGHTS} "
+                                "(written by `vitlab pretrain` at its end)")
+    try:
+        with safe_open(path, "pt") as f:
+            meta = f.metadata() or {}
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+        method, options = meta["method"], json.loads(meta["options"])
+    except (SafetensorError, OSError, KeyError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path} is truncated or corrupt ({type(e).__name__}: {e})") from None
+    if not isinstance(options, dict):
+        raise ValueError(f"{path}: its options must be a JSON object, not {type(options).__name__}")
+    return method, options, tensors
 
 
 def save_objective(objective: nn.Module, folder: str | os.PathLike, method: str, options: dict[str, Any]) -> None:

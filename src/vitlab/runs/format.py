@@ -9,6 +9,7 @@ A run folder holds::
     metrics.jsonl      one EpochRow per line, rewritten after every epoch
     config.json, model.safetensors   the trained model (vitlab.checkpoint); of a pre-training run, its encoder
     pretrain.safetensors             a pre-training run's other tensors (the decoder), with the method and options
+                                     (written and read in pretrain/objective.py)
     curves.png, confusion.png        figures (runs/figures.py)
     summary.json       a Summary, written last: a folder without it is an unfinished run
 
@@ -22,20 +23,14 @@ import os
 from collections.abc import Sequence
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
-import torch
 import yaml
-from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
 
-from ..atomic import atomic_path, atomic_write_bytes, atomic_write_json, read_json_object
+from ..atomic import atomic_write_bytes, atomic_write_json, read_json_object
 from ..checkpoint import CONFIG as MODEL_CONFIG
 from ..checkpoint import WEIGHTS as MODEL_WEIGHTS
 from ..checkpoint import load_plain
-
-if TYPE_CHECKING:
-    from ..train.recipe import Recipe
 
 SUMMARY, METRICS, CONFIG_YAML, RUN_JSON = "summary.json", "metrics.jsonl", "config.yaml", "run.json"
 CHECKPOINT = "checkpoint.pt"
@@ -45,6 +40,14 @@ FILES = (CONFIG_YAML, RUN_JSON, CHECKPOINT, METRICS, MODEL_CONFIG, MODEL_WEIGHTS
          CONFUSION_PNG, SUMMARY)
 
 T = TypeVar("T")
+
+
+class RecipeValues(Protocol):
+    """What the run folder reads of a recipe (train.recipe.Recipe): its values, and the model it names."""
+
+    model: str | None
+
+    def to_dict(self) -> dict[str, Any]: ...
 OMIT = {"omit_if_none": True}  # a field left out of the file when it has no value (not written as null)
 
 
@@ -211,14 +214,14 @@ def run_command(out: Path) -> str:
     return "vitlab train" if pretrain in ("none", None) else "vitlab pretrain"
 
 
-def config_values(r: Recipe, model_name: str | None) -> dict[str, Any]:
+def config_values(recipe: RecipeValues, model_name: str | None) -> dict[str, Any]:
     """config.yaml's values: the recipe as run, with the model's name."""
-    return {**r.to_dict(), "model": model_name or r.model}
+    return {**recipe.to_dict(), "model": model_name or recipe.model}
 
 
-def write_config(out: Path, r: Recipe, model_name: str | None) -> None:
+def write_config(out: Path, recipe: RecipeValues, model_name: str | None) -> None:
     """config.yaml: the recipe as run, with the model's name (a `--resume` reads it back)."""
-    write_config_values(out, config_values(r, model_name))
+    write_config_values(out, config_values(recipe, model_name))
 
 
 def write_config_values(out: Path, values: dict[str, Any]) -> None:
@@ -230,14 +233,6 @@ def write_config_values(out: Path, values: dict[str, Any]) -> None:
 def write_metrics(out: Path, history: Sequence[EpochRow]) -> None:
     """metrics.jsonl, the whole history at once through an atomic rename."""
     atomic_write_bytes(out / METRICS, "".join(json.dumps(h.to_dict()) + "\n" for h in history).encode())
-
-
-def write_pretrain(out: Path, method: str, options: dict[str, Any], state: dict[str, torch.Tensor]) -> None:
-    """pretrain.safetensors: the objective's tensors besides the encoder (the encoder is the run's model), with
-    the method and the options that rebuild the objective (JSON, in the file's metadata)."""
-    state = {k: v.detach().cpu().contiguous() for k, v in state.items()}
-    with atomic_path(out / PRETRAIN_WEIGHTS) as tmp:
-        save_file(state, tmp, metadata={"format": "pt", "method": method, "options": json.dumps(options)})
 
 
 def write_summary(out: Path, summary: Summary | EvalSummary) -> None:
@@ -306,25 +301,6 @@ def read_eval_summary(folder: Path) -> EvalSummary:
         return EvalSummary.from_dict(read_json_object(Path(folder) / SUMMARY))
     except ValueError as e:
         raise ValueError(f"{folder}: {e}") from None
-
-
-def read_pretrain(folder: str | os.PathLike) -> tuple[str, dict[str, Any], dict[str, torch.Tensor]]:
-    """(method, options, tensors) of a pre-training run's pretrain.safetensors; one line when it is missing or
-    unreadable."""
-    path = Path(folder) / PRETRAIN_WEIGHTS
-    if not path.is_file():
-        raise FileNotFoundError(f"{folder} is not a finished pre-training run: it has no {PRETRAIN_WEIGHTS} "
-                                "(written by `vitlab pretrain` at its end)")
-    try:
-        with safe_open(path, "pt") as f:
-            meta = f.metadata() or {}
-            tensors = {k: f.get_tensor(k) for k in f.keys()}
-        method, options = meta["method"], json.loads(meta["options"])
-    except (SafetensorError, OSError, KeyError, json.JSONDecodeError) as e:
-        raise ValueError(f"{path} is truncated or corrupt ({type(e).__name__}: {e})") from None
-    if not isinstance(options, dict):
-        raise ValueError(f"{path}: its options must be a JSON object, not {type(options).__name__}")
-    return method, options, tensors
 
 
 def read_history(folder: Path) -> list[EpochRow]:
