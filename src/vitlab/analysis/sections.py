@@ -26,7 +26,7 @@ from .pretraining import mae_reconstructions, mpp_predictions
 from .sanity import head_importance, parameter_randomisation
 
 if TYPE_CHECKING:
-    from .report import Inspection
+    from .inspection import Inspection
 
 PATCH_GRID = ("What the model reads: each image is cut into a {gh}x{gw} grid of {ph}x{pw}-pixel patches, numbered in "
               "the order they enter the encoder (row by row){numbers}. Each patch is flattened and projected to one "
