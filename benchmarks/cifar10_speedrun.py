@@ -61,7 +61,6 @@ from __future__ import annotations
 import argparse
 import signal
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -70,7 +69,8 @@ import torch
 import torch.nn.functional as F
 
 import vitlab
-from vitlab.runs.format import CHECKPOINT, SUMMARY, is_finished, read_eval_summary, read_history, read_summary
+from vitlab.runs.format import SUMMARY, is_finished, read_eval_summary, read_history, read_summary
+from vitlab.runs.jobs import Job, run_jobs
 
 ROOT = Path(__file__).resolve().parents[1]
 ARMS = {"cnn": ROOT / "recipes/cifar10_airbench.yaml", "hybrid": ROOT / "recipes/cifar10_hybrid_speedrun.yaml",
@@ -224,52 +224,29 @@ def recipe_changes(folder: Path, cmd: list[str]) -> str:
     return ", ".join(f"{k} {then[k]!r} -> {now[k]!r}" for k in keys)
 
 
-def still_to_run(commands: dict[str, list[str]]) -> dict[str, list[str]]:
-    """The arms' commands less those whose run folder is finished (kept, not trained again: the benchmark run again
-    with more seeds or arms trains what is missing); an unfinished one, of a stopped benchmark, resumes from its
-    last checkpoint. A finished run of another recipe than its arm's now (the recipe file or the arm changed since)
-    is refused in one line: kept, it would stand in the table for what it is not."""
-    todo = {}
+def arm_jobs(commands: dict[str, list[str]]) -> list[Job]:
+    """The arms' commands as child runs (vitlab.runs.jobs): a finished arm is kept, not trained again (the benchmark
+    run again with more seeds or arms trains what is missing); an unfinished one, of a stopped benchmark, resumes
+    from its last checkpoint with the same threads. A finished run of another recipe than its arm's now (the recipe
+    file or the arm changed since) is refused in one line: kept, it would stand in the table for what it is not."""
+    jobs = []
     for name, cmd in commands.items():
         folder = Path(cmd[cmd.index("--out") + 1])
-        if is_finished(folder):
-            changes = recipe_changes(folder, cmd)
-            if changes:
-                raise ValueError(f"{name}: {folder} holds a finished run of another recipe than the arm's now "
-                                 f"({changes}); accepted: another --out, or that folder moved aside")
-            print(f"{name}: finished already in {folder}, kept", flush=True)
-        elif (folder / CHECKPOINT).is_file():
-            runtime = cmd[cmd.index("--threads"):cmd.index("--threads") + 2] if "--threads" in cmd else []
-            todo[name] = [*cmd[:cmd.index("train") + 1], "--resume", str(folder), *runtime]
-        else:
-            todo[name] = cmd
-    return todo
+        changes = recipe_changes(folder, cmd) if is_finished(folder) else ""
+        if changes:
+            raise ValueError(f"{name}: {folder} holds a finished run of another recipe than the arm's now "
+                             f"({changes}); accepted: another --out, or that folder moved aside")
+        runtime = cmd[cmd.index("--threads"):cmd.index("--threads") + 2] if "--threads" in cmd else []
+        jobs.append(Job(name, folder, cmd, resume=[*cmd[:cmd.index("train") + 1], "--resume", str(folder), *runtime]))
+    return jobs
 
 
-def run_arms(commands: dict[str, list[str]], jobs: int, start=subprocess.Popen, wait=time.sleep) -> None:
-    """Run the arms' commands, ``jobs`` at a time (each alone on the machine with 1), and say how each ended. Stopped
+def run_arms(jobs: list[Job], parallel: int, start=None, wait=time.sleep) -> None:
+    """Run the arms, ``parallel`` at a time (each alone on the machine with 1), and say how each ended. Stopped
     (Ctrl-C, SIGTERM, an error), it stops the arms still training, so that none goes on writing its run folder and
     taking the cores of the next benchmark."""
-    waiting, running = list(commands.items()), []
-    try:
-        while waiting or running:
-            while waiting and len(running) < jobs:
-                name, cmd = waiting.pop(0)
-                print("$", " ".join(cmd), flush=True)
-                running.append((name, start(cmd), time.perf_counter()))
-            wait(1)
-            for item in [r for r in running if r[1].poll() is not None]:
-                name, proc, t0 = item
-                running.remove(item)
-                print(f"{name}: exit {proc.returncode}{' (vitlab train failed)' if proc.returncode else ''}, "
-                      f"{(time.perf_counter() - t0) / 60:.1f} min of wall time", flush=True)
-    finally:
-        for name, proc, _ in running:
-            if proc.poll() is None:
-                proc.terminate()  # its run folder keeps its last checkpoint: vitlab train --resume goes on
-                print(f"{name}: stopped", flush=True)
-        for _, proc, _ in running:
-            proc.wait()
+    for failure in run_jobs(jobs, parallel, lambda line: print(line, flush=True), start=start, wait=wait):
+        print(f"failed: {failure}", flush=True)
 
 
 def fmt_time(seconds: float | None, calibration: float | None = None) -> str:
@@ -523,9 +500,9 @@ def main() -> None:
         torch.set_num_threads(int(extra[extra.index("--threads") + 1]))
     out = Path(args.out)
 
-    def to_run(commands: dict[str, list[str]]) -> dict[str, list[str]]:
+    def to_run(commands: dict[str, list[str]]) -> list[Job]:
         try:
-            return still_to_run(commands)
+            return arm_jobs(commands)
         except ValueError as e:  # a finished run of another recipe in --out
             ap.error(str(e))
     calibration = calibrate(args.calibrate_steps) if args.calibrate_steps else None

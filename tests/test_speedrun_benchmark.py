@@ -6,6 +6,7 @@ import importlib.util
 import itertools
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -149,12 +150,18 @@ def test_the_benchmark_run_again_keeps_finished_arms_and_resumes_stopped_ones(tm
     fake_run(tmp_path / "full", 3600.0, [0.88])
     (tmp_path / "full-seed1").mkdir()
     (tmp_path / "full-seed1" / "checkpoint.pt").write_bytes(b"")
-    todo = bench.still_to_run(commands)
-    assert list(todo) == ["full-seed1"]
-    assert todo["full-seed1"][-5:] == ["train", "--resume", str(tmp_path / "full-seed1"), "--threads", "1"]
-    assert capsys.readouterr().out.strip() == f"full: finished already in {tmp_path / 'full'}, kept"
+    started = []
+
+    def start(cmd, **kw):
+        started.append(cmd)
+        return SimpleNamespace(poll=lambda: 0, returncode=0)
+    bench.run_arms(bench.arm_jobs(commands), 1, start=start, wait=lambda s: None)
+    assert len(started) == 1
+    assert started[0][-5:] == ["train", "--resume", str(tmp_path / "full-seed1"), "--threads", "1"]
+    assert capsys.readouterr().out.startswith(f"full: finished already in {tmp_path / 'full'}, kept\n")
     (tmp_path / "full-seed1" / "checkpoint.pt").unlink()  # stopped before its first checkpoint: trained anew
-    assert bench.still_to_run(commands) == {"full-seed1": commands["full-seed1"]}
+    bench.run_arms(bench.arm_jobs(commands), 1, start=start, wait=lambda s: None)
+    assert started[1:] == [commands["full-seed1"]]
 
 
 def test_an_unknown_ablation_arm_is_refused_naming_the_accepted_ones():
@@ -241,19 +248,20 @@ def test_one_seed_gives_gains_without_a_noise():
     assert bench.gain_cell(-0.01, 0.006) == "-1.00 ± 0.60"
 
 
-def test_stopped_it_stops_the_arms_still_training():
+def test_stopped_it_stops_the_arms_still_training(tmp_path):
     started = []
 
-    def start(cmd):
-        started.append(subprocess.Popen(cmd))
+    def start(cmd, **kw):
+        started.append(subprocess.Popen(cmd, **kw))
         return started[-1]
 
     def ctrl_c(seconds):
         raise KeyboardInterrupt
 
-    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)", "train", "--out"]
+    jobs = bench.arm_jobs({name: [*sleeper, str(tmp_path / name)] for name in "abc"})
     with pytest.raises(KeyboardInterrupt):
-        bench.run_arms({"a": sleeper, "b": sleeper, "c": sleeper}, jobs=2, start=start, wait=ctrl_c)
+        bench.run_arms(jobs, 2, start=start, wait=ctrl_c)
     assert len(started) == 2  # the third arm never started
     assert all(p.poll() is not None for p in started)  # and neither of the two goes on training
 
@@ -295,11 +303,11 @@ def test_a_finished_run_of_another_recipe_is_refused_not_kept(tmp_path):
     older = yaml.safe_load((tmp_path / "full" / "config.yaml").read_text())
     del older["max_nonfinite"], older["augment"]["pad_mode"]  # written by a vitlab before these options
     (tmp_path / "full" / "config.yaml").write_text(yaml.safe_dump(older))
-    assert bench.still_to_run(commands) == {}
+    assert [bench.is_finished(job.folder) for job in bench.arm_jobs(commands)] == [True, True]  # both kept
     decay = load_recipe(bench.ARMS["hybrid"]).weight_decay
     changed = {**commands, "full": [*commands["full"], "--weight-decay", "0.3"]}  # as if the recipe's decay changed
     with pytest.raises(ValueError, match=rf"^full: .* another recipe than the arm's now "
                                          rf"\(weight_decay {decay} -> 0.3\); accepted: another --out"):
-        bench.still_to_run(changed)
+        bench.arm_jobs(changed)
     longer = bench.ablation_commands(tmp_path, "data.tar.gz", 60.0, 1, None, [], arms=["full"])
     assert bench.recipe_changes(tmp_path / "full", longer["full"]) == "time_budget 30.0 -> 60.0"

@@ -425,18 +425,22 @@ def test_pretrain_budgets_add_curve_points_each_with_its_fine_tunes_and_scratch_
 def test_a_free_slot_takes_a_run_that_does_not_wait_for_the_teacher(tmp_path):
     from types import SimpleNamespace
 
-    from vitlab.studies.runner import next_ready
+    from vitlab.runs.jobs import ready
+    from vitlab.studies.runner import _job
     runs = tmp_path / "runs"
     teacher, outside = runs / "teacher-seed0", tmp_path / "my-teacher"
-    student = SimpleNamespace(out=str(runs / "student-seed0"), teacher=str(teacher), init=None)
-    alone = SimpleNamespace(out=str(runs / "alone-seed0"), teacher=None, init=None)
-    assert next_ready([student, alone]) == 1  # the teacher has not finished: the run without one goes first
-    assert next_ready([student]) is None
+
+    def job(name, teacher=None):
+        recipe = SimpleNamespace(out=str(runs / name), teacher=teacher, init=None, to_dict=lambda: {"lr": 0.1})
+        return _job(name, recipe)
+    student, alone = job("student-seed0", str(teacher)), job("alone-seed0")
+    assert student.needs == (teacher,) and not ready(student) and ready(alone)  # the run without one goes first
+    assert (runs / "student-seed0.yaml").read_text() == "lr: 0.1\n"  # its recipe, beside its folder
     (teacher).mkdir(parents=True)
     (teacher / "summary.json").write_text("{}")
-    assert next_ready([student, alone]) == 0
+    assert ready(student)
     # a teacher that is no run of the study (a model folder of the user's) is not waited for
-    assert next_ready([SimpleNamespace(out=str(runs / "s"), teacher=str(outside), init=None)]) == 0
+    assert job("s", str(outside)).needs == ()
 
 
 def test_the_distillation_plan_trains_students_without_a_teacher_beside_it():
@@ -554,7 +558,7 @@ def test_a_stopped_study_stops_the_runs_it_started(tmp_path, monkeypatch):
             raise KeyboardInterrupt
 
     monkeypatch.setattr(runner, "_child_command", child)
-    monkeypatch.setattr(runner.subprocess, "Popen", popen)
+    monkeypatch.setattr(subprocess, "Popen", popen)
     jobs = [(name, load_recipe(None, out=str(tmp_path / "runs" / name))) for name in ("a", "b", "c")]
     with pytest.raises(KeyboardInterrupt), Progress(total=3, desc="runs", disable=True) as bar:
         runner._train_arms(jobs, 2, log, bar)
@@ -619,6 +623,7 @@ def test_a_failed_run_is_reported_by_its_own_error_line(tmp_path, monkeypatch):
     import sys
 
     from vitlab.progress import Progress
+    from vitlab.runs.jobs import failure_reason
     from vitlab.studies import runner
     runs = tmp_path / "runs"
     runs.mkdir()
@@ -630,4 +635,4 @@ def test_a_failed_run_is_reported_by_its_own_error_line(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError) as e, Progress(total=1, disable=True) as bar:
         runner._train_arms(jobs, 2, lambda s: None, bar)
     assert str(e.value) == f"study arm(s) failed: a (exit 2: vitlab train: error: the reason; log {runs / 'a.log'})"
-    assert runner.failure_reason(tmp_path / "none.log") == "no output"
+    assert failure_reason(tmp_path / "none.log") == "no output"

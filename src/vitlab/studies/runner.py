@@ -14,13 +14,10 @@ one epoch at 16x16).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import fnmatch
 import math
 import os
 import re
-import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -33,6 +30,7 @@ import yaml
 from ..progress import Progress
 from ..runs.folder import LOCK, STUDY_FEATURES, STUDY_RUNS, LockHeld, lock_holder, release_lock, take_lock, write_lock
 from ..runs.format import has_config, is_finished, read_config
+from ..runs.jobs import Job, run_jobs
 from ..train.recipe import Recipe, load_recipe
 from ..train.trainer import train
 from .claims import (
@@ -164,12 +162,22 @@ def _check_same(folder: Path, recipe: Recipe) -> None:
 
 
 def _child_command(folder: Path, recipe: Recipe) -> list[str]:
-    if has_config(folder):
-        return [sys.executable, "-m", "vitlab", "train", "--resume", str(folder)]
+    """The command that trains the arm from the start (its recipe written beside its folder as NAME.yaml)."""
     spec = _beside(folder, ".yaml")
     values = {k: v for k, v in recipe.to_dict().items() if k != "out"}
+    spec.parent.mkdir(parents=True, exist_ok=True)
     spec.write_text(yaml.safe_dump(values, sort_keys=False))
     return [sys.executable, "-m", "vitlab", "train", "--config", str(spec), "--out", str(folder)]
+
+
+def _job(name: str, recipe: Recipe) -> Job:
+    """An arm as a child run: it continues from its checkpoint where it has one, and waits for its teacher and init
+    where they are runs of the study (folders beside its own)."""
+    folder = Path(recipe.out)
+    needs = tuple(Path(p) for p in (recipe.teacher, recipe.init) if p and Path(p).parent == folder.parent)
+    return Job(name, folder, _child_command(folder, recipe),
+               resume=[sys.executable, "-m", "vitlab", "train", "--resume", str(folder)], needs=needs,
+               log=_beside(folder, ".log"))
 
 
 def _beside(folder: Path, ext: str) -> Path:
@@ -217,44 +225,9 @@ def _release(folder: Path) -> None:
         release_lock(_beside(folder, ".lock"), fd)
 
 
-PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent ends
-
-
-def dies_with(parent: int) -> Callable[[], None] | None:
-    """Popen's preexec_fn on Linux: the child gets SIGTERM when ``parent`` (the study) ends, even by kill -9, and
-    stops as on Ctrl-C, its run folder whole; no run trains on unsupervised. None elsewhere."""
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None
-    except (OSError, AttributeError):
-        prctl = None
-    if prctl is None:
-        return None
-    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
-
-    def preexec() -> None:
-        prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-        if os.getppid() != parent:  # the study ended before the line above
-            os.kill(os.getpid(), signal.SIGTERM)
-    return preexec
-
-
-ATTEMPT = "=== "  # the line a study writes in a run's log before each start of it
-
-
-def failure_reason(logfile: Path) -> str:
-    """Why the last start of a run failed, from its log: the command's own one-line error (a run whose log holds
-    other lines after it, e.g. those of a run it found already training, still names its reason), else the last
-    line."""
-    lines = logfile.read_text(errors="replace").splitlines() if logfile.is_file() else []
-    starts = [i for i, line in enumerate(lines) if line.startswith(ATTEMPT)]
-    lines = [line.strip() for line in lines[starts[-1] + 1 if starts else 0:] if line.strip()]
-    said = [line for line in lines if line.startswith("vitlab ")]
-    return (said or lines or ["no output"])[-1]
-
-
 def _train_arms(jobs: list[tuple[str, Recipe]], parallel: int, log: Callable[[str], None], bar) -> None:
     """Train the (name, recipe) runs: one at a time in this process, or ``parallel`` at a time in child
-    processes (each writing OUT/runs/NAME.log); a failure names the arm and its log."""
+    processes (runs/jobs.py, each writing OUT/runs/NAME.log); a failure names the arm and its log."""
     if parallel == 1:
         for name, recipe in jobs:
             folder = Path(recipe.out)
@@ -267,85 +240,11 @@ def _train_arms(jobs: list[tuple[str, Recipe]], parallel: int, log: Callable[[st
                     _release(folder)
             bar.update(1)
         return
-    pending = list(jobs)
-    running: list[tuple[str, Path, subprocess.Popen, Any]] = []  # name, run folder, child, its log's handle
-    try:
-        _supervise(pending, running, parallel, log, bar)
-    finally:  # stopped (Ctrl-C, SIGTERM, an error): no run goes on training unsupervised
-        stop_children(running)
-
-
-def stop_children(running: list[tuple[str, Path, subprocess.Popen, Any]], wait: float = 60.0) -> None:
-    """Stop the runs still training: SIGTERM (each stops as on Ctrl-C, its run folder whole, from its last
-    checkpoint on the next start), then SIGKILL for any still there after ``wait`` seconds; their logs are closed
-    and their claims released."""
-    deadline = time.monotonic() + min(wait, 2.0)  # after Ctrl-C at a terminal the runs stop on their own SIGINT
-    while any(proc.poll() is None for _, _, proc, _ in running) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    for _, _, proc, _ in running:
-        if proc.poll() is None:
-            proc.terminate()
-    for _, folder, proc, handle in running:
-        try:
-            proc.wait(timeout=wait)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        handle.close()
-        _release(folder)
-    running.clear()
-
-
-def _supervise(pending: list[tuple[str, Recipe]], running: list[tuple[str, Path, subprocess.Popen, Any]],
-               parallel: int, log: Callable[[str], None], bar) -> None:
-    """Start the pending runs as child processes, ``parallel`` at a time, until every one has ended."""
-    failed = []
-    while pending or running:
-        while len(running) < parallel and (k := next_ready([r for _, r in pending])) is not None:
-            name, recipe = pending.pop(k)
-            folder = Path(recipe.out)
-            folder.parent.mkdir(parents=True, exist_ok=True)
-            if not _claim(folder, log):  # finished meanwhile by another study
-                bar.update(1)
-                continue
-            logfile = _beside(folder, ".log")
-            handle = open(logfile, "a")
-            command = _child_command(folder, recipe)
-            handle.write(f"{ATTEMPT}{' '.join(command)}\n")
-            handle.flush()
-            env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-            proc = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, env=env,
-                                    preexec_fn=dies_with(os.getpid()))
-            running.append((name, folder, proc, handle))
-            log(f"training {name} -> {folder} (log: {logfile})")
-        time.sleep(0.5)
-        for item in list(running):
-            name, folder, proc, handle = item
-            if proc.poll() is None:
-                continue
-            handle.close()
-            running.remove(item)
-            _release(folder)
-            logfile = _beside(folder, ".log")
-            bar.update(1)
-            if proc.returncode != 0:
-                failed.append(f"{name} (exit {proc.returncode}: {failure_reason(logfile)}; log {logfile})")
-        if pending and not running and next_ready([r for _, r in pending]) is None:  # their teacher failed
-            failed += [f"{name} (not trained: the run it starts from did not finish)" for name, _ in pending]
-            pending.clear()
+    failed = run_jobs([_job(name, recipe) for name, recipe in jobs], parallel, log,
+                      claim=lambda job: _claim(job.folder, log),  # False: finished meanwhile by another study
+                      release=lambda job: _release(job.folder), done=lambda job: bar.update(1))
     if failed:
         raise RuntimeError("study arm(s) failed: " + "; ".join(failed))
-
-
-def next_ready(recipes: Sequence[Recipe]) -> int | None:
-    """The index of the first recipe whose teacher and init, where they are runs of the study (folders beside its
-    own), have finished; None when every one still waits."""
-    for k, recipe in enumerate(recipes):
-        runs = Path(recipe.out).parent
-        needs = [Path(p) for p in (recipe.teacher, recipe.init) if p and Path(p).parent == runs]
-        if all(is_finished(p) for p in needs):
-            return k
-    return None
 
 
 def _common(study: Study, data: str, budget: float | None, epochs: int | None, quick: bool) -> dict[str, Any]:
