@@ -21,9 +21,9 @@ class RunClock:
     ``now`` is the time source in seconds (``time.perf_counter``; a test passes a fake one).
     """
 
-    def __init__(self, d: Dist, total_steps: int, budget_seconds: float | None = None, seconds: float = 0.0,
+    def __init__(self, dist: Dist, total_steps: int, budget_seconds: float | None = None, seconds: float = 0.0,
                  reserve: float = 0.0, now: Callable[[], float] = time.perf_counter):
-        self.d, self.total_steps, self.budget = d, total_steps, budget_seconds
+        self.dist, self.total_steps, self.budget = dist, total_steps, budget_seconds
         self.before, self.reserve = seconds, reserve
         self.now = now
         self.t0: float | None = None
@@ -51,7 +51,7 @@ class RunClock:
         """The share of the schedule done after ``step`` steps; the same value on every rank."""
         if self.budget is None:
             return step / self.total_steps
-        return broadcast_value(self.seconds() / max(self.budget - self.reserve, 1e-9), self.d)
+        return broadcast_value(self.seconds() / max(self.budget - self.reserve, 1e-9), self.dist)
 
     def keep_back(self, seconds: float) -> bool:
         """Reserve enough of the budget for an end of the run (final evaluation, saving) measured or estimated at

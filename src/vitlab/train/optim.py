@@ -213,10 +213,10 @@ class Lookahead:
         self.update(model, 1.0)
 
 
-def recipe_optimizer(model: nn.Module, r: Recipe, batch_size: int, device: torch.device,
+def recipe_optimizer(model: nn.Module, recipe: Recipe, batch_size: int, device: torch.device,
                      betas: tuple[float, float] = (0.9, 0.999)) -> torch.optim.Optimizer:
     """The recipe's optimiser (``optimizer``: adamw or sgd, ``lr``, ``momentum``) over the groups of ``weight_decay``
     and ``layer_decay``, BatchNorm biases scaled by ``bn_bias_lr_scale``; ``betas`` are AdamW's (the task's)."""
-    groups = scale_bn_biases(param_groups_layer_decay(model, r.weight_decay, r.layer_decay), model,
-                             r.bn_bias_lr_scale)
-    return build_optimizer(groups, r.optimizer, r.lr, r.momentum, batch_size, device, betas)
+    groups = scale_bn_biases(param_groups_layer_decay(model, recipe.weight_decay, recipe.layer_decay), model,
+                             recipe.bn_bias_lr_scale)
+    return build_optimizer(groups, recipe.optimizer, recipe.lr, recipe.momentum, batch_size, device, betas)

@@ -197,46 +197,47 @@ class _Null:
 NULL = _Null()
 
 
-def check_finetune(r: Recipe) -> None:
+def check_finetune(recipe: Recipe) -> None:
     """Fine-tuning options that make no sense together (or without --init): one line naming them."""
-    if not r.init and (r.head_init != "auto" or r.freeze_blocks):
-        option = f"head_init={r.head_init!r}" if r.head_init != "auto" else f"freeze_blocks={r.freeze_blocks}"
+    if not recipe.init and (recipe.head_init != "auto" or recipe.freeze_blocks):
+        option = (f"head_init={recipe.head_init!r}" if recipe.head_init != "auto"
+                  else f"freeze_blocks={recipe.freeze_blocks}")
         raise ValueError(f"{option} applies to a pretrained model: give --init MODEL (a new model's head and "
                          "blocks start as the model initialises them)")
-    if r.freeze_backbone and r.freeze_blocks:
-        raise ValueError(f"freeze_blocks={r.freeze_blocks} is not valid with freeze_backbone, which freezes every "
+    if recipe.freeze_backbone and recipe.freeze_blocks:
+        raise ValueError(f"freeze_blocks={recipe.freeze_blocks} is not valid with freeze_backbone, which freezes every "
                          "block already; accepted: one of them")
-    if r.freeze_backbone and r.layer_decay < 1:
-        raise ValueError(f"layer_decay={r.layer_decay:g} is not valid with freeze_backbone: only the head trains, "
+    if recipe.freeze_backbone and recipe.layer_decay < 1:
+        raise ValueError(f"layer_decay={recipe.layer_decay:g} is not valid with freeze_backbone: only the head trains, "
                          "at the full lr; accepted with freeze_backbone: layer_decay 1")
 
 
-def check_teacher_once(r: Recipe) -> None:
+def check_teacher_once(recipe: Recipe) -> None:
     """A teacher whose predictions are made once needs a fixed teacher and unmixed images: one line otherwise."""
-    if r.distill not in ("hard", "soft"):
+    if recipe.distill not in ("hard", "soft"):
         raise ValueError(f"teacher_once needs a teacher model (--teacher MODEL_FOLDER, --distill hard or soft), not "
-                         f"distill={r.distill!r}; accepted without one: teacher_once false")
-    mixed = [f"{k} {v:g}" for k, v in (("mixup", r.augment.mixup), ("cutmix", r.augment.cutmix)) if v]
+                         f"distill={recipe.distill!r}; accepted without one: teacher_once false")
+    mixed = [f"{k} {v:g}" for k, v in (("mixup", recipe.augment.mixup), ("cutmix", recipe.augment.cutmix)) if v]
     if mixed:
         raise ValueError(f"teacher_once predicts each training image once, not the images that {' and '.join(mixed)} "
                          "mix; accepted with it: mixup 0 and cutmix 0")
 
 
-def check_pretrain(r: Recipe) -> None:
+def check_pretrain(recipe: Recipe) -> None:
     """Pre-training options: the objective's, checked and coerced; supervised-only options refused in one line."""
-    if r.pretrain == "none":
-        if r.pretrain_args:
-            raise ValueError(f"pretrain_args {r.pretrain_args} need a pre-training objective: pretrain mae or mpp")
-        if r.val_fraction == 0:
+    if recipe.pretrain == "none":
+        if recipe.pretrain_args:
+            raise ValueError(f"pretrain_args {recipe.pretrain_args} need a pre-training objective: pretrain mae or mpp")
+        if recipe.val_fraction == 0:
             raise ValueError("val_fraction=0 holds no image out, and a supervised run needs test images to score; "
                              "accepted: a number in (0, 1), or 0 with pretrain mae or mpp")
         return
-    object.__setattr__(r, "pretrain_args", check_options(r.pretrain, r.pretrain_args))
-    values = {**r.model_dump(exclude={"augment"}), **r.augment.model_dump()}
+    object.__setattr__(recipe, "pretrain_args", check_options(recipe.pretrain, recipe.pretrain_args))
+    values = {**recipe.model_dump(exclude={"augment"}), **recipe.augment.model_dump()}
     supervised = [name for name in SUPERVISED_ONLY if name not in ("mix_prob", "switch_prob")  # inert without mixing
                   and values[name] != field_default(name)]
     if supervised:
-        raise ValueError(f"{', '.join(supervised)}: not valid with pretrain={r.pretrain!r}, which uses no labels; "
+        raise ValueError(f"{', '.join(supervised)}: not valid with pretrain={recipe.pretrain!r}, which uses no labels; "
                          "accepted: these options with pretrain none")
 
 

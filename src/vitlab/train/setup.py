@@ -105,7 +105,7 @@ class Run:
         n = stop - start if limit is None else min(limit, stop - start)
         split = EvalSplit(images=test.images.narrow(0, start, n), labels=test.labels.narrow(0, start, n), first=start,
                           classes=self.classes, mean=self.mean, std=self.std, batch_size=self.eval_batch,
-                          precision=self.precision, view=self.view, d=dist)
+                          precision=self.precision, view=self.view, dist=dist)
         return self.task.evaluate(model, split)
 
     def stepper(self) -> Stepper:

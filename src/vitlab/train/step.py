@@ -158,9 +158,9 @@ class EpochMeter:
         self.sums += torch.stack([torch.where(finite, loss_sum, 0.0).double(), hits.double(), count_t,
                                   torch.logical_not(finite).double()])
 
-    def totals(self, d: Dist | None = None) -> dict[str, float]:
+    def totals(self, dist: Dist | None = None) -> dict[str, float]:
         """Loss and accuracy over the images seen, summed over ranks, and the count of non-finite losses."""
-        sums = all_reduce_sum(self.sums.clone(), d) if d is not None else self.sums
+        sums = all_reduce_sum(self.sums.clone(), dist) if dist is not None else self.sums
         loss, correct, seen, nonfinite = sums.tolist()
         seen_finite = max(seen, 1.0)
         return {"loss": loss / seen_finite, "acc": correct / seen_finite, "seen": seen, "nonfinite": nonfinite}

@@ -17,9 +17,9 @@ if TYPE_CHECKING:
 TASKS: tuple[type[Task], ...] = (MaskedPretraining, SelfDistillation, Distillation, Supervised)
 
 
-def task_for(r: Recipe, log: Callable[[str], None]) -> Task:
+def task_for(recipe: Recipe, log: Callable[[str], None]) -> Task:
     """The task the recipe asks for."""
-    return next(cls for cls in TASKS if cls.wanted(r))(r, log)
+    return next(cls for cls in TASKS if cls.wanted(recipe))(recipe, log)
 
 
 __all__ = ["TASKS", "EvalSplit", "Task", "task_for"]

@@ -52,10 +52,10 @@ class EvalSplit:
     batch_size: int
     precision: str
     view: Callable | None        # how stored test images larger than the training size are evaluated
-    d: Dist
+    dist: Dist
 
     def reduce(self, t: torch.Tensor) -> torch.Tensor:
-        return all_reduce_sum(t, self.d)
+        return all_reduce_sum(t, self.dist)
 
 
 class Task:
@@ -65,12 +65,12 @@ class Task:
     labels = True                               # whether it learns from labels (a folder without them is refused)
     betas: tuple[float, float] = (0.9, 0.999)   # AdamW's
 
-    def __init__(self, r: Recipe, log: Callable[[str], None]):
-        self.r, self.log = r, log
+    def __init__(self, recipe: Recipe, log: Callable[[str], None]):
+        self.recipe, self.log = recipe, log
         self.loss: nn.Module | None = None
 
     @classmethod
-    def wanted(cls, r: Recipe) -> bool:
+    def wanted(cls, recipe: Recipe) -> bool:
         """Whether the recipe asks for this task (the registry asks each task in turn)."""
         raise NotImplementedError
 

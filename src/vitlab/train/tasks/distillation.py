@@ -153,19 +153,20 @@ class Distillation(Supervised):
     name = "distillation"
 
     @classmethod
-    def wanted(cls, r: Recipe) -> bool:
-        return bool(r.teacher)
+    def wanted(cls, recipe: Recipe) -> bool:
+        return bool(recipe.teacher)
 
     def make_loss(self, device: torch.device, classes: Sequence[str], mean: tuple, std: tuple) -> nn.Module:
         """The loss with the recipe's teacher loaded on the device; a teacher of other classes is refused."""
-        r = self.r
-        teacher = checkpoint.load(r.teacher).to(device)
+        recipe = self.recipe
+        teacher = checkpoint.load(recipe.teacher).to(device)
         if teacher.num_classes != len(classes):
-            raise ValueError(f"teacher {r.teacher} predicts {teacher.num_classes} classes, the data has {len(classes)}")
-        self.log(f"teacher: {r.teacher} ({type(teacher).__name__}), {r.distill} distillation")
+            raise ValueError(f"teacher {recipe.teacher} predicts {teacher.num_classes} classes, the data has "
+                             f"{len(classes)}")
+        self.log(f"teacher: {recipe.teacher} ({type(teacher).__name__}), {recipe.distill} distillation")
         teacher_norm = (teacher.pretrained_cfg["mean"], teacher.pretrained_cfg["std"])
-        self.loss = TrainLoss(teacher, r.distill, r.tau, r.alpha, student_norm=(mean, std), teacher_norm=teacher_norm,
-                              teacher_channels_last=has_conv_stages(teacher))
+        self.loss = TrainLoss(teacher, recipe.distill, recipe.tau, recipe.alpha, student_norm=(mean, std),
+                              teacher_norm=teacher_norm, teacher_channels_last=has_conv_stages(teacher))
         self.mean, self.std = mean, std
         return self.loss
 
@@ -173,7 +174,7 @@ class Distillation(Supervised):
                 now: Callable[[], float]) -> float:
         """With ``teacher_once``, the teacher's predictions on every training image, made now, and how well they fit
         the labels; their seconds."""
-        if not self.r.teacher_once:
+        if not self.recipe.teacher_once:
             return 0.0
         t0 = now()
         self.loss.predict_once(train.images, self.mean, self.std, batch_size, view)

@@ -25,11 +25,11 @@ if TYPE_CHECKING:
 EVAL_SEED = 20_220_000  # the held-out masks of image i come from seed EVAL_SEED + i (MAE's year, for a number)
 
 
-def objective_arguments(r: Recipe, mean: Sequence[float], std: Sequence[float]) -> dict[str, Any]:
+def objective_arguments(recipe: Recipe, mean: Sequence[float], std: Sequence[float]) -> dict[str, Any]:
     """The objective's options: the recipe's pretrain_args, and for MPP the data's normalisation (its targets are
     the colours of the un-normalised pixels)."""
-    extra = {"mean": list(mean), "std": list(std)} if r.pretrain == "mpp" else {}
-    return {**r.pretrain_args, **extra}
+    extra = {"mean": list(mean), "std": list(std)} if recipe.pretrain == "mpp" else {}
+    return {**recipe.pretrain_args, **extra}
 
 
 class ObjectiveLoss(nn.Module):
@@ -78,11 +78,11 @@ class MaskedPretraining(Task):
     betas = (0.9, 0.95)
 
     @classmethod
-    def wanted(cls, r: Recipe) -> bool:
-        return r.pretrain != "none"
+    def wanted(cls, recipe: Recipe) -> bool:
+        return recipe.pretrain != "none"
 
     def check_model(self, model: nn.Module | type) -> None:
-        check_encoder(model, self.r.pretrain)
+        check_encoder(model, self.recipe.pretrain)
 
     def num_classes(self, classes: Sequence[str]) -> int:
         return 0  # an encoder: no head
@@ -95,13 +95,13 @@ class MaskedPretraining(Task):
 
     def wrap(self, model: nn.Module, mean: Sequence[float], std: Sequence[float]) -> nn.Module:
         """The recipe's pre-training objective around ``model`` (on the model's device), said in one line."""
-        r = self.r
-        objective = create_objective(r.pretrain, model, **objective_arguments(r, mean, std))
+        recipe = self.recipe
+        objective = create_objective(recipe.pretrain, model, **objective_arguments(recipe, mean, std))
         objective.to(next(model.parameters()).device)
         n_rest = sum(p.numel() for n, p in objective.named_parameters() if not n.startswith("encoder."))
-        options = ", ".join(f"{k}={v}" for k, v in r.pretrain_args.items())
-        self.log(f"pre-training objective {r.pretrain} ({type(objective).__name__}: {n_rest / 1e6:.2f}M parameters "
-                 f"besides the encoder{', ' + options if options else ''}); the labels are not used")
+        options = ", ".join(f"{k}={v}" for k, v in recipe.pretrain_args.items())
+        self.log(f"pre-training objective {recipe.pretrain} ({type(objective).__name__}: {n_rest / 1e6:.2f}M "
+                 f"parameters besides the encoder{', ' + options if options else ''}); the labels are not used")
         return objective
 
     def make_loss(self, device: torch.device, classes: Sequence[str], mean: tuple, std: tuple) -> nn.Module:
@@ -116,13 +116,13 @@ class MaskedPretraining(Task):
         return {"logits": loss_metrics(loss_sum / max(count, 1.0))}
 
     def describe(self, classes: Sequence[str]) -> str:
-        return f"pre-training {self.r.pretrain}"
+        return f"pre-training {self.recipe.pretrain}"
 
     def save(self, model: nn.Module, out: Path, mean: tuple, std: tuple) -> None:
         """The encoder as the run's model, the rest of the objective beside it."""
-        save_objective(model, out, self.r.pretrain, objective_arguments(self.r, mean, std))
+        save_objective(model, out, self.recipe.pretrain, objective_arguments(self.recipe, mean, std))
 
     def draw(self, out: Path, history: list[EpochRow], m: dict, title: str, classes: Sequence[str]) -> list[str]:
-        plot_curves(history, out / CURVES_PNG, title=f"{self.r.pretrain.upper()} pre-training of {title}",
-                    loss_name=LOSS_NAMES[self.r.pretrain])
+        plot_curves(history, out / CURVES_PNG, title=f"{self.recipe.pretrain.upper()} pre-training of {title}",
+                    loss_name=LOSS_NAMES[self.recipe.pretrain])
         return [CURVES_PNG]

@@ -30,8 +30,8 @@ class SelfDistillation(Supervised):
     name = "self-distillation"
 
     @classmethod
-    def wanted(cls, r: Recipe) -> bool:
-        return r.distill == "self"
+    def wanted(cls, recipe: Recipe) -> bool:
+        return recipe.distill == "self"
 
     def wrap(self, model: nn.Module, mean: Sequence[float], std: Sequence[float]) -> nn.Module:
         """The model trains as it is; its teacher starts as a frozen copy of it, on its device."""
@@ -40,7 +40,7 @@ class SelfDistillation(Supervised):
 
     def make_loss(self, device: torch.device, classes: Sequence[str], mean: tuple, std: tuple) -> nn.Module:
         self.log(f"teacher: an EMA copy of the student (decay {TEACHER_DECAY} per step), soft distillation")
-        self.loss = TrainLoss(self.teacher, "soft", self.r.tau, self.r.alpha)
+        self.loss = TrainLoss(self.teacher, "soft", self.recipe.tau, self.recipe.alpha)
         return self.loss
 
     def after_step(self, model: nn.Module) -> None:

@@ -47,11 +47,11 @@ class Supervised(Task):
     name = "supervised"
 
     @classmethod
-    def wanted(cls, r: Recipe) -> bool:
+    def wanted(cls, recipe: Recipe) -> bool:
         return True
 
     def fit_init_head(self, model: nn.Module, classes: Sequence[str]) -> None:
-        fit_head(model, classes, self.r.head_init, self.log)
+        fit_head(model, classes, self.recipe.head_init, self.log)
 
     def make_loss(self, device: torch.device, classes: Sequence[str], mean: tuple, std: tuple) -> nn.Module:
         self.loss = HeadsLoss()
@@ -70,8 +70,8 @@ class Supervised(Task):
         """Metrics per head ('logits', and 'cls'/'dist' for a distilled model) from confusion counts summed over
         the ranks; test-time augmentation as the recipe says."""
         counts = confusion_counts(model, split.images, split.labels, split.mean, split.std, len(split.classes),
-                                  batch_size=split.batch_size, precision=split.precision, tta=self.r.tta,
-                                  view=split.view, tta_translate=self.r.tta_translate)
+                                  batch_size=split.batch_size, precision=split.precision, tta=self.recipe.tta,
+                                  view=split.view, tta_translate=self.recipe.tta_translate)
         for c in counts.values():
             for k in c:
                 c[k] = split.reduce(c[k])
