@@ -5,8 +5,8 @@ read back by that library to check it, and holds ``io.safetensors``: ``input`` (
 eval-mode outputs, ``logits`` and ``features`` (the token sequence ``forward_features`` returns). Where the
 model takes other input sizes, ``io_dynamic.safetensors`` holds the same at a second size: timm models
 built with ``dynamic_img_size=True`` (vitlab loads them with ``dynamic_img_size=True``), DINOv2 in
-transformers (which always interpolates its position table). Every parameter gets Gaussian noise so
-that each one matters. The format is /work/shared/parity/README.md's.
+transformers (which always interpolates its position table) and DINOv3 in transformers (RoPE, no table). Every
+parameter gets Gaussian noise so that each one matters. The format is /work/shared/parity/README.md's.
 
 Runs only in the reference environment, from the repository root:
 
@@ -78,6 +78,12 @@ TIMM = {
                       (24, 20)),
     "timm_vit_pwee_qk_norm": ("vit_pwee_patch16_reg1_gap_256", dict(TINY, img_size=16, patch_size=4, num_classes=5,
                                                                     qkv_bias=False, qk_norm=True), (24, 20)),
+    # DINOv3: RoPE on patch centres in [-1, 1], registers, LayerScale; SwiGLU rounded to 8 (plus), q and v biases
+    "timm_dinov3": ("vit_small_patch16_dinov3", dict(TINY, img_size=16, patch_size=4, num_classes=5), (24, 20)),
+    "timm_dinov3_plus_qkvb": ("vit_small_plus_patch16_dinov3_qkvb", dict(TINY, img_size=16, patch_size=4,
+                                                                          num_classes=0, mlp_ratio=2.25), (20, 28)),
+    "timm_dinov3_token": ("vit_base_patch16_dinov3", dict(TINY, img_size=(16, 20), patch_size=4, num_classes=5,
+                                                          global_pool="token"), (28, 24)),
 }
 # the size only in pretrained_cfg.input_size, as older timm exports write it
 SIZE_IN_PRETRAINED_CFG = {"timm_dinov2"}
@@ -112,6 +118,11 @@ HF = {
     "hf_vit_msn": ("ViTMSNForImageClassification", "ViTMSNConfig", dict(HF_TINY, intermediate_size=32, num_labels=5),
                    None),
     "hf_vit_mae": ("ViTMAEModel", "ViTMAEConfig", dict(HF_TINY, intermediate_size=32, mask_ratio=0.0), None),
+    "hf_dinov3": ("DINOv3ViTModel", "DINOv3ViTConfig", dict(HF_TINY, intermediate_size=32, num_register_tokens=4),
+                  (24, 20)),
+    "hf_dinov3_gated": ("DINOv3ViTModel", "DINOv3ViTConfig", dict(HF_TINY, intermediate_size=40, use_gated_mlp=True,
+                                                                  hidden_act="silu", num_register_tokens=2,
+                                                                  layerscale_value=0.1), (20, 28)),
 }
 
 

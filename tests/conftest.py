@@ -147,6 +147,10 @@ FAMILIES = (
            ("mhsa",) * 2, timm=True, hf=True),
     Family("eva02", "eva02_tiny_patch14_224", dict(img_size=32, patch_size=4, embed_dim=32, depth=2, num_heads=2,
                                                    num_classes=10), ("mhsa",) * 2, timm=True, hf=False),
+    Family("dinov3", "vit_small_plus_patch16_dinov3_qkvb", dict(img_size=32, patch_size=4, embed_dim=32, depth=2,
+                                                                num_heads=2, num_classes=10, init_values=0.1),
+           ("mhsa",) * 2,
+           timm=True, hf=False),  # transformers' DINOv3ViTModel has no classifier head
     Family("rope_mixed", "vit_small_patch16_rope_mixed_ape_224", dict(img_size=32, patch_size=4, embed_dim=32, depth=2,
                                                                       num_heads=2, num_classes=10), ("mhsa",) * 2,
            timm=True, hf=False),

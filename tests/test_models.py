@@ -217,8 +217,8 @@ def test_registered_models_carry_consistent_facts(name):
         assert set(timm.args) | set(timm.fixed) | set(timm.dropped) <= set(accepted)
         assert get_spec(timm.base_arch).cls is spec.cls
         assert all(get_spec(n).cls is spec.cls for n in type(model).timm_names)
-    # a transformers model_type vitlab writes (ViT, DeiT, BEiT), or why transformers cannot hold the model
-    assert model.hf_model_type in ("vit", "deit", "beit") or (model.hf_model_type is None and model.no_hf)
+    # a transformers model_type vitlab writes (ViT, DeiT, BEiT, DINOv3), or why transformers cannot hold the model
+    assert model.hf_model_type in ("vit", "deit", "beit", "dinov3_vit") or (model.hf_model_type is None and model.no_hf)
 
 
 # --- any resolution -------------------------------------------------------------------------

@@ -25,6 +25,18 @@ def position_similarity(model: nn.Module) -> torch.Tensor:
     return (pos @ pos.T).reshape(gh, gw, gh, gw)
 
 
+def rotary_similarity(model: nn.Module) -> torch.Tensor:
+    """(grid_h, grid_w, grid_h, grid_w) cosine similarity of each patch's rotary embedding (its sines and cosines)
+    with every other's: the mean cos of their angle differences, what position alone adds to the score of a query
+    and key that are otherwise alike."""
+    emb = model.rotary_embedding() if hasattr(model, "rotary_embedding") else None
+    if emb is None:
+        raise ValueError(f"this {type(model).__name__} has no rotary position embedding (RoPE)")
+    gh, gw = model.patch_embed.grid_size
+    emb = F.normalize(emb.detach().float(), dim=-1)
+    return (emb @ emb.T).reshape(gh, gw, gh, gw)
+
+
 def filter_components(weight: torch.Tensor, k: int = 28) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-k principal components (k, C, ph, pw) of filters (D, C, ph, pw), and their explained variance ratios (k,)."""
     if k < 1:

@@ -18,7 +18,7 @@ from ..models.layers import PatchEmbed
 from . import plots
 from .capture import attention_modules
 from .distance import convit_gates, gpsa_positional_attention, positional_attention_distance
-from .embeddings import filter_components, position_similarity
+from .embeddings import filter_components, position_similarity, rotary_similarity
 from .explain import REGISTRY, explain, method_key, method_label
 from .faithfulness import METRICS
 from .interactive import explorer_data, explorer_html
@@ -297,13 +297,33 @@ POSITION_SIMILARITY = (
     "one shows noise.")
 
 
+ROTARY_SIMILARITY = (
+    "{table}Its attention rotates each patch's queries and keys by angles set by the patch's coordinates (RoPE, "
+    "{family}). Tile (r, c) shows the cosine similarity of the rotation of the patch in row r, column c (its sines and "
+    "cosines over every frequency{mixed}) with every patch's: the mean cosine of their angle differences, what "
+    "position alone adds to the attention score of a query and a key that are otherwise alike. It has no "
+    "parameters{learned}; it depends on the offset between patches only, so every tile is the same pattern moved.")
+
+
 def position_embedding(r: Inspection) -> None:
-    """Cosine similarity of the position embeddings (ViT paper, Fig. 7 centre)."""
-    if getattr(r.model, "pos_embed", None) is None:
+    """Cosine similarity of the position embeddings (ViT paper, Fig. 7 centre), and of the rotary embedding that
+    replaces or joins them in RoPE models."""
+    table = getattr(r.model, "pos_embed", None) is not None
+    rotary = r.model.rotary_embedding() if hasattr(r.model, "rotary_embedding") else None
+    if table:
+        r.figure(plots.plot_position_similarity(position_similarity(r.model)), "position_similarity.png",
+                 "Position embedding similarity", POSITION_SIMILARITY)
+    elif rotary is None:
         r.note("Position embedding similarity: skipped, the model has no position embedding.")
-        return
-    r.figure(plots.plot_position_similarity(position_similarity(r.model)), "position_similarity.png",
-             "Position embedding similarity", POSITION_SIMILARITY)
+    if rotary is not None:
+        mixed = getattr(getattr(r.model, "rope", None), "freqs", None) is not None
+        caption = ROTARY_SIMILARITY.format(
+            table="" if table else "This model has no position table: nothing is added to the patch tokens. ",
+            family=r.model.family, mixed=", in every block and head" if mixed else "",
+            learned=" but its frequencies, learned per block and head" if mixed else "")
+        r.figure(plots.plot_position_similarity(rotary_similarity(r.model), "Rotary embedding similarity"),
+                 "rotary_similarity.png", "Rotary position embedding (no position table)" if not table else
+                 "Rotary position embedding", caption)
 
 
 EMBEDDING_FILTERS = (

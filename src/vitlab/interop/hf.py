@@ -14,9 +14,10 @@ import torch
 
 from ..data.views import Preprocess, scale_size
 from ..models.beit import Beit
+from ..models.eva import Eva
 from ..models.vit import VisionTransformer
-from . import hf_beit
-from .keys import check_placed, join_qkv
+from . import hf_beit, hf_dinov3
+from .keys import check_placed, hf_size, join_qkv
 
 # transformers' hidden_act -> vitlab act_layer
 HF_ACTIVATIONS = {"gelu": "gelu", "gelu_python": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
@@ -33,6 +34,7 @@ HF_MODEL_TYPES = {
     "clip_vision_model": ({"CLIPVisionModel": "base", "CLIPVisionModelWithProjection": "projection"},
                           "vision_model", "CLIPVisionModel"),
     "siglip_vision_model": ({"SiglipVisionModel": "base"}, "vision_model", "SiglipVisionModel"),
+    hf_dinov3.MODEL_TYPE: (hf_dinov3.ARCHITECTURES, "", "DINOv3ViTModel"),
     # plain ViTs under the ViT's key names: MSN's encoder, MAE's encoder (its decoder is left out; with every patch
     # kept in order, as mask_ratio 0 and ascending noise give, transformers' ViTMAEModel is this ViT)
     "vit_msn": ({"ViTMSNForImageClassification": "vit", "ViTMSNModel": "base"}, "vit", "ViTMSNModel"),
@@ -44,7 +46,6 @@ HF_MODEL_TYPES = {
 HF_NOT_READ = {
     "vit-hybrid": "ViTHybrid (a ViT on a BiT ResNet) left transformers in version 5; load timm's folder "
                   "of the same model (vit_base_r50_s16_384) instead",
-    "dinov3_vit": "vitlab lacks a key map for transformers' DINOv3 (rotary position embedding, register tokens)",
     "siglip2_vision_model": "vitlab lacks SigLIP 2's NaFlex patch embedding (a linear layer on flattened patches "
                             "at a variable resolution)",
     "ijepa": "vitlab lacks a key map for transformers' I-JEPA encoder (no class token)",
@@ -111,7 +112,7 @@ def _num_classes(cfg: dict[str, Any], role: str) -> int:
     return int(cfg.get("num_labels") or len(cfg.get("id2label") or {}) or 2)
 
 
-def model_args(cfg: dict[str, Any]) -> tuple[type[VisionTransformer | Beit], dict[str, Any], dict[str, Any]]:
+def model_args(cfg: dict[str, Any]) -> tuple[type[VisionTransformer | Beit | Eva], dict[str, Any], dict[str, Any]]:
     """(vitlab class, arguments, preprocessing) from a transformers config.json (HF_MODEL_TYPES)."""
     model_type, arch = architecture(cfg)
     role = HF_ARCHITECTURES[arch]
@@ -123,7 +124,7 @@ def model_args(cfg: dict[str, Any]) -> tuple[type[VisionTransformer | Beit], dic
     num_classes = _num_classes(cfg, role)
     img, patch = _get(cfg, "image_size", 224), _get(cfg, "patch_size", 16)
     default_eps = (1e-12 if model_type in ("vit", "deit", "vit_mae", *hf_beit.MODEL_TYPES) else
-                   1e-5 if model_type == "clip_vision_model" else 1e-6)
+                   1e-5 if model_type in ("clip_vision_model", hf_dinov3.MODEL_TYPE) else 1e-6)
     args = dict(
         img_size=tuple(img) if isinstance(img, (list, tuple)) else int(img),
         patch_size=tuple(patch) if isinstance(patch, (list, tuple)) else int(patch),
@@ -146,6 +147,8 @@ def model_args(cfg: dict[str, Any]) -> tuple[type[VisionTransformer | Beit], dic
             preprocess["label_names"] = names
     if model_type in hf_beit.MODEL_TYPES:
         return Beit, hf_beit.model_args(cfg, arch, args), preprocess
+    if model_type == hf_dinov3.MODEL_TYPE:
+        return Eva, hf_dinov3.model_args(cfg, args), preprocess
     args.update(_family_args(cfg, model_type, role, dim))
     return VisionTransformer, args, preprocess
 
@@ -204,6 +207,9 @@ def published_processor(model_type: str, size: int) -> tuple[dict[str, Any], str
                           "image_std": HALF}, "microsoft/beit-*: BeitImageProcessor")
     published["data2vec-vision"] = (published["beit"][0], "facebook/data2vec-vision-*: BeitImageProcessor")
     published["dinov2_with_registers"] = published["dinov2"]
+    published[hf_dinov3.MODEL_TYPE] = ({"size": {"height": size, "width": size}, "resample": 2,
+                                        "image_mean": IMAGENET_MEAN, "image_std": IMAGENET_STD},
+                                       "facebook/dinov3-vit*: DINOv3ViTImageProcessorFast")
     cfg, where = published[model_type]
     return {"do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True, **cfg}, where
 
@@ -367,6 +373,8 @@ def convert_state_dict(state: dict[str, torch.Tensor], cfg: dict[str, Any]) -> d
     model_type, arch = architecture(cfg)
     if model_type in hf_beit.MODEL_TYPES:
         return hf_beit.convert_state_dict(state, model_type, bool(cfg.get("use_mean_pooling", True)))
+    if model_type == hf_dinov3.MODEL_TYPE:
+        return hf_dinov3.convert_state_dict(state, cfg)
     distilled = HF_ARCHITECTURES[arch] == "distilled"
     prefix = HF_MODEL_TYPES[model_type][1] + "."
     layer_keys = (_LAYER_KEYS if model_type in PLAIN_VIT_TYPES else
@@ -410,11 +418,6 @@ _TO_HF_LAYER = {v: k for k, v in _LAYER_KEYS.items()}
 _TO_HF_TOP = {v: k for k, v in _TOP_KEYS.items()}
 
 
-def _size(v: Any) -> int | list[int]:
-    v = list(v) if isinstance(v, (list, tuple)) else [int(v), int(v)]
-    return int(v[0]) if v[0] == v[1] else [int(x) for x in v]
-
-
 def _vit_missing(a: dict[str, Any]) -> list[str]:
     """What of a ViT/DeiT's arguments transformers' ViT and DeiT classes cannot express."""
     missing = []
@@ -444,6 +447,8 @@ def export_config(model: torch.nn.Module, args: dict[str, Any]) -> dict[str, Any
     if model.hf_model_type is None:
         other = "--to onnx" if model.timm_spec is None else "--to timm or --to onnx"
         raise ValueError(f"transformers' ViT-family classes cannot express {model.no_hf}; export it with {other}")
+    if model.hf_model_type == hf_dinov3.MODEL_TYPE:
+        return hf_dinov3.export_config(model, args, _HF_ACT_NAMES)
     a = {"class_token": True, "reg_tokens": 0, "no_embed_class": False, "pos_embed": "learn", "init_values": None,
          "global_pool": "token", "fc_norm": None, "act_layer": "gelu", "mlp_ratio": 4.0, "qkv_bias": True,
          "norm_eps": 1e-6, "in_chans": 3, "distilled": False, **args}
@@ -475,8 +480,8 @@ def export_config(model: torch.nn.Module, args: dict[str, Any]) -> dict[str, Any
         "attention_probs_dropout_prob": float(a.get("attn_drop_rate", 0.0)),
         "initializer_range": 0.02,
         "layer_norm_eps": float(a["norm_eps"]),
-        "image_size": _size(model.patch_embed.img_size),
-        "patch_size": _size(model.patch_embed.patch_size),
+        "image_size": hf_size(model.patch_embed.img_size),
+        "patch_size": hf_size(model.patch_embed.patch_size),
         "num_channels": int(a["in_chans"]),
         "qkv_bias": bool(a["qkv_bias"]),
         "encoder_stride": int(model.patch_embed.patch_size[0]),
@@ -491,6 +496,8 @@ def export_state_dict(state: dict[str, torch.Tensor], cfg: dict[str, Any]) -> di
     """vitlab keys -> the Hub's (``vit.``/``deit.`` prefixed); qkv is split into query, key and value."""
     if cfg["model_type"] in hf_beit.MODEL_TYPES:
         return hf_beit.export_state_dict(state)
+    if cfg["model_type"] == hf_dinov3.MODEL_TYPE:
+        return hf_dinov3.export_state_dict(state, cfg)
     distilled = cfg["model_type"] == "deit"
     base = "deit" if distilled else "vit"
     heads = {"head": "cls_classifier" if distilled else "classifier", "head_dist": "distillation_classifier"}

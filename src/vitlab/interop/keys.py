@@ -1,5 +1,8 @@
-"""What the key maps of transformers' folders share: query, key and value joined into qkv, unplaced tensors named."""
+"""What the key maps of transformers' folders share: query, key and value joined into qkv, unplaced tensors named,
+sizes written as transformers' configs write them."""
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 
@@ -17,3 +20,9 @@ def check_placed(unknown: list[str], model_type: str) -> None:
     if unknown:
         raise ValueError(f"tensors with no place in a {model_type} model: {', '.join(unknown[:8])}"
                          + (f" and {len(unknown) - 8} more" if len(unknown) > 8 else ""))
+
+
+def hf_size(v: Any) -> int | list[int]:
+    """An image or patch size as transformers' configs write it: one int where square, else [height, width]."""
+    v = list(v) if isinstance(v, (list, tuple)) else [int(v), int(v)]
+    return int(v[0]) if v[0] == v[1] else [int(x) for x in v]

@@ -62,6 +62,10 @@ class Model(nn.Module):
     def no_weight_decay(self) -> set[str]:
         return set(self.no_weight_decay_names)
 
+    def rotary_embedding(self) -> torch.Tensor | None:
+        """The rotary position embedding of each patch of the model's grid, (N, ...); None without RoPE."""
+        return None
+
     def get_classifier(self) -> nn.Module:
         return getattr(self, self.classifier_names[0])
 

@@ -31,7 +31,7 @@ from .layers import (
     resample_abs_pos_embed,
     to_2tuple,
 )
-from .rope import AxialRope, MixedRope, apply_rope
+from .rope import AxialRope, CenteredRope, CoordAugment, MixedRope, apply_rope
 
 
 class RopeAttention(Attention):
@@ -44,11 +44,12 @@ class RopeAttention(Attention):
     """
 
     def __init__(self, dim, num_heads=8, qkv_bias=True, attn_drop=0.0, proj_drop=0.0, qkv_fused=True,
-                 bias_layout="qv", num_prefix_tokens=1, qk_norm=False, scale_norm=False, norm_layer=nn.LayerNorm):
+                 bias_layout="qv", num_prefix_tokens=1, qk_norm=False, scale_norm=False, norm_layer=nn.LayerNorm,
+                 rotate_half=False):
         plain_bias = qkv_bias and qkv_fused and bias_layout == "qkv"
         super().__init__(dim, num_heads, qkv_bias=plain_bias, attn_drop=attn_drop, proj_drop=proj_drop,
                          qk_norm=qk_norm, norm_layer=norm_layer)
-        self.num_prefix_tokens = num_prefix_tokens
+        self.num_prefix_tokens, self.rotate_half = num_prefix_tokens, rotate_half
         eva_bias = qkv_bias and bias_layout == "qv"
         self.q_bias = self.v_bias = None
         if qkv_fused and eva_bias:
@@ -76,9 +77,9 @@ class RopeAttention(Attention):
         q, k, v = self.qkv_heads(x)
         q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:  # the prefix tokens (class, registers) keep their queries and keys
-            n = self.num_prefix_tokens
-            q = torch.cat([q[:, :, :n], apply_rope(q[:, :, n:], rope)], dim=2)
-            k = torch.cat([k[:, :, :n], apply_rope(k[:, :, n:], rope)], dim=2)
+            n, half = self.num_prefix_tokens, self.rotate_half
+            q = torch.cat([q[:, :, :n], apply_rope(q[:, :, n:], rope, half)], dim=2)
+            k = torch.cat([k[:, :, :n], apply_rope(k[:, :, n:], rope, half)], dim=2)
         return self.proj_drop(self.proj(self.norm(self.attend(q, k, v))))
 
 
@@ -102,11 +103,13 @@ class EvaBlock(nn.Module):
         return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
 
 
-def make_mlp(dim, mlp_ratio, swiglu_mlp, scale_mlp, act_layer, drop, norm_layer) -> nn.Module:
-    """timm's choice: SwiGLU (split fc1) with a sub-LayerNorm, its packed GluMlp without, or the plain MLP."""
+def make_mlp(dim, mlp_ratio, swiglu_mlp, scale_mlp, act_layer, drop, norm_layer, align_to=0) -> nn.Module:
+    """timm's choice: SwiGLU (split fc1) with a sub-LayerNorm or a hidden width rounded up to a multiple of
+    ``align_to`` (DINOv3's plus sizes), its packed GluMlp without either, or the plain MLP."""
     hidden, norm = mlp_hidden(dim, mlp_ratio), norm_layer if scale_mlp else None
     if swiglu_mlp:
-        return SwiGLU(dim, hidden, drop=drop, norm_layer=norm, packed=not scale_mlp)
+        hidden += -hidden % align_to if align_to else 0
+        return SwiGLU(dim, hidden, drop=drop, norm_layer=norm, packed=not (scale_mlp or align_to))
     return Mlp(dim, hidden, act_layer=get_act_layer(act_layer), drop=drop, norm_layer=norm)
 
 
@@ -115,12 +118,30 @@ EVA_ARGS = ("img_size", "patch_size", "in_chans", "num_classes", "global_pool", 
             "attn_type", "drop_rate", "pos_drop_rate", "proj_drop_rate", "attn_drop_rate", "drop_path_rate",
             "init_values", "class_token", "num_reg_tokens", "no_embed_class", "use_abs_pos_emb", "use_rot_pos_emb",
             "rope_type", "rope_grid_offset", "rope_grid_indexing", "rope_temperature", "use_pre_transformer_norm",
-            "use_post_transformer_norm", "use_fc_norm", "dynamic_img_size", "ref_feat_shape", "head_init_scale")
-ROPE_TYPES = ("cat", "mixed")
+            "use_post_transformer_norm", "use_fc_norm", "dynamic_img_size", "ref_feat_shape", "head_init_scale",
+            "swiglu_align_to", "rope_rotate_half", "rope_shift_coords", "rope_jitter_coords", "rope_rescale_coords")
+ROPE_TYPES = ("cat", "mixed", "dinov3")
+DINOV3_SIZES = {"small": (384, 12, 6, False), "small_plus": (384, 12, 6, True), "base": (768, 12, 12, False),
+                "large": (1024, 24, 16, False), "huge_plus": (1280, 32, 20, True)}  # width, depth, heads, SwiGLU
+DINOV3_NORM_EPS = 1e-5  # timm's DINOv3 names build their LayerNorms with eps 1e-5, its other Eva names 1e-6
+
+
+def make_rope(rope_type: str, head_dim: int, depth: int, num_heads: int, grid_offset: float, indexing: str,
+              temperature: float, rotate_half: bool, ref_feat_shape, augment: CoordAugment) -> nn.Module:
+    """timm's create_rope_embed for the Eva class: axial ('cat'), mixed or DINOv3's centred RoPE."""
+    if rope_type == "mixed":
+        if rotate_half:
+            raise ValueError("rope_type='mixed' takes rope_rotate_half=False only (timm's rule)")
+        return MixedRope(head_dim, depth, num_heads, temperature, indexing, augment)
+    if rope_type == "dinov3":  # ref_feat_shape does not apply: the coordinates span [-1, 1] at every size
+        return CenteredRope(head_dim, temperature, indexing, grid_offset, rotate_half, augment)
+    return AxialRope(head_dim, temperature, indexing, grid_offset,
+                     to_2tuple(ref_feat_shape) if ref_feat_shape is not None else None, rotate_half, augment)
 
 
 class Eva(Model):
-    """timm's Eva: EVA02 and the RoPE ViTs (axial or mixed RoPE, optional absolute position embedding)."""
+    """timm's Eva: EVA02, the RoPE ViTs (axial or mixed RoPE, optional absolute position embedding) and DINOv3
+    (RoPE on patch centres in [-1, 1], class + 4 register tokens, LayerScale, SwiGLU in the plus sizes)."""
 
     global_pools = ("avg", "token", "")
     timm_names = frozenset([f"eva02_{s}_patch14_{i}" for s, i in (("tiny", 224), ("tiny", 336), ("small", 224),
@@ -130,19 +151,54 @@ class Eva(Model):
                               for k in ("", "_ape", "_mixed", "_mixed_ape")]
                            + [f"vit_{s}_patch16_rope_reg1_gap_256" for s in ("medium", "mediumd", "base")]
                            + ["vit_betwixt_patch16_rope_reg4_gap_256"]
-                           + [f"eva_giant_patch14_{i}" for i in (224, 336, 560)])
-    # the base name's defaults of the arguments vitlab may leave None (ref_feat_shape, init_values) are None too
-    timm_spec = TimmSpec("Eva", EVA_ARGS, "eva_giant_patch14_224", fixed={"norm_eps": 1e-6, "act_layer": "gelu"},
-                         layer_scale_as_gamma=True)
-    no_hf = "EVA02's and the RoPE ViTs' rotary attention (transformers has no such ViT class)"
-    no_pretrain = ("MAE and MPP run the ViT encoder's forward with an absolute position embedding; the rotary "
-                   "models' objectives (EVA02's CLIP-feature regression) are not implemented")
+                           + [f"eva_giant_patch14_{i}" for i in (224, 336, 560)]
+                           + [f"vit_{s}_patch16_dinov3{b}" for s in DINOV3_SIZES for b in ("", "_qkvb")])
     no_weight_decay_names = ("pos_embed", "cls_token", "reg_token", "freqs")
+    no_pretrain = ("MAE and MPP run the ViT encoder's forward with an absolute position embedding; the rotary "
+                   "models' objectives (EVA02's CLIP-feature regression, DINOv3's self-distillation) are not "
+                   "implemented")
+
+    @property
+    def timm_spec(self) -> TimmSpec:
+        """timm's Eva class; the base name is a DINOv3 one where the LayerNorm eps is DINOv3's (timm sets it by
+        name). Every argument is exported, None ones included, so the base name's defaults never apply."""
+        dino = self.norm_eps == DINOV3_NORM_EPS
+        return TimmSpec("Eva", EVA_ARGS, "vit_small_patch16_dinov3" if dino else "eva_giant_patch14_224",
+                        fixed={"norm_eps": DINOV3_NORM_EPS if dino else 1e-6, "act_layer": "gelu"},
+                        layer_scale_as_gamma=True)
+
+    @property
+    def hf_model_type(self) -> str | None:
+        return "dinov3_vit" if self.hf_missing() == [] else None
+
+    @property
+    def no_hf(self) -> str:
+        missing = self.hf_missing()
+        return ("EVA02's and the RoPE ViTs' rotary attention (transformers has no such ViT class)" if missing is None
+                else f"DINOv3 with {', '.join(missing)}")
+
+    def hf_missing(self) -> list[str] | None:
+        """What of this model transformers' DINOv3ViTModel cannot express (None: not a DINOv3 at all)."""
+        if not isinstance(self.rope, CenteredRope):
+            return None
+        blk = self.blocks[0]
+        checks = (("no class token", self.cls_token is None),
+                  ("an absolute position embedding", self.pos_embed is not None),
+                  ("no LayerScale", isinstance(blk.ls1, nn.Identity)), ("rope_rotate_half=False", not self.rope.half),
+                  ("a rope grid offset", self.rope.offset != 0), ("'xy' rope indexing", self.rope.indexing != "ij"),
+                  ("fc_norm", not isinstance(self.fc_norm, nn.Identity)),
+                  ("no final norm", isinstance(self.norm, nn.Identity)),
+                  ("qk_norm or a LayerNorm inside attention or MLP", not isinstance(blk.attn.q_norm, nn.Identity)
+                   or not isinstance(blk.attn.norm, nn.Identity) or not isinstance(blk.mlp.norm, nn.Identity)),
+                  ("a pre-transformer norm", not isinstance(self.norm_pre, nn.Identity)))
+        return [what for what, present in checks if present]
 
     @property
     def family(self) -> str:
         if self.rope is None:
             return "EVA (no rotary embedding)"
+        if isinstance(self.rope, CenteredRope):
+            return "DINOv3 (RoPE on patch centres in [-1, 1])"
         return "RoPE ViT (mixed)" if isinstance(self.rope, MixedRope) else "EVA02 / RoPE ViT (axial RoPE)"
 
     def __init__(self, img_size=224, patch_size=16, in_chans=3, num_classes=1000, global_pool="avg", embed_dim=768,
@@ -153,7 +209,8 @@ class Eva(Model):
                  rope_temperature=10000.0, use_pre_transformer_norm=False, use_post_transformer_norm=None,
                  use_fc_norm=None, dynamic_img_size=False, ref_feat_shape=None, head_init_scale=0.001,
                  act_layer="gelu", norm_eps=1e-6, drop_rate=0.0, pos_drop_rate=0.0, proj_drop_rate=0.0,
-                 attn_drop_rate=0.0, drop_path_rate=0.0):
+                 attn_drop_rate=0.0, drop_path_rate=0.0, swiglu_align_to=0, rope_rotate_half=False,
+                 rope_shift_coords=None, rope_jitter_coords=None, rope_rescale_coords=None):
         super().__init__()
         for name, value, accepted in (("global_pool", global_pool, self.global_pools), ("rope_type", rope_type,
                                       ROPE_TYPES), ("attn_type", attn_type, ("eva", "rope")),
@@ -163,6 +220,7 @@ class Eva(Model):
         if global_pool == "token" and not class_token:
             raise ValueError("global_pool='token' needs a class token; use global_pool='avg' with class_token=False")
         norm_layer = partial(nn.LayerNorm, eps=norm_eps)
+        self.norm_eps = norm_eps
         self.num_classes, self.global_pool = num_classes, global_pool
         self.num_features = self.embed_dim = embed_dim
         self.num_prefix_tokens = int(class_token) + num_reg_tokens
@@ -178,19 +236,17 @@ class Eva(Model):
         n_pos = grid[0] * grid[1] + (0 if no_embed_class else self.num_prefix_tokens)
         self.pos_embed = nn.Parameter(torch.zeros(1, n_pos, embed_dim)) if use_abs_pos_emb else None
         self.pos_drop = nn.Dropout(pos_drop_rate)
-        self.rope = None
-        if use_rot_pos_emb and rope_type == "mixed":
-            self.rope = MixedRope(embed_dim // num_heads, depth, num_heads, rope_temperature, rope_grid_indexing)
-        elif use_rot_pos_emb:
-            self.rope = AxialRope(embed_dim // num_heads, rope_temperature, rope_grid_indexing, rope_grid_offset,
-                                  to_2tuple(ref_feat_shape) if ref_feat_shape is not None else None)
+        augment = CoordAugment(rope_shift_coords, rope_jitter_coords, rope_rescale_coords)
+        self.rope = make_rope(rope_type, embed_dim // num_heads, depth, num_heads, rope_grid_offset,
+                              rope_grid_indexing, rope_temperature, rope_rotate_half, ref_feat_shape,
+                              augment) if use_rot_pos_emb else None
         self.norm_pre = norm_layer(embed_dim) if use_pre_transformer_norm else nn.Identity()
         attn_kwargs = dict(qkv_bias=qkv_bias, qkv_fused=qkv_fused, bias_layout="qv" if attn_type == "eva" else "qkv",
                            num_prefix_tokens=self.num_prefix_tokens, qk_norm=qk_norm, scale_norm=scale_attn_inner,
-                           attn_drop=attn_drop_rate, proj_drop=proj_drop_rate)
+                           attn_drop=attn_drop_rate, proj_drop=proj_drop_rate, rotate_half=rope_rotate_half)
         self.blocks = nn.ModuleList([
             EvaBlock(embed_dim, num_heads, make_mlp(embed_dim, mlp_ratio, swiglu_mlp, scale_mlp, act_layer,
-                                                    proj_drop_rate, norm_layer),
+                                                    proj_drop_rate, norm_layer, swiglu_align_to),
                      attn_kwargs, init_values=init_values, drop_path=dpr, norm_layer=norm_layer)
             for dpr in drop_path_rates(drop_path_rate, depth)])
         self.norm = norm_layer(embed_dim) if post_norm else nn.Identity()
@@ -227,6 +283,17 @@ class Eva(Model):
         for i, blk in enumerate(self.blocks):
             x = blk(x, rope[i] if isinstance(self.rope, MixedRope) else rope)
         return self.norm(x)
+
+    def rotary_embedding(self) -> torch.Tensor | None:
+        """Each patch's rotation at the model's grid (eval mode): (N, sines and cosines), every block's and head's
+        side by side for mixed RoPE; None without RoPE."""
+        if self.rope is None:
+            return None
+        training = self.rope.training
+        with torch.no_grad():
+            emb = self.rope.eval()(self.patch_embed.grid_size)  # (N, 2 hd) or (depth, heads, N, 2 hd)
+        self.rope.train(training)
+        return emb.movedim(-2, 0).reshape(emb.shape[-2], -1)
 
     def pool(self, x: torch.Tensor) -> torch.Tensor:
         """Tokens -> (B, D): the mean patch token or the class token, through fc_norm."""
