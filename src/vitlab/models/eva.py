@@ -123,6 +123,11 @@ EVA_ARGS = ("img_size", "patch_size", "in_chans", "num_classes", "global_pool", 
 ROPE_TYPES = ("cat", "mixed", "dinov3")
 DINOV3_SIZES = {"small": (384, 12, 6, False), "small_plus": (384, 12, 6, True), "base": (768, 12, 12, False),
                 "large": (1024, 24, 16, False), "huge_plus": (1280, 32, 20, True)}  # width, depth, heads, SwiGLU
+# timm's DINOv3 names outside that pattern: a tiny one with q and v biases (EUPE's), and the 7B (SwiGLU at ratio 2,
+# its width rounded to 64)
+DINOV3_OTHERS = {"vit_tiny_patch16_dinov3_qkvb": dict(embed_dim=192, depth=12, num_heads=3, qkv_bias=True),
+                 "vit_7b_patch16_dinov3": dict(embed_dim=4096, depth=40, num_heads=32, mlp_ratio=2.0, swiglu_mlp=True,
+                                               swiglu_align_to=64)}
 DINOV3_NORM_EPS = 1e-5  # timm's DINOv3 names build their LayerNorms with eps 1e-5, its other Eva names 1e-6
 
 
@@ -152,7 +157,8 @@ class Eva(Model):
                            + [f"vit_{s}_patch16_rope_reg1_gap_256" for s in ("medium", "mediumd", "base")]
                            + ["vit_betwixt_patch16_rope_reg4_gap_256"]
                            + [f"eva_giant_patch14_{i}" for i in (224, 336, 560)]
-                           + [f"vit_{s}_patch16_dinov3{b}" for s in DINOV3_SIZES for b in ("", "_qkvb")])
+                           + [f"vit_{s}_patch16_dinov3{b}" for s in DINOV3_SIZES for b in ("", "_qkvb")]
+                           + list(DINOV3_OTHERS))
     no_weight_decay_names = ("pos_embed", "cls_token", "reg_token", "freqs")
     no_pretrain = ("MAE and MPP run the ViT encoder's forward with an absolute position embedding; the rotary "
                    "models' objectives (EVA02's CLIP-feature regression, DINOv3's self-distillation) are not "

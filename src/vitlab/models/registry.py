@@ -16,7 +16,7 @@ from .beit import Beit
 from .cait import Cait
 from .cct import CompactTransformer
 from .convit import ConVit
-from .eva import DINOV3_NORM_EPS, DINOV3_SIZES, Eva
+from .eva import DINOV3_NORM_EPS, DINOV3_OTHERS, DINOV3_SIZES, Eva
 from .hybrid import HybridVisionTransformer
 from .mixer import MlpMixer
 from .resnet import ResNet
@@ -114,13 +114,15 @@ for _name, (_dim, _depth, _heads, _regs, _bias, _mean_std) in {
 # DINOv3 (timm's names): RoPE on patch centres in [-1, 1] (temperature 100, half layout) and no position table, so any
 # input size; class + 4 register tokens, LayerScale; SwiGLU (hidden width rounded to 8) in the plus sizes; _qkvb:
 # query and value biases (zero in Meta's weights)
+_DINOV3 = dict(img_size=256, patch_size=16, init_values=1e-5, rope_type="dinov3", rope_temperature=100.0,
+               rope_rotate_half=True, use_rot_pos_emb=True, use_abs_pos_emb=False, num_reg_tokens=4, use_fc_norm=False,
+               norm_eps=DINOV3_NORM_EPS, dynamic_img_size=True, qkv_bias=False)
 for _size, (_dim, _depth, _heads, _swiglu) in DINOV3_SIZES.items():
     for _qkvb in ("", "_qkvb"):
-        register(f"vit_{_size}_patch16_dinov3{_qkvb}", Eva, img_size=256, patch_size=16, embed_dim=_dim, depth=_depth,
-                 num_heads=_heads, qkv_bias=bool(_qkvb), init_values=1e-5, rope_type="dinov3", rope_temperature=100.0,
-                 rope_rotate_half=True, use_rot_pos_emb=True, use_abs_pos_emb=False, num_reg_tokens=4,
-                 use_fc_norm=False, norm_eps=DINOV3_NORM_EPS, dynamic_img_size=True,
-                 **(dict(swiglu_mlp=True, swiglu_align_to=8) if _swiglu else {}))
+        register(f"vit_{_size}_patch16_dinov3{_qkvb}", Eva, **{**_DINOV3, "qkv_bias": bool(_qkvb)}, embed_dim=_dim,
+                 depth=_depth, num_heads=_heads, **(dict(swiglu_mlp=True, swiglu_align_to=8) if _swiglu else {}))
+for _name, _args in DINOV3_OTHERS.items():
+    register(_name, Eva, **{**_DINOV3, **_args})
 # ConViT (embed_dim is per head)
 for _name, _heads in (("tiny", 4), ("small", 9), ("base", 16)):
     register(f"convit_{_name}", ConVit, local_up_to_layer=10, locality_strength=1.0, embed_dim=48, num_heads=_heads)
