@@ -161,6 +161,8 @@ class Summary:
     pretrain: str = "none"        # the self-supervised method of a pre-training run (mae, mpp); none: supervised
     wall_seconds: float = 0.0     # the whole call, set-up and the final save included
     unreadable: list[str] = field(default_factory=list)  # the data's files that could not be read, left out
+    images: int | None = field(default=None, metadata=OMIT)  # training images its steps took (an image twice: twice)
+    steps_budget: int | None = field(default=None, metadata=OMIT)  # the steps the recipe asked for (--steps)
 
     def to_dict(self) -> dict[str, Any]:
         return _to_dict(self)

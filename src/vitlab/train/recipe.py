@@ -66,6 +66,9 @@ class Recipe(Settings):
     workers: int | None = Field(None, ge=1, description="processes that decode images into the store")
     # schedule
     epochs: int = Field(30, ge=1, description="epochs to train")
+    steps: int | None = Field(None, ge=1, description="optimiser steps to train instead of epochs (the schedule laid "
+                              "over them; the last epoch is cut short): the same amount of training whatever loads "
+                              "the machine, as a study's arms take it")
     time_budget: float | None = Field(None, gt=0, description="minutes of training: lay the schedule over them")
     budget_counts: Literal["all", "training"] = Field("all", description="what the time budget counts: all (the "
                                                       "run ends within it, evaluations included) or training (the "
@@ -141,6 +144,9 @@ class Recipe(Settings):
     def _check_together(self) -> Recipe:
         if self.min_lr > self.lr:
             raise ValueError(f"min_lr={self.min_lr!r} is not valid; accepted: a number in [0, lr={self.lr}]")
+        if self.steps and self.time_budget:
+            raise ValueError(f"steps={self.steps} is not valid with time_budget={self.time_budget:g}: a run trains "
+                             "for a number of steps or for a time; accepted: one of them")
         if self.distill == "self" and self.teacher:
             raise ValueError("distill='self' takes no --teacher: its teacher is an EMA copy of the student; accepted: "
                              "--distill hard or soft with --teacher")

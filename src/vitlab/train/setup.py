@@ -94,8 +94,9 @@ class Run:
         return eval_batch_size(self.batch_size, self.dist)
 
     def out_of_time(self) -> bool:
-        """A time budget that is spent (the reserve for the end kept back); the same answer on every rank."""
-        return self.budget is not None and self.clock.progress(self.state.step) >= 1
+        """A time budget that is spent (the reserve for the end kept back), or the recipe's steps taken; the same
+        answer on every rank."""
+        return (self.budget is not None or bool(self.recipe.steps)) and self.clock.progress(self.state.step) >= 1
 
     def evaluate(self, model: nn.Module, limit: int | None = None) -> dict[str, dict]:
         """The task's metrics per head on the test split, each rank on its contiguous shard (a view, read batch by
@@ -168,7 +169,8 @@ def set_up(recipe: Recipe, dist: Dist, resume: bool, log: Callable[[str], None],
     net = run_net(model, recipe, dist)  # replicas made in step before the lookahead copies the weights
     lookahead = Lookahead(model, recipe.lookahead_every, recipe.lookahead_decay) if recipe.lookahead_every else None
     budget = recipe.time_budget * 60 if recipe.time_budget else None
-    clock = RunClock(dist, per_epoch * recipe.epochs, budget, seconds=state.seconds, reserve=state.reserve, now=now)
+    clock = RunClock(dist, recipe.steps or per_epoch * recipe.epochs, budget, seconds=state.seconds,
+                     reserve=state.reserve, now=now)
     if said := describe_warmup(recipe.warmup, None if budget else clock.total_steps, recipe.lr, recipe.min_lr):
         log(said)
     run = Run(recipe=recipe, dist=dist, out=out, log=log, now=now, task=task, data=data, classes=classes,
@@ -310,7 +312,8 @@ def describe(run: Run) -> str:
             f"{f' in {recipe.accum_steps} micro-batches' if recipe.accum_steps > 1 else ''}, {run.precision}, "
             + (f"time budget {recipe.time_budget:g} min" + (" of training (evaluations not counted)"
                                                               if recipe.budget_counts == "training" else "")
-               if run.budget else f"{recipe.epochs} epochs of {run.per_epoch} steps"))
+               if run.budget else f"{recipe.steps} steps ({run.per_epoch} an epoch)" if recipe.steps
+               else f"{recipe.epochs} epochs of {run.per_epoch} steps"))
 
 
 def run_bar(run: Run) -> Progress:

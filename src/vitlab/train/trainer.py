@@ -69,11 +69,11 @@ def _train(recipe: Recipe, dist: Dist, resume: bool, log: Callable[[str], None],
     final_metrics, stopped_early = None, False
     end = run.out_of_time()  # a resumed run whose budget is already spent trains no more
     with contextlib.closing(run.bar):  # closed when the loop stops, an error included: the error is said last
-        while not end and (run.budget is not None or run.state.epoch < recipe.epochs):
+        while not end and (run.budget is not None or recipe.steps or run.state.epoch < recipe.epochs):
             row, cut = train_epoch(run)
             if row is None:  # the budget ran out before this epoch's first step: no epoch
                 break
-            end = cut or (run.budget is None and row.epoch == recipe.epochs) or run.out_of_time()
+            end = cut or (run.budget is None and not recipe.steps and row.epoch == recipe.epochs) or run.out_of_time()
             if end and run.lookahead is not None:
                 run.lookahead.finish(run.model)
             for m in (run.model, run.state.ema):  # BatchNorm's, which each rank updates from its own share
@@ -125,7 +125,7 @@ def train_epoch(run: Run) -> tuple[EpochRow | None, bool]:
     sizes = batch_sizes(run)
     for i, (images, labels) in enumerate(run.feeder.batches(batches)):
         p = run.clock.progress(state.step)
-        if run.budget is not None and p >= 1:
+        if (run.budget is not None or recipe.steps) and p >= 1:
             cut = True
             break
         share = step_share(p, state.step, run.clock.total_steps)
@@ -157,6 +157,13 @@ def train_epoch(run: Run) -> tuple[EpochRow | None, bool]:
                    images_per_second=totals["seen"] / max(epoch_seconds, 1e-9),
                    input_size=list(run.resize.last) if run.resize.last is not None else None)
     return row, cut
+
+
+def images_trained(run: Run) -> int:
+    """The training images the run's steps took: every image of each whole epoch, then the first batches of the
+    last one (all ranks together)."""
+    whole, part = divmod(run.state.step, run.per_epoch)
+    return whole * len(run.data.train.images) + sum(batch_sizes(run)[:part])
 
 
 def show_running(run: Run, meter: EpochMeter, epoch: int, epoch_t0: float) -> None:
@@ -287,4 +294,5 @@ def run_summary(run: Run, final_metrics: dict[str, dict], history: list[EpochRow
         nonfinite_steps=state.nonfinite, distill=recipe.distill, teacher=recipe.teacher,
         time_budget_minutes=recipe.time_budget,
         heads={"cls": final_metrics["cls"]["top1"], "dist": final_metrics["dist"]["top1"], "mean": m["top1"]}
-        if "cls" in final_metrics else None, pretrain=recipe.pretrain, unreadable=list(data.unreadable))
+        if "cls" in final_metrics else None, pretrain=recipe.pretrain, unreadable=list(data.unreadable),
+        images=images_trained(run), steps_budget=recipe.steps)
