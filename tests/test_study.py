@@ -636,3 +636,44 @@ def test_a_failed_run_is_reported_by_its_own_error_line(tmp_path, monkeypatch):
         runner._train_arms(jobs, 2, lambda s: None, bar)
     assert str(e.value) == f"study arm(s) failed: a (exit 2: vitlab train: error: the reason; log {runs / 'a.log'})"
     assert failure_reason(tmp_path / "none.log") == "no output"
+
+
+def test_a_budgeted_study_trains_every_arm_the_same_steps_whatever_loads_the_machine(tmp_path, cache_dir,
+                                                                                     monkeypatch):
+    """Each arm trains while the machine is loaded differently (its clock runs 0.2x to 5x as fast as the one the
+    budget was measured on): a study budget in minutes is calibrated once into steps, every arm trains those steps,
+    the report says how many steps and images each trained, and a re-run reuses the calibration."""
+    from vitlab.studies import runner
+    real, speeds, runs = runner.train, {"pos_embed=none": 5.0, "pos_embed=sincos": 0.2}, []
+
+    def loaded(recipe, resume=False, log=None, now=None):
+        speed = next((v for k, v in speeds.items() if k in Path(recipe.out).name), 1.0)
+        clock = [0.0]
+
+        def now():  # every reading of the clock: busier machines see more time pass per step
+            clock[0] += 0.05 * speed
+            return clock[0]
+        runs.append(Path(recipe.out).name)
+        return real(recipe, resume=resume, log=log, now=now)
+
+    monkeypatch.setattr(runner, "train", loaded)
+    said = []
+    arms = ["none", "fixed*"]  # the unloaded arm, learned 1D, is left out for time
+    result = run_study("pos-embed", out=tmp_path, data="digits", budget=0.015, seeds=(0,), threads=1, arms=arms,
+                       log=said.append)
+    calibration = json.loads((tmp_path / "calibration.json").read_text())["digits, 1 thread(s) per run"]
+    assert runs[0] == "run" and len(runs) == 3 and any(s.startswith("calibrating") for s in said)
+    steps = {r["label"]: r["steps"] for r in result["rows"]}
+    expected = round(calibration["images_per_minute"] * 0.015 / 64)
+    assert expected > 3 and all(s == {0: expected} for s in steps.values()), steps
+    assert result["unit"] == "steps" and result["per_run"] == expected
+    table = (tmp_path / "pos-embed.md").read_text()
+    assert f"trained as {expected:,} steps of 64 images" in table
+    for row in result["rows"]:
+        run = Path(row["runs"][0])
+        assert json.loads((run / "summary.json").read_text())["steps"] == expected
+        assert f"| {expected:,} | {row['images'][0]:,} |" in table and row["images"][0] > expected * 60
+    said.clear()
+    assert run_study("pos-embed", out=tmp_path, data="digits", budget=0.015, seeds=(0,), threads=1, arms=arms,
+                     log=said.append)["per_run"] == expected
+    assert len(runs) == 3 and not any(s.startswith("calibrating") for s in said)  # measured once, nothing to train

@@ -24,8 +24,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     st.add_argument("--list", action="store_true", help="list the studies and their claims")
     add_option(st, "data", default="cifar10", help="data set (a .tar.gz or folder works)")
     st.add_argument("--budget", type=float, default=None,
-                    help="minutes of training per run on the whole training set (default: the study's own, which "
-                    "fits 90 minutes with --jobs 2 and three seeds on a 2-core CPU; --list shows it)")
+                    help="minutes of training per run on the whole training set, trained as steps: the images a "
+                    "minute takes are measured once for --out (OUT/calibration.json), so every arm trains as much "
+                    "whatever loads the machine (default: the study's own, which fits 90 minutes with --jobs 2 and "
+                    "three seeds on a 2-core CPU; --list shows it)")
     add_option(st, "epochs", default=None, help="epochs per run instead of a time budget")
     st.add_argument("--seeds", default="0,1,2", help="seeds, comma-separated (default 0,1,2: a verdict needs a "
                     "spread, at least two)")

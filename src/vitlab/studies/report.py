@@ -36,7 +36,7 @@ def aggregate(study: Study, plan: list[tuple[Arm, int, Recipe]]) -> list[dict[st
             continue
         seeds = {}
         heads: dict[str, list[float]] = {"cls": [], "dist": []}
-        epochs, rates, params, n_train = [], [], None, None
+        epochs, rates, params, n_train, steps, images = [], [], None, None, {}, {}
         for seed, folder in runs:
             summary = read_summary(folder)
             seeds[seed] = summary.top1
@@ -44,6 +44,7 @@ def aggregate(study: Study, plan: list[tuple[Arm, int, Recipe]]) -> list[dict[st
                 if summary.heads is not None:
                     heads[h].append(summary.heads[h])
             epochs.append(summary.epochs)
+            steps[seed], images[seed] = summary.steps, summary.images
             rates.append(summary.images_per_second)
             params, n_train = summary.parameters, summary.num_train
         rows.append({"label": arm.label, "group": arm.group, "teacher": arm.teacher,
@@ -55,6 +56,7 @@ def aggregate(study: Study, plan: list[tuple[Arm, int, Recipe]]) -> list[dict[st
                      "dist_mean": statistics.fmean(heads["dist"]) if heads["dist"] else None,
                      "epochs": statistics.fmean(e for e in epochs if e is not None) if any(epochs) else None,
                      "images_per_second": statistics.fmean(r for r in rates if r) if any(rates) else None,
+                     "steps": steps, "images": images,  # what each seed's run trained, by seed
                      "runs": [str(f) for _, f in runs],
                      "unfinished": [seed for seed, _ in planned if seed not in seeds]})
     return rows
@@ -68,12 +70,21 @@ def _mean_std(r: dict[str, Any]) -> str:
     return _pct(r["top1_mean"]) + ("" if r.get("top1_std") is None else f" +/- {100 * r['top1_std']:.2f}")
 
 
+def _spread(by_seed: dict | None) -> str:
+    """'1,234' when every seed's run trained as much, '1,200-1,234' otherwise ('' for runs that do not say)."""
+    values = [v for v in (by_seed or {}).values() if v is not None]
+    if not values:
+        return ""
+    low, high = min(values), max(values)
+    return f"{low:,}" if low == high else f"{low:,}-{high:,}"
+
+
 def format_markdown(result: dict[str, Any], study: Study) -> str:
     seeds = result["seeds"]
     head = ["arm", "model", "train images", *[f"top-1 seed {s}" for s in seeds], "top-1 mean +/- std"]
     if study.heads:
         head += ["class head", "distillation head"]
-    head += ["epochs", "img/s"]
+    head += ["epochs", "steps", "images trained", "img/s"]
     lines = [f"# study: {result['study']}", "", f"Claim ({result['source']}): {study.claim}", "",
              f"The paper: {result['paper']}.", "",
              f"Budget: {result['budget']} on {result['data']}, {result['threads_per_run']} thread(s) per run, "
@@ -86,7 +97,7 @@ def format_markdown(result: dict[str, Any], study: Study) -> str:
             cells[3:3 + len(seeds)] = [_pct(next(iter(r["top1"].values())))] + [""] * (len(seeds) - 1)
         if study.heads:
             cells += [_pct(r["cls_mean"]), _pct(r["dist_mean"])]
-        cells += [f"{r['epochs']:.1f}" if r["epochs"] else "",
+        cells += [f"{r['epochs']:.1f}" if r["epochs"] else "", _spread(r.get("steps")), _spread(r.get("images")),
                   f"{r['images_per_second']:.0f}" if r["images_per_second"] else ""]
         lines.append("| " + " | ".join(cells) + " |")
     lines += _pretraining_lines(result)

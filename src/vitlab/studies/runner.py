@@ -6,8 +6,10 @@ unfinished ones from their checkpoints, and two studies that need the same arm (
 and ``data-scale``) train it once. The study then writes ``OUT/NAME.json`` (every arm and seed),
 ``OUT/NAME.md`` (the table and the measured answer to the claim) and ``OUT/NAME.png``.
 
-Budget: ``--budget MIN`` minutes of training per arm (equal compute in wall-clock terms), or
-``--epochs N``. ``--jobs N`` trains N arms side by side, each on cores/N threads (or ``--threads``),
+Budget: ``--budget MIN`` minutes of training per arm, trained as a number of steps: the images a minute of training
+takes are measured once for the study folder (a short timed run of the base recipe's ViT, ``OUT/calibration.json``,
+reused by every later run and study there), so every arm trains the same steps whatever else loads the machine while
+it trains; or ``--epochs N``. ``--jobs N`` trains N arms side by side, each on cores/N threads (or ``--threads``),
 which keeps the arms' conditions equal. ``--quick`` is a smoke run on the embedded digits (a fifth of them,
 one epoch at 16x16).
 """
@@ -19,6 +21,7 @@ import math
 import os
 import re
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -27,11 +30,12 @@ from typing import Any
 
 import yaml
 
+from ..atomic import atomic_write_json, read_json_object
 from ..progress import Progress
 from ..runs.folder import LOCK, STUDY_FEATURES, STUDY_RUNS, LockHeld, lock_holder, release_lock, take_lock, write_lock
 from ..runs.format import has_config, is_finished, read_config
 from ..runs.jobs import Job, run_jobs
-from ..train.recipe import Recipe, load_recipe
+from ..train.recipe import FIELDS, Recipe, load_recipe
 from ..train.trainer import train
 from .claims import (
     BASE_RECIPE,
@@ -45,6 +49,7 @@ from .claims import (
     SEEDS,
     STUDIES,
     TEACHER,
+    VIT,
     Arm,
     Study,
     base_values,
@@ -85,6 +90,10 @@ def arm_recipe(arm: Arm, seed: int, out: Path, common: dict[str, Any], teacher_r
         own = recipe_values(BASE_RECIPE.parent / arm.recipe)
         base = {**{k: v for k, v in own.items() if k not in OWN_RECIPE_SKIP}, **OWN_RECIPE_OVERRIDES}
     values = {**base, **scaled_budget(common, arm), **arm.values, "seed": seed}
+    rate = values.pop("rate", None)
+    if rate:  # the arm's minutes at the study's calibrated rate, as steps of its batch
+        batch = values.get("batch_size") or FIELDS["batch_size"].default
+        values["steps"] = max(1, round(rate * values.pop("time_budget") / batch))
     if share < 1:
         values["train_fraction"] = values.get("train_fraction", 1.0) * share
     if values.get("teacher") == TEACHER:
@@ -146,8 +155,8 @@ def planned_minutes(study: Study, minutes: float, seeds: Sequence[int], jobs: in
     return max(slots)
 
 
-_SAME = ("model", "model_args", "data", "img_size", "train_fraction", "time_budget", "epochs", "seed", "distill",
-         "batch_size", "lr")
+_SAME = ("model", "model_args", "data", "img_size", "train_fraction", "time_budget", "epochs", "steps", "seed",
+         "distill", "batch_size", "lr")
 
 
 def _check_same(folder: Path, recipe: Recipe) -> None:
@@ -305,6 +314,51 @@ def _missing(study: Study, rows: list[dict[str, Any]]) -> list[str]:
     return missing
 
 
+CALIBRATION = "calibration.json"  # OUT/calibration.json: the training images a minute takes, measured once
+CALIBRATION_SECONDS = 60.0  # how long the measurement trains (a shorter budget: the budget)
+
+
+def calibrate(out: Path, common: dict[str, Any], log: Callable[[str], None]) -> dict[str, Any]:
+    """The training images a minute of a study's runs takes on its data with its threads per run: read from
+    OUT/calibration.json, or measured once now by a short timed run of the base recipe's ViT (its schedule, progressive
+    resizing included, laid over the measurement) and recorded there, so that every arm of every study in OUT, on
+    every re-run, turns its minutes into the same steps whatever loads the machine when it trains."""
+    path, key = out / CALIBRATION, f"{common['data']}, {common['threads']} thread(s) per run"
+    recorded = read_json_object(path) if path.is_file() else {}
+    if isinstance(recorded.get(key), dict) and (recorded[key].get("images_per_minute") or 0) > 0:
+        return recorded[key]
+    seconds = min(CALIBRATION_SECONDS, 60 * common["time_budget"])
+    log(f"calibrating the study budget: {seconds:g} s of {VIT} training on {common['data']} with "
+        f"{common['threads']} thread(s), once for {out} ({path})")
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out, prefix=".calibration-") as tmp:
+        values = {**base_values(), "model": VIT, "data": common["data"], "threads": common["threads"],
+                  "cache_dir": common.get("cache_dir"), "time_budget": seconds / 60, "seed": 0}
+        summary = train(load_recipe(None, out=str(Path(tmp) / "run"), **values), log=lambda s: None)
+    entry = {"images_per_minute": 60 * summary["images"] / max(summary["train_seconds"], 1e-9),
+             "measured_with": VIT, "seconds": round(summary["train_seconds"], 2), "steps": summary["steps"],
+             "images": summary["images"]}
+    atomic_write_json(path, {**recorded, key: entry})
+    log(f"study budget: {entry['images_per_minute']:.0f} training images a minute ({path})")
+    return entry
+
+
+def budget_said(common: dict[str, Any], quick: bool, calibration: dict[str, Any] | None) -> dict[str, Any]:
+    """The result's budget: its text, its unit and the per-run amount (a whole-set arm's steps for a budget in
+    minutes, which the arms train as steps)."""
+    if quick:
+        return {"budget": f"quick (digits, {100 * QUICK_SHARE:g}% of the images, 1 epoch at 16x16)", "unit": "epochs",
+                "per_run": common["epochs"]}
+    if common.get("epochs"):
+        return {"budget": f"{common['epochs']} epochs", "unit": "epochs", "per_run": common["epochs"]}
+    minutes, rate = common["time_budget"], calibration["images_per_minute"]
+    steps = max(1, round(rate * minutes / base_values()["batch_size"]))
+    return {"budget": f"{minutes:g} min per run, trained as {steps:,} steps of {base_values()['batch_size']} images "
+                      f"(an arm's minutes at {rate:,.0f} training images a minute, measured once: {CALIBRATION}; "
+                      "the same steps whatever loads the machine)",
+            "unit": "steps", "per_run": steps, "calibration": calibration}
+
+
 def run_study(name: str, out: str | os.PathLike = "studies", data: str = "cifar10", budget: float | None = None,
               epochs: int | None = None, seeds: Sequence[int] = SEEDS, jobs: int = 1, threads: int | None = None,
               quick: bool = False, cache_dir: str | None = None, log: Callable[[str], None] = print,
@@ -329,6 +383,9 @@ def run_study(name: str, out: str | os.PathLike = "studies", data: str = "cifar1
     out = Path(out)
     threads = threads or max(1, (os.cpu_count() or 1) // jobs)
     common = {**_common(study, data, budget, epochs, quick), "threads": threads, "cache_dir": cache_dir}
+    calibration = calibrate(out, common, log) if common.get("time_budget") else None
+    if calibration:
+        common["rate"] = calibration["images_per_minute"]
     plan = _plan(study, out / STUDY_RUNS, common, seeds, quick)
     chosen = select_runs(study, plan, arms)
     todo = [(a, s, r) for a, s, r in chosen if not is_finished(Path(r.out))]
@@ -357,12 +414,9 @@ def run_study(name: str, out: str | os.PathLike = "studies", data: str = "cifar1
     verdict, answer = study.answer(rows) if not missing else (
         INCOMPLETE, "not trained yet: " + "; ".join(missing) + " (the study without --arm trains them)")
     result = {"study": name, "claim": study.claim, "source": study.source, "paper": study.paper,
-              "budget": f"quick (digits, {100 * QUICK_SHARE:g}% of the images, 1 epoch at 16x16)" if quick else
-              (f"{epochs} epochs" if epochs is not None else f"{minutes:g} min per run"),
-              "unit": "epochs" if quick or epochs is not None else "minutes",
-              "per_run": common["epochs"] if quick or epochs is not None else minutes,
+              **budget_said(common, quick, calibration),
               "data": common["data"], "seeds": list(seeds), "threads_per_run": threads, "runs_at_a_time": jobs,
-              "recipe": {**base_values(), **{k: v for k, v in common.items() if k not in ("cache_dir",)}},
+              "recipe": {**base_values(), **{k: v for k, v in common.items() if k not in ("cache_dir", "rate")}},
               "rows": rows, "verdict": verdict, "answer": answer, "notes": study.notes, **extra}
     write_report(result, study, out)
     return result
