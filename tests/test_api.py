@@ -141,6 +141,11 @@ def test_a_module_trains_from_its_weights_and_the_default_folder_is_under_runs(t
     result = vitlab.fit(module, (train, test), epochs=1, threads=1, precision="fp32", batch_size=32,
                         cache_dir=str(tmp / "cache"))
     assert result.out.absolute().parent == tmp_path / "runs" and result.out.name.startswith("vit_micro_patch2_8-")
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match="notes.txt"):
+        vitlab.fit(module, (train, test), out=tmp_path / "taken", cache_dir=str(tmp / "cache"))
+    assert not (tmp_path / "taken.init").exists() and (tmp_path / "taken" / "notes.txt").read_text() == "mine"
     start = vitlab.load(read_config(result.out)["init"])
     for a, b in zip(start.state_dict().values(), module.state_dict().values()):
         assert torch.equal(a, b)  # the run started from the module's own weights

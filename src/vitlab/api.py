@@ -27,8 +27,8 @@ from .infer.eval import Options, evaluate_folder, evaluate_images, model_data
 from .infer.predict import class_names, class_probabilities, decode_images
 from .models import list_models
 from .runs.figures import confusion_figure, curves_figure
-from .runs.folder import check_model_written, new_run_folder
-from .runs.format import CONFIG_YAML, read_config, read_history, read_summary
+from .runs.folder import LOCK, STARTED, check_model_written, new_run_folder
+from .runs.format import CONFIG_YAML, check_out_dir, read_config, read_history, read_summary
 from .runs.identity import ON_RESUME
 from .train.recipe import AUGMENT_FIELDS, FIELDS, Recipe, load_recipe
 
@@ -241,6 +241,7 @@ def new_recipe(model: ModelLike, data: Any, out: str | os.PathLike | None, names
         raise ValueError("class_names names the classes of arrays; a data source names its own")
     values["data"] = "arrays" if is_arrays(data) else os.fspath(data)
     checked_recipe = load_recipe(None, out=str(folder), **values)  # every option checked before anything is written
+    check_new_folder(folder)
     if is_arrays(data):
         values["data"] = str(store_arrays(data, class_names=names, cache_dir=checked_recipe.cache_dir,
                                           val_fraction=checked_recipe.val_fraction, seed=checked_recipe.seed, log=say))
@@ -268,6 +269,18 @@ def model_name(model: ModelLike) -> str:
     if isinstance(model, nn.Module):
         return getattr(model, "arch", None) or type(model).__name__
     return Path(str(model)).name
+
+
+def check_new_folder(folder: Path) -> None:
+    """Refuse, before anything is written for it, a folder a new run may not take: a finished or unfinished run, or
+    files a run did not write (the trainer refuses them too, but only once the module to start from is saved)."""
+    if not folder.is_dir():
+        return
+    check_out_dir(folder, resume=False)
+    others = sorted(p.name for p in folder.iterdir() if p.name not in (*STARTED, LOCK))
+    if others:
+        raise ValueError(f"{folder} holds files that vitlab train did not write ({', '.join(others[:3])}); accepted: "
+                         "a new or empty out")
 
 
 def save_start(model: nn.Module, folder: Path) -> Path:
