@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import struct
 import zlib
 
@@ -317,3 +318,29 @@ def test_pretraining_can_hold_out_nothing_and_says_what_it_evaluates(tmp_path, c
                "training images" in line for line in lines), lines
     with pytest.raises(ValueError, match="val_fraction=0 holds no image out, and a supervised run needs test images"):
         make_recipe({"data": "cifar10", "val_fraction": 0})
+
+
+# ----------------------------------------------------------------------------------------------
+# another library's config.json with a field of the wrong kind
+
+
+@pytest.mark.parametrize("kind, field, value", [
+    ("hf_vit", "id2label", "abc"), ("hf_vit", "id2label", [1]), ("hf_vit", "id2label", -5),
+    ("hf_vit", "num_hidden_layers", None), ("hf_vit", "num_hidden_layers", [1]), ("hf_vit", "image_size", {"a": 1}),
+    ("hf_vit", "image_size", 1e309), ("hf_vit", "hidden_size", "<missing>"),
+    ("timm_vit_token", "label_names", -5), ("timm_vit_token", "label_names", 1e309),
+])
+def test_a_foreign_config_field_of_the_wrong_kind_is_one_line(tmp_path, capsys, pngs, kind, field, value):
+    from conftest import PARITY
+    if not (PARITY / kind).is_dir():
+        pytest.skip(f"the parity fixtures are not here ({PARITY})")
+    folder = tmp_path / kind
+    shutil.copytree(PARITY / kind, folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    if value == "<missing>":
+        del cfg[field]
+    else:
+        cfg[field] = value
+    (folder / "config.json").write_text(json.dumps(cfg))
+    line = error_line(capsys, ["predict", str(folder), str(pngs / "a" / "0.png"), "--threads", "1"])
+    assert f"{folder / 'config.json'}" in line

@@ -256,13 +256,21 @@ def _kind(cfg: dict[str, Any], folder: Path) -> tuple[str | None, Any, dict, dic
         cls = None if arch else model_class(cfg.get("class"), str(folder / CONFIG))
         return arch, cls, dict(cfg.get("model_args") or {}), dict(cfg.get("pretrained_cfg") or {}), dict, \
             cfg.get("sha256")
-    if timm.is_timm_config(cfg):
-        arch, args, preprocess = timm.model_args(cfg)
-        return arch, None, args, preprocess, timm.convert_state_dict, None
-    if hf.is_hf_config(cfg):
-        cls, args, preprocess = hf.model_args(cfg)
-        preprocess.update(hf.preprocessing(folder, cfg))
-        return None, cls, args, preprocess, lambda s: hf.convert_state_dict(s, cfg), None
+    try:  # another library's config translated: a field of the wrong kind is one line naming the file
+        if timm.is_timm_config(cfg):
+            arch, args, preprocess = timm.model_args(cfg)
+            return arch, None, args, preprocess, timm.convert_state_dict, None
+        if hf.is_hf_config(cfg):
+            cls, args, preprocess = hf.model_args(cfg)
+            preprocess.update(hf.preprocessing(folder, cfg))
+            return None, cls, args, preprocess, lambda s: hf.convert_state_dict(s, cfg), None
+    except ValueError as e:  # named with its file, once
+        raise ValueError(str(e) if str(folder) in str(e) else f"{folder / CONFIG}: {e}") from None
+    except KeyError as e:
+        raise ValueError(f"{folder / CONFIG} has no {e} field, which its model type needs") from None
+    except (TypeError, AttributeError, OverflowError) as e:
+        raise ValueError(f"{folder / CONFIG}: a field holds a value of the wrong kind ({e}); accepted: the "
+                         "config.json its library writes") from None
     raise ValueError(f"{folder / CONFIG} is not a model config vitlab knows: expected 'library': 'vitlab', "
                      "'architecture' (timm) or 'model_type' (Hugging Face)")
 

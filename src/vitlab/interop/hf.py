@@ -16,6 +16,7 @@ from ..data.views import Preprocess, scale_size
 from ..models.beit import Beit
 from ..models.eva import Eva
 from ..models.vit import VisionTransformer
+from ..text import quote
 from . import hf_beit, hf_dinov3
 from .keys import check_placed, hf_size, join_qkv
 
@@ -109,7 +110,8 @@ def _num_classes(cfg: dict[str, Any], role: str) -> int:
         return 0
     if role == "projection":
         return int(cfg["projection_dim"])
-    return int(cfg.get("num_labels") or len(cfg.get("id2label") or {}) or 2)
+    labels = cfg.get("id2label") or {}
+    return int(cfg.get("num_labels") or (len(labels) if isinstance(labels, dict) else 0) or 2)
 
 
 def model_args(cfg: dict[str, Any]) -> tuple[type[VisionTransformer | Beit | Eva], dict[str, Any], dict[str, Any]]:
@@ -121,6 +123,8 @@ def model_args(cfg: dict[str, Any]) -> tuple[type[VisionTransformer | Beit | Eva
         raise ValueError(f"hidden_act {act!r} is not supported; accepted: {', '.join(HF_ACTIVATIONS)}")
     dim = int(cfg["hidden_size"])
     id2label = cfg.get("id2label") or {}
+    if not isinstance(id2label, dict):
+        raise ValueError(f"id2label is {quote(id2label)}; accepted: an object of class index -> name")
     num_classes = _num_classes(cfg, role)
     img, patch = _get(cfg, "image_size", 224), _get(cfg, "patch_size", 16)
     default_eps = (1e-12 if model_type in ("vit", "deit", "vit_mae", *hf_beit.MODEL_TYPES) else

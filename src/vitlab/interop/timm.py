@@ -76,8 +76,8 @@ def model_args(cfg: dict[str, Any]) -> tuple[str, dict[str, Any], dict[str, Any]
     names = cfg.get("label_names") or pre.get("label_names")  # save_for_hf writes them at the top level
     if isinstance(names, dict):
         names = [names.get(str(i), names.get(i, str(i))) for i in range(len(names))]
-    if names:
-        preprocess["label_names"] = list(names)
+    if names:  # one per class, as text: checked when the model is loaded (checkpoint.check_preprocess)
+        preprocess["label_names"] = list(names) if isinstance(names, (list, tuple)) else names
     return name, args, preprocess
 
 
