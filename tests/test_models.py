@@ -349,18 +349,37 @@ def test_hf_config_without_qkv_bias_loads(tmp_path):
     assert loaded.pretrained_cfg["label_names"] == ["c0", "c1", "c2", "c3"]
 
 
-def test_model_table_counts_each_model_and_shows_progress_on_long_lists():
+def test_model_table_reads_the_counted_facts_without_building_a_model(monkeypatch):
     import io
 
-    from vitlab.models.summary import model_table
+    from vitlab.models import summary
+    monkeypatch.setattr(summary, "create_model", lambda *a, **k: pytest.fail("a listed model was built"))
     quiet = io.StringIO()
-    table = model_table("deit_tiny*", file=quiet).splitlines()
-    assert table[0].split() == ["model", "class", "input", "params", "(M)", "GFLOPs"]
+    table = summary.model_table("deit*", file=quiet).splitlines()
+    assert table[0].split() == ["model", "class", "input", "params", "(M)", "GMACs"]
     rows = {line.split()[0]: line.split() for line in table[2:]}
-    assert list(rows) == ["deit_tiny_distilled_patch16_224", "deit_tiny_distilled_patch4_32", "deit_tiny_patch16_224"]
-    assert rows["deit_tiny_patch16_224"][2:] == ["224x224", "5.72", "2.51"]  # DeiT-Ti: 5.7M parameters, 1.3 GMACs
-    assert quiet.getvalue() == ""  # a short list is counted without a bar
+    assert rows["deit_base_patch16_224"][2:] == ["224x224", "86.57", "17.56"]  # DeiT-B: 86M, 17.6 GMACs (timm, DeiT)
+    assert rows["deit_tiny_patch16_224"][2:] == ["224x224", "5.72", "1.25"]  # DeiT-Ti: 5.7M, 1.3 GMACs
+    assert quiet.getvalue() == ""
+    assert summary.model_table("no_such_model*") == "no model matches 'no_such_model*'"
+
+
+def test_models_missing_from_the_facts_are_counted_with_progress_on_long_lists(monkeypatch):
+    import io
+
+    from vitlab.models import summary
+    names = ["deit_tiny_distilled_patch4_32", "vit_micro_patch2_8", "vit_nano_patch4_32"]
     log = io.StringIO()
-    assert model_table("deit_tiny*", progress_from=3, file=log).splitlines() == table
-    assert "counting parameters and FLOPs" in log.getvalue() and "3/3" in log.getvalue()
-    assert model_table("no_such_model*") == "no model matches 'no_such_model*'"
+    counted = summary.model_facts(names, progress_from=3, file=log, facts={})
+    assert "counting parameters and multiply-adds" in log.getvalue() and "3/3" in log.getvalue()
+    assert counted == [{"name": n, **summary.read_facts()[n]} for n in names]  # the table holds what counting gives
+    stale = {n: {**summary.read_facts()[n], "spec": "another"} for n in names}
+    log = io.StringIO()
+    assert summary.model_facts(names, progress_from=4, file=log, facts=stale) == counted and log.getvalue() == ""
+
+
+def test_the_counted_facts_cover_every_registered_model_as_registered_now():
+    from vitlab.models import summary
+    facts = summary.read_facts()
+    stale = [n for n in vitlab.list_models("*") if facts.get(n, {}).get("spec") != summary.spec_key(n)]
+    assert not stale, f"{len(stale)} models' facts missing or stale ({stale[:3]}): run benchmarks/make_model_facts.py"

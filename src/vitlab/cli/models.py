@@ -1,11 +1,11 @@
-"""``vitlab models``: the registered models with their parameters and GFLOPs."""
+"""``vitlab models``: the registered models with their parameters and multiply-adds (GMACs)."""
 from __future__ import annotations
 
 import argparse
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    m = sub.add_parser("models", help="list models with parameters and GFLOPs")
+    m = sub.add_parser("models", help="list models with parameters and multiply-adds an image (GMACs)")
     m.add_argument("pattern", nargs="?", default="*", help="shell-style filter, e.g. 'vit_*' or cifar")
     m.set_defaults(func=run)
 

@@ -1,6 +1,9 @@
-"""Parameter and FLOP counts of registered models, for ``vitlab models``."""
+"""Parameter and multiply-add counts of registered models, for ``vitlab models``, and the work of a forward pass."""
 from __future__ import annotations
 
+import hashlib
+import json
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -49,30 +52,91 @@ def matmul_flops(model: nn.Module, image: torch.Tensor) -> int:
     return total
 
 
-def _gflops(flops: int) -> str:
-    g = flops / 1e9
+def matmul_macs(model: nn.Module, input_size: tuple[int, ...] | None = None) -> int:
+    """Multiply-adds of one image of ``input_size`` (C, H, W; default: the model's own) in the linear and
+    convolution layers (``matmul_flops`` of a zero image on the model's device, halved)."""
+    size = tuple(input_size or model.pretrained_cfg["input_size"])
+    first = next(model.parameters(), None)
+    image = torch.zeros(1, *size, device=first.device if first is not None else "cpu")
+    return matmul_flops(model, image) // 2
+
+
+def count_macs(model: nn.Module, input_size: tuple[int, ...]) -> int:
+    """Forward multiply-adds of one image (every matrix product, attention's included), as timm's benchmark and
+    the papers give them (DeiT-B: 17.6 G): ``count_flops`` halved."""
+    return count_flops(model, input_size) // 2
+
+
+FACTS_FILE = Path(__file__).with_name("facts.json")  # written by benchmarks/make_model_facts.py
+PROGRESS_FROM = 20  # models counted from which counting them shows a progress bar (the whole list takes minutes)
+
+
+def spec_key(name: str) -> str:
+    """A digest of what a registered name builds (its class and arguments): a facts row is that name's while the
+    digest matches, and is counted again once the registration changes."""
+    spec = get_spec(name)
+    text = json.dumps({"class": spec.cls.__name__, "args": spec.args}, sort_keys=True, default=repr)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def count_facts(name: str) -> dict[str, Any]:
+    """A registered model's facts at its default resolution, counted on the meta device: class, input size,
+    parameters, multiply-adds an image, and the ``spec_key`` they were counted for."""
+    with torch.device("meta"):
+        model = create_model(name)
+    size = tuple(model.pretrained_cfg["input_size"])
+    return {"class": get_spec(name).cls.__name__, "input": list(size), "params": count_params(model),
+            "macs": count_macs(model, size), "spec": spec_key(name)}
+
+
+def read_facts(path: Path = FACTS_FILE) -> dict[str, dict[str, Any]]:
+    """The counted facts by model name ({} where the file is missing or unreadable: everything is counted)."""
+    try:
+        return json.loads(path.read_text())["models"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+
+
+def model_facts(names: list[str], progress_from: int = PROGRESS_FROM, file: Any = None,
+                facts: dict[str, dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """The facts of each of ``names``: read from the counted table where its row is for the name's registration
+    as it is now, counted (seconds a model) where not; counting ``progress_from`` models or more shows a
+    progress bar on ``file`` (default standard error)."""
+    facts = read_facts() if facts is None else facts
+    fresh = {n: facts[n] for n in names if n in facts and facts[n].get("spec") == spec_key(n)}
+    missing = [n for n in names if n not in fresh]
+    bar = Progress(missing, desc="counting parameters and multiply-adds", unit="model", file=file,
+                   disable=len(missing) < progress_from)
+    counted = {n: count_facts(n) for n in bar}
+    return [{"name": n, **(fresh.get(n) or counted[n])} for n in names]
+
+
+def write_facts(path: Path = FACTS_FILE, file: Any = None) -> int:
+    """Count every registered model's facts into ``path`` (rows still fresh are kept); returns how many."""
+    names = list_models("*")
+    rows = model_facts(names, progress_from=1, file=file, facts=read_facts(path))
+    body = {"about": "vitlab models' facts at their default input size: parameters and forward multiply-adds an "
+                     "image (benchmarks/make_model_facts.py writes this file)",
+            "models": {r.pop("name"): r for r in rows}}
+    path.write_text(json.dumps(body, indent=1, sort_keys=True) + "\n")
+    return len(rows)
+
+
+def _giga(n: int) -> str:
+    g = n / 1e9
     return f"{g:.2f}" if g >= 0.1 else f"{g:.4f}"
 
 
-PROGRESS_FROM = 20  # models listed from which counting them shows a progress bar (the whole list takes a minute)
-
-
 def model_table(pattern: str = "*", progress_from: int = PROGRESS_FROM, file: Any = None) -> str:
-    """A text table: name, family, input size, parameters (M), GFLOPs at the default resolution. Counting
-    ``progress_from`` models or more shows a progress bar on ``file`` (default standard error)."""
+    """A text table: name, family, input size, parameters (M), GMACs (forward multiply-adds of one image at the
+    default resolution), from the counted facts; models missing from them are counted, ``progress_from`` or
+    more with a progress bar on ``file`` (default standard error)."""
     names = list_models(pattern)
     if not names:
         return f"no model matches {pattern!r}"
-    rows = []
-    bar = Progress(names, desc="counting parameters and FLOPs", unit="model", file=file,
-                   disable=len(names) < progress_from)
-    for name in bar:
-        with torch.device("meta"):
-            model = create_model(name)
-        size = model.pretrained_cfg["input_size"]
-        rows.append((name, get_spec(name).cls.__name__, "x".join(map(str, size[1:])),
-                     f"{count_params(model) / 1e6:.2f}", _gflops(count_flops(model, size))))
-    header = ("model", "class", "input", "params (M)", "GFLOPs")
+    rows = [(f["name"], f["class"], "x".join(map(str, f["input"][1:])), f"{f['params'] / 1e6:.2f}",
+             _giga(f["macs"])) for f in model_facts(names, progress_from, file)]
+    header = ("model", "class", "input", "params (M)", "GMACs")
     widths = [max(len(r[i]) for r in rows + [header]) for i in range(len(header))]
     fmt = lambda r: "  ".join(c.ljust(w) if i < 3 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
     return "\n".join([fmt(header), fmt(tuple("-" * w for w in widths))] + [fmt(r) for r in rows])
