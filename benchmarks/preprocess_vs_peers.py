@@ -67,7 +67,7 @@ def main() -> int:
                     p.add_(torch.randn_like(p) * 0.1)
             model.pretrained_cfg.update(rule, mean=(0.45, 0.5, 0.55), std=(0.2, 0.25, 0.3))
             folder = vitlab.save(model, tmp / f"m{i}")
-            ours = predict_files(folder, [image], top_k=5)[0]["top"]
+            ours = predict_files(folder, [image], top_k=5, precision="fp32")[0]["top"]
             ours = torch.tensor([next(p["probability"] for p in ours if p["class"] == str(c)) for c in range(5)])
             peers = {}
             t = timm.create_model(f"local-dir:{export(folder, 'timm', tmp / f't{i}')}", pretrained=True).eval()

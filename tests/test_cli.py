@@ -24,7 +24,8 @@ def test_every_command_of_before_is_there():
 
 
 @pytest.mark.parametrize("command, flag, default", [
-    ("eval", "--precision", "fp32"), ("train", "--precision", None),  # train: None = the recipe's default
+    ("eval", "--precision", "auto"), ("train", "--precision", None),  # train: None = the recipe's default
+    ("predict", "--precision", "auto"), ("probe", "--precision", "auto"), ("inspect", "--precision", "auto"),
     ("eval", "--batch-size", 256), ("inspect", "--batch-size", 64), ("eval", "--device", "auto"),
     ("predict", "--device", "auto"), ("inspect", "--device", "auto"), ("study", "--data", "cifar10"),
     ("study", "--epochs", None), ("eval", "--download", False), ("eval", "--tta", False),

@@ -618,19 +618,23 @@ def test_a_build_says_how_big_the_cache_is(tmp_path):
     ({"avx2", "fma"}, "AVX2", "fp32", "neither AMX nor AVX512-BF16 (PyTorch's CPU kernels: AVX2)"),
     ({"avx512f", "avx512bw"}, "AVX512", "fp32", "neither AMX nor AVX512-BF16"),
     ({"avx512f", "avx512_bf16"}, "AVX512", "fp32", "AVX512-BF16 but no AMX"),
-    ({"amx_bf16", "amx_tile", "avx512_bf16"}, "AVX512", "bf16", "the CPU has AMX"),
+    ({"amx_bf16", "amx_tile", "avx512_bf16"}, "AVX512", "bf16", "AMX present, and bf16 pays"),
     (set(), "DEFAULT", "fp32", "neither AMX nor AVX512-BF16"),
 ])
 def test_auto_precision_on_a_cpu_follows_its_capabilities(monkeypatch, flags, capability, expected, because):
     monkeypatch.setattr(devices, "cpu_flags", lambda: flags)
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
-    assert [devices.auto_precision(torch.device("cpu")) for _ in range(2)] == [
-        (expected, devices.auto_precision(torch.device("cpu"))[1])] * 2
-    precision, why = devices.auto_precision(torch.device("cpu"))
+    big = 100 * devices.BF16_CPU_MIN_MACS  # a model for which bf16 pays where the CPU has AMX
+    assert [devices.auto_precision(torch.device("cpu"), big) for _ in range(2)] == [
+        (expected, devices.auto_precision(torch.device("cpu"), big)[1])] * 2
+    precision, why = devices.auto_precision(torch.device("cpu"), big)
     assert precision == expected and because in why
 
 
 def test_choose_precision_is_decided_without_timing(monkeypatch):
+    from types import SimpleNamespace
+
+    from vitlab.models import create_model
     from vitlab.train import setup
     from vitlab.train.distributed import Dist
     from vitlab.train.recipe import Recipe
@@ -638,7 +642,9 @@ def test_choose_precision_is_decided_without_timing(monkeypatch):
     monkeypatch.setattr(time, "perf_counter", lambda: pytest.fail("precision auto timed something"))
     logs = []
     r = Recipe(precision="auto")
-    got = [setup.choose_precision(r, None, None, None, None, Dist(), logs.append) for _ in range(3)]
+    model, augment = create_model("vit_micro_patch2_8"), SimpleNamespace(img_size=(8, 8))
+    got = [setup.choose_precision(r, model, augment, torch.zeros(2, 1, 8, 8), None, Dist(), logs.append)
+           for _ in range(3)]
     assert got == ["fp32"] * 3
     assert logs[0].startswith("precision auto: float32 (the CPU has neither AMX nor AVX512-BF16")
     assert len(set(logs)) == 1

@@ -27,7 +27,7 @@ CIFAR_STEP = 200e9  # a 5M-parameter ViT's step on 32x32 images at batch 128
 def test_threads_follow_the_work_and_the_free_cores(step, cores, busy, expected):
     threads, why = choose_threads(step, cores, busy)
     assert threads == expected
-    assert f"{max(0, cores - round(busy))} of {cores} cores free" in why and "GFLOP a step" in why
+    assert f"{max(0, cores - round(busy))} of {cores} cores free" in why and "GMACs a step" in why
 
 
 def test_busy_cores_leave_out_this_process_and_survive_a_missing_proc_stat():

@@ -120,7 +120,7 @@ def pretrain(model: ModelLike | None = None, data: Any = None, *, method: str = 
     return fit(model, data, out=out, pretrain=method, **options)
 
 
-def evaluate(model: ModelLike, data: Any = None, *, batch_size: int = 256, precision: str = "fp32",
+def evaluate(model: ModelLike, data: Any = None, *, batch_size: int = 256, precision: str = "auto",
              tta: bool = False, tta_translate: int = 0, cache_dir: str | None = None,
              download: bool = False) -> dict[str, Any]:
     """Metrics of a model on a test split: ``top1``, ``top5``, ``loss``, ``per_class`` (top-1 by class name),

@@ -5,10 +5,13 @@ import argparse
 import json
 import sys
 
+from ..devices import BF16_CPU_MIN_MACS
 from .options import add_option, integer
 
 DATA_HELP = "digits, cifar10, cifar100, an image folder or a .tar.gz"
 DEVICE_HELP = "auto: CUDA when present"
+AUTO_HELP = ("auto: a run folder's own (its summary's figures), else bf16 where it pays for the model (a GPU that has "
+             f"it; a CPU with AMX, from ~{BF16_CPU_MIN_MACS / 1e9:g} GMACs an image), else fp32")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -17,8 +20,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_option(e, "data", default=None, help=DATA_HELP + "; default: a run folder's own data set and split")
     e.add_argument("--out", help="folder for summary.json and confusion.png")
     add_option(e, "batch_size", default=256, help="images per forward pass")
-    # a measurement in float32 unless asked otherwise: the figures it reports are comparable across machines
-    add_option(e, "precision", default="fp32", help="auto: bf16 on a GPU that supports it, else fp32")
+    add_option(e, "precision", default="auto", help=AUTO_HELP)
     add_option(e, "device", help=DEVICE_HELP)
     add_option(e, "cache_dir")
     add_option(e, "download", help="download CIFAR if missing (checksums verified)")
@@ -33,6 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     pr.add_argument("--top-k", type=integer(1), default=5, help="classes shown per image [an integer >= 1; default 5]")
     pr.add_argument("--json", action="store_true", help="print JSON")
     add_option(pr, "device", help=DEVICE_HELP)
+    add_option(pr, "precision", default="auto", help=AUTO_HELP)
     add_option(pr, "threads")
     pr.set_defaults(func=run_predict)
 
@@ -51,7 +54,8 @@ def run_eval(args: argparse.Namespace) -> int:
 
 def run_predict(args: argparse.Namespace) -> int:
     from ..infer.predict import predict_files
-    results = predict_files(args.model, args.images, top_k=args.top_k, device=args.device)
+    results = predict_files(args.model, args.images, top_k=args.top_k, device=args.device,
+                            precision=args.precision)
     if args.json:
         print(json.dumps(results, indent=2))
     else:

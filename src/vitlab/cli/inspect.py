@@ -76,6 +76,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_option(p, "cache_dir", help="where --data sets are cached")
     add_option(p, "download", help="let --data download a missing data set")
     add_option(p, "device", help="auto: CUDA when present")
+    add_option(p, "precision", default="auto", help="the forward passes' precision (auto: a run folder's own, else "
+               "bf16 where it pays for the model, as `vitlab eval` chooses)")
     add_option(p, "threads")
     p.set_defaults(func=run)
 
@@ -107,7 +109,9 @@ def _run(args: argparse.Namespace, out: Path) -> int:
     from ..analysis.capture import attention_modules
     from ..analysis.report import inspect_model
     from ..devices import resolve_device
+    from ..infer.precision import inference_precision
     from ..runs.folder import check_model_written
+    from ..train.step import autocast
     device = resolve_device(args.device)
     check_model_written(args.model)
     objective = _pretraining_objective(args.model)  # a pre-training run: its encoder, and its own section
@@ -152,13 +156,16 @@ def _run(args: argparse.Namespace, out: Path) -> int:
         names = [f"{Path(str(source)).name} test #{int(i)}" for i in pick[:len(shown)]]  # short, for figure titles
     if class_names is not None and len(class_names) != model.num_classes:
         class_names = None  # the data set's classes are not the model's
-    report = inspect_model(model, normalize(shown, mean, std), out, image_names=names, labels=labels,
-                           class_names=class_names, distance_images=normalize(dist_set, mean, std),
-                           head_fusion=args.head_fusion, discard_ratio=args.discard_ratio, batch_size=args.batch_size,
-                           faithfulness_images=faith_set, faithfulness_labels=faith_labels,
-                           curve_steps=args.curve_steps, explorer_images=args.explorer_images, objective=objective,
-                           title=f"vitlab inspect: {Path(args.model).resolve().name}"
-                                 + (f" ({model.arch})" if getattr(model, "arch", None) else ""))
+    precision = inference_precision(model, args.precision, device, args.model if objective is None else None)
+    with autocast(device, precision):  # a bf16 model's report shows what that model computes
+        report = inspect_model(model, normalize(shown, mean, std), out, image_names=names, labels=labels,
+                               class_names=class_names, distance_images=normalize(dist_set, mean, std),
+                               head_fusion=args.head_fusion, discard_ratio=args.discard_ratio,
+                               batch_size=args.batch_size,
+                               faithfulness_images=faith_set, faithfulness_labels=faith_labels,
+                               curve_steps=args.curve_steps, explorer_images=args.explorer_images, objective=objective,
+                               title=f"vitlab inspect: {Path(args.model).resolve().name}"
+                                     + (f" ({model.arch})" if getattr(model, "arch", None) else ""))
     written = [p.name for p in sorted(out.glob("*.json")) if p.stat().st_mtime >= started]  # not an earlier run's
     print(f"vitlab inspect: wrote {report} ({report.stat().st_size / 1e6:.1f} MB, self-contained), "
           f"{', '.join(written)} and {len(list(out.glob('*.png')))} figures in {out}")

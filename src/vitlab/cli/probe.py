@@ -25,7 +25,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="the linear probe's L2 penalty [a number >= 0; default 0.0001]")
     add_option(p, "batch_size", default=64, help="images per forward pass")
     add_option(p, "device", help="auto: CUDA when present")
-    add_option(p, "precision", default="fp32", help="fp32 or bf16 features (auto: bf16 on a GPU that has it)")
+    add_option(p, "precision", default="auto", help="fp32 or bf16 features (auto: a run folder's own, else bf16 where "
+               "it pays for the model, as `vitlab eval` chooses)")
     add_option(p, "threads")
     add_option(p, "img_size", help="run the model at this input size (its position table resampled); default: its own")
     add_option(p, "cache_dir", help="data cache; the features are cached in its features/ folder")
@@ -36,8 +37,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import contextlib
-
-    import torch
 
     from ..probe.run import PROBE_JSON, probe
     from ..runs.folder import claim_folder
@@ -50,17 +49,15 @@ def run(args: argparse.Namespace) -> int:
                          "cifar10, cifar100, an image folder or a .tar.gz)")
     if args.probe_wd < 0:
         raise ValueError(f"--probe-wd {args.probe_wd:g} is not valid; accepted: a number >= 0")
-    precision = args.precision
-    if precision == "auto":
-        precision = "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "fp32"
-    if precision not in ("fp32", "bf16"):
-        raise ValueError(f"--precision {precision} is not valid for features; accepted: fp32, bf16, auto")
+    if args.precision not in ("fp32", "bf16", "auto"):
+        raise ValueError(f"--precision {args.precision} is not valid for features; accepted: fp32, bf16, auto")
     seed = args.seed if args.seed is not None else split.get("seed", 0)
     val_fraction = args.val_fraction if args.val_fraction is not None else split.get("val_fraction", 0.2)
     with claim_folder(args.out, "probe") if args.out else contextlib.nullcontext():
         result = probe(args.model, data, seed=seed, val_fraction=val_fraction, train_fraction=args.train_fraction,
                        k=args.k, weight_decay=args.probe_wd, batch_size=args.batch_size, device=args.device,
-                       precision=precision, cache_dir=args.cache_dir, download=args.download, img_size=args.img_size)
+                       precision=args.precision, cache_dir=args.cache_dir, download=args.download,
+                       img_size=args.img_size)
         if args.out:
             from ..atomic import atomic_write_json
             atomic_write_json(Path(args.out) / PROBE_JSON, result)

@@ -17,13 +17,14 @@ from ..runs.folder import check_model_written, claim_folder
 from ..runs.format import CONFUSION_PNG, EvalSummary, read_split, write_summary
 from ..runs.identity import check_data
 from ..train.metrics import evaluate_model
+from .precision import inference_precision
 from .predict import class_names
 
 
 @dataclass(frozen=True)
 class Options:
-    """How an evaluation runs: batch, precision (fp32, bf16, fp16, or auto: bf16 on a GPU that has it) and
-    test-time augmentation (see ``head_logits``)."""
+    """How an evaluation runs: batch, precision (fp32, bf16, fp16, or auto: bf16 where it pays for the model,
+    ``infer.precision.inference_precision``) and test-time augmentation (see ``head_logits``)."""
 
     batch_size: int = 256
     precision: str = "fp32"
@@ -60,23 +61,21 @@ def evaluate_images(model: torch.nn.Module, images: torch.Tensor, labels: torch.
     elif len(classes) != model.num_classes:
         raise ValueError(f"the model predicts {model.num_classes} classes, {data} has {len(classes)}: "
                          f"{', '.join(classes[:10])}")
-    precision = options.precision
-    if precision == "auto":
-        cuda = next(model.parameters()).device.type == "cuda"
-        precision = "bf16" if cuda and torch.cuda.is_bf16_supported() else "fp32"
+    precision = inference_precision(model, options.precision, next(model.parameters()).device)
     return evaluate_model(model, images, labels, names, model.pretrained_cfg["mean"], model.pretrained_cfg["std"],
                           batch_size=options.batch_size, precision=precision, tta=options.tta,
                           tta_translate=options.tta_translate, source=source)
 
 
 def evaluate_folder(model_path: str | os.PathLike, data: str | None = None, out: str | os.PathLike | None = None,
-                    batch_size: int = 256, precision: str = "fp32", cache_dir: str | None = None,
+                    batch_size: int = 256, precision: str = "auto", cache_dir: str | None = None,
                     download: bool = False, tta: bool = False, device: str = "auto", tta_translate: int = 0) -> dict:
     """Metrics of every head of a saved model on a data set's test split; summary.json and confusion.png in out.
 
     ``tta`` averages each image's logits with its mirror image's, and with ``tta_translate`` N also with the image
     shifted by N pixels (see ``head_logits``). ``precision``:
-    fp32, bf16, fp16 or auto (bf16 on a GPU that has it, else fp32). A run folder is evaluated on its own
+    fp32, bf16, fp16 or auto (a run folder's own, so that its summary's figures are reproduced; else bf16 where
+    it pays for the model: ``infer.precision.inference_precision``). A run folder is evaluated on its own
     test split (its data set unless ``data`` names another, its seed and val_fraction). ``out`` is claimed
     before the work (runs.folder.claim_folder): a folder holding others' files, or being written, is refused.
     """
@@ -99,12 +98,13 @@ def _evaluate(model_path, data, out, batch_size, precision, cache_dir, download,
     model = checkpoint.load(model_path).to(dev)
     bundle = model_data(model, data, split, cache_dir, download)
     check_data(model_path, bundle.identity, "evaluate", own)
+    precision = inference_precision(model, precision, dev, model_path)  # auto: the run's own, else the rule
     heads = evaluate_images(model, bundle.test.images, bundle.test.labels, bundle.classes, data,
                             Options(batch_size, precision, tta, tta_translate), len(bundle.train.images), model_path)
     names = class_names(model)
     m = heads["logits"]
     result = EvalSummary(model=str(model_path), data=bundle.name, tta=tta, heads=heads, top1=m["top1"],
-                         top5=m["top5"], per_class=m["per_class"], tta_translate=tta_translate)
+                         top5=m["top5"], per_class=m["per_class"], tta_translate=tta_translate, precision=precision)
     if out is not None:
         out = Path(out)
         write_summary(out, result)

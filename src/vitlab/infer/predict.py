@@ -18,6 +18,8 @@ from ..devices import resolve_device, to_device
 from ..finite import check_finite
 from ..runs.folder import check_model_written
 from ..train.metrics import head_logits
+from ..train.step import autocast
+from .precision import inference_precision
 
 
 def class_names(model: torch.nn.Module) -> list[str]:
@@ -60,25 +62,30 @@ def decode_images(images: Any, cfg: dict) -> torch.Tensor:
 
 
 @torch.no_grad()
-def class_probabilities(model: torch.nn.Module, images: torch.Tensor, source: object = "the model") -> torch.Tensor:
+def class_probabilities(model: torch.nn.Module, images: torch.Tensor, source: object = "the model",
+                        precision: str = "fp32") -> torch.Tensor:
     """Softmax of the model's eval logits (the mean of a distilled model's heads) for a uint8 batch, on the
-    model's device; logits that hold a NaN or an Inf are refused (ValueError naming ``source``)."""
+    model's device, the model run in ``precision`` (fp32, bf16 or fp16 autocast; the softmax in float32); logits
+    that hold a NaN or an Inf are refused (ValueError naming ``source``)."""
     dev = next(model.parameters()).device
     x = normalize(to_device(images, dev), model.pretrained_cfg["mean"], model.pretrained_cfg["std"])
-    probs = head_logits(model.eval(), x)["logits"].float().softmax(-1)
+    with autocast(dev, precision):
+        logits = head_logits(model.eval(), x)["logits"]
+    probs = logits.float().softmax(-1)
     check_finite(probs, len(probs), "class probabilities", source)
     return probs
 
 
 @torch.no_grad()
 def predict_files(model_path: str | os.PathLike, images: Sequence[str | os.PathLike], top_k: int = 5,
-                  device: str = "auto") -> list[dict]:
+                  device: str = "auto", precision: str = "auto") -> list[dict]:
     """Top-k classes with probabilities for each image file; a file that cannot be read gets ``error`` (why)
     instead, and the others are predicted (none readable: a ValueError).
 
     Each image is prepared as the model's pretrained config says (``Preprocess``: the resize rule, crop_pct
     and interpolation applied by Pillow as the file is decoded, as timm and transformers do; mean and std),
-    the rule that decodes a run's test images.
+    the rule that decodes a run's test images. ``precision``: fp32, bf16, fp16 or auto (a run folder's own, else
+    bf16 where it pays for the model: ``infer.precision.inference_precision``).
     """
     dev = resolve_device(device)
     check_model_written(model_path)
@@ -99,7 +106,8 @@ def predict_files(model_path: str | os.PathLike, images: Sequence[str | os.PathL
     if not decoded:
         raise ValueError(results[0]["error"] if len(results) == 1 else
                          f"none of the {len(results)} images could be read; the first: {results[0]['error']}")
-    probs = class_probabilities(model, torch.stack(decoded), model_path).cpu()
+    precision = inference_precision(model, precision, dev, model_path)
+    probs = class_probabilities(model, torch.stack(decoded), model_path, precision).cpu()
     top = probs.topk(min(top_k, probs.shape[1]), dim=1)
     good = iter(range(len(decoded)))
     for r in results:

@@ -16,12 +16,13 @@ from ..data.cache import FEATURES_DIR, default_cache_dir
 from ..data.sources import load_data
 from ..data.views import Preprocess, stratified_subset
 from ..devices import resolve_device
+from ..infer.precision import inference_precision
 from ..models.registry import create_model, get_spec
 from ..progress import log_line
 from ..runs.folder import check_model_written
 from ..runs.identity import check_data
 from .classifiers import accuracy, knn_classify, linear_probe
-from .features import extract_features
+from .features import PRECISIONS, extract_features
 
 PROBE_JSON = "probe.json"  # what `vitlab probe --out` writes in its folder
 
@@ -41,6 +42,17 @@ def open_model(spec: str | os.PathLike, img_size: int | None = None) -> tuple[nn
                                 f"name ({e}); accepted: a run, timm or Hugging Face folder, a hub id, or a registered "
                                 "name (random weights)") from None
     return create_model(text, num_classes=0, **size), "random weights"
+
+
+def feature_precision(model: nn.Module, asked: str, device: torch.device, spec: str | os.PathLike,
+                      log: Callable[[str], None]) -> str:
+    """fp32 or bf16 for the features: ``asked``, or for 'auto' what inference takes (a run's own, or the rule);
+    a run's fp16 (a GPU's) becomes the rule's choice, and fp16 asked for is refused in one line."""
+    if asked not in ("auto", *PRECISIONS):
+        raise ValueError(f"precision {asked!r} is not valid for features; accepted: auto, {', '.join(PRECISIONS)}")
+    folder = spec if asked == "auto" and Path(spec).is_dir() else None
+    precision = inference_precision(model, asked, device, folder, log)
+    return precision if precision in PRECISIONS else inference_precision(model, asked, device, None, log)
 
 
 def split_images(model: nn.Module, data: str, *, seed: int, val_fraction: float, train_fraction: float,
@@ -70,7 +82,7 @@ def split_images(model: nn.Module, data: str, *, seed: int, val_fraction: float,
 
 def probe(model_spec: str | os.PathLike, data: str, *, seed: int = 0, val_fraction: float = 0.2,
           train_fraction: float = 1.0, k: int = 20, temperature: float = 0.07, weight_decay: float = 1e-4,
-          batch_size: int = 64, device: str = "auto", precision: str = "fp32", cache_dir: str | None = None,
+          batch_size: int = 64, device: str = "auto", precision: str = "auto", cache_dir: str | None = None,
           download: bool = False, progress: bool = True, log: Callable[[str], None] = log_line,
           now: Callable[[], float] = time.perf_counter, img_size: int | None = None) -> dict[str, Any]:
     """k-NN and linear-probe top-1 of a frozen model's pre-logits features on ``data``'s test split.
@@ -79,12 +91,15 @@ def probe(model_spec: str | os.PathLike, data: str, *, seed: int = 0, val_fracti
     ``<cache_dir>/features`` (the data cache's folder by default), on ``device`` (auto: a GPU when there is
     one). ``now`` is the clock the result's seconds are read from; ``img_size`` runs the model at another input
     size than its own (a DINOv2 at 224 instead of 518: its position table resampled, its preprocessing rule kept).
+    ``precision``: fp32, bf16 or auto (a run folder's own where it is one of those, else bf16 where it pays for the
+    model: ``infer.precision.inference_precision``).
     """
     dev = resolve_device(device)
     model, weights = open_model(model_spec, img_size)
     sets = split_images(model, data, seed=seed, val_fraction=val_fraction, train_fraction=train_fraction,
                         cache_dir=cache_dir, download=download, log=log)
     check_data(model_spec, sets["identity"], "probe", own=False)  # a run's data set: the split it trained on
+    precision = feature_precision(model, precision, dev, model_spec, log)
     cfg = model.pretrained_cfg
     features_dir = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
     seconds, feats = {}, {}

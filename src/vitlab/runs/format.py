@@ -184,6 +184,7 @@ class EvalSummary:
     top5: float
     per_class: dict[str, float]
     tta_translate: int = 0        # with tta: also shifted by this many pixels (airbench's mirror + translate)
+    precision: str = "fp32"       # what the model ran in: fp32, bf16 or fp16
 
     def to_dict(self) -> dict[str, Any]:
         return _to_dict(self)

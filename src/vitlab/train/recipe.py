@@ -14,6 +14,7 @@ import yaml
 from pydantic import Field, model_validator
 
 from ..data.augment import AugmentConfig
+from ..devices import BF16_CPU_MIN_MACS
 from ..pretrain.objective import check_options
 from ..settings import Settings
 
@@ -120,7 +121,8 @@ class Recipe(Settings):
     # execution
     device: Device = Field("auto", description="auto picks CUDA when PyTorch sees a GPU")
     precision: Precision = Field(
-        "auto", description="auto: bf16 on GPUs that support it and on CPUs with AMX, else fp32")
+        "auto", description="auto: bf16 on GPUs that support it, and on CPUs with AMX for models of "
+        f"~{BF16_CPU_MIN_MACS / 1e9:g} GMACs an image or more (where it pays), else fp32")
     compile: bool = Field(False, description="torch.compile the model")
     channels_last: bool | None = Field(None, description="channels-last memory format (default: on CUDA for "
                                        "convolutional stems)")

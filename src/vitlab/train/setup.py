@@ -20,7 +20,7 @@ from ..data.augment import BatchAugment
 from ..data.sources import DataBundle, ImageSet
 from ..data.views import Preprocess, eval_view
 from ..devices import auto_precision, set_cpu_threads
-from ..models.summary import matmul_flops
+from ..models.summary import matmul_flops, matmul_macs
 from ..progress import Progress, progress_bar
 from ..runs.folder import check_model_written, claim_folder, written_by_this_launch
 from ..runs.format import CHECKPOINT, config_values, has_config, read_config
@@ -443,7 +443,8 @@ def set_fast_math(device: torch.device) -> None:
 def choose_precision(recipe: Recipe, model: nn.Module, augment: BatchAugment, images: torch.Tensor,
                      labels: torch.Tensor, dist: Dist, log: Callable[[str], None]) -> str:
     """'fp32', 'bf16' or 'fp16'. 'auto' is bf16 where the hardware computes in it fast (a GPU that supports it,
-    a CPU with AMX), else fp32: decided from the hardware, never from a timing (see devices.auto_precision)."""
+    a CPU with AMX for a model large enough to gain from it), else fp32: decided from the hardware and the model's
+    multiply-adds an image, never from a timing (see devices.auto_precision)."""
     if recipe.precision != "auto":
         if recipe.precision == "bf16" and dist.device.type == "cuda" and not torch.cuda.is_bf16_supported():
             raise ValueError(f"precision='bf16' is not supported by {torch.cuda.get_device_name(dist.device)}; "
@@ -452,7 +453,7 @@ def choose_precision(recipe: Recipe, model: nn.Module, augment: BatchAugment, im
             raise ValueError("precision='fp16' needs a GPU (a gradient scaler on the CPU is of no use); "
                              "accepted on the CPU: auto, bf16, fp32")
         return recipe.precision
-    precision, why = auto_precision(dist.device)
+    precision, why = auto_precision(dist.device, matmul_macs(model, (images.shape[1], *augment.img_size)))
     precision = "bf16" if broadcast_flag(precision == "bf16", dist) else "fp32"  # rank 0's hardware decides
     log(f"precision auto: {'bf16' if precision == 'bf16' else 'float32'} ({why})")
     return precision
