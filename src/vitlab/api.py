@@ -24,6 +24,7 @@ from .data.arrays import is_arrays, split_arrays, store_arrays
 from .data.augment import normalize
 from .devices import to_device
 from .infer.eval import Options, evaluate_folder, evaluate_images, model_data
+from .infer.precision import inference_precision
 from .infer.predict import class_names, class_probabilities, decode_images
 from .models import list_models
 from .runs.figures import confusion_figure, curves_figure
@@ -159,9 +160,10 @@ def evaluate(model: ModelLike, data: Any = None, *, batch_size: int = 256, preci
     return {**heads["logits"], "heads": heads, "data": bundle.name}
 
 
-def predict(model: ModelLike, images: Any, *, batch_size: int = 256) -> np.ndarray:
+def predict(model: ModelLike, images: Any, *, batch_size: int = 256, precision: str = "auto") -> np.ndarray:
     """Class probabilities, an (N, classes) array, for image files, PIL images or uint8 arrays ((H, W, C) one image,
-    (N, H, W, C) several), each prepared by the model's own preprocessing (as ``vitlab predict``).
+    (N, H, W, C) several), each prepared by the model's own preprocessing (as ``vitlab predict``); ``precision``
+    as ``vitlab predict --precision`` (auto: a run folder's own, else bf16 where it pays for the model).
 
     Example::
 
@@ -170,7 +172,9 @@ def predict(model: ModelLike, images: Any, *, batch_size: int = 256) -> np.ndarr
     """
     module = classifier(model)
     x = decode_images(images, module.pretrained_cfg)
-    return torch.cat([class_probabilities(module, b).cpu() for b in x.split(batch_size)]).numpy()
+    folder = None if isinstance(model, nn.Module) else model
+    precision = inference_precision(module, precision, next(module.parameters()).device, folder)
+    return torch.cat([class_probabilities(module, b, precision).cpu() for b in x.split(batch_size)]).numpy()
 
 
 def explain(model: ModelLike, image: Any, method: str = "rollout", *, target_class: int | None = None,

@@ -35,15 +35,18 @@ def inference_precision(model: nn.Module, asked: str, device: torch.device, fold
     """'fp32', 'bf16' or 'fp16' to run ``model`` in on ``device``: ``asked`` unless it is 'auto'. 'auto' is the
     precision the run in ``folder`` trained and evaluated in, so that `vitlab eval` of its weights gives the figures
     its summary gives; for any other model, the rule training's 'auto' follows (devices.auto_precision on the
-    model's multiply-adds an image). Said in one line on ``log``."""
+    model's multiply-adds an image). A choice of bf16 or fp16 is said in one line on ``log`` (float32, what
+    inference ran in before 'auto' existed, goes without a word)."""
     if asked not in PRECISIONS:
         raise ValueError(f"precision {asked!r} is not valid; accepted: {', '.join(PRECISIONS)}")
     if asked != "auto":
         return asked
     own = run_precision(folder, device)
     if own is not None:
-        log(f"precision auto: {NAMES[own]} (the run's own: it trained and evaluated in {NAMES[own]})")
+        if own != "fp32":
+            log(f"precision auto: {NAMES[own]} (the run's own: it trained and evaluated in {NAMES[own]})")
         return own
     precision, why = auto_precision(device, matmul_macs(model))
-    log(f"precision auto: {NAMES[precision]} ({why})")
+    if precision != "fp32":
+        log(f"precision auto: {NAMES[precision]} ({why})")
     return precision
