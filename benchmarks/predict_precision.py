@@ -1,0 +1,91 @@
+"""`vitlab predict` of a ViT-B/16 in bf16 against float32 on this machine: wall time and whether each image gets
+the same top-1 class.
+
+The model is a vitlab, timm or Hugging Face folder (--model), or by default a ViT-B/16 at 224 with vitlab's own
+random initialisation and ten classes; the images are the first --images files of the CIFAR-10 test set (JPEG
+archive, resized to 224 by the model's rule as predict does). Each precision runs what the command
+`vitlab predict MODEL IMAGES... --precision P` runs, ``vitlab.infer.predict_files`` (the model folder loaded, the
+files decoded, the forward pass), in this process, so that the interpreter's start-up, the same for both, is left
+out; fp32 and bf16 alternate for --rounds rounds, and the median time of each and their ratio are printed, with
+the images whose top-1 class differs.
+
+    python benchmarks/predict_precision.py --data ../shared/data/cifar10-jpg.tar.gz [--images 32] [--rounds 2]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+import vitlab
+from vitlab.devices import BF16_CPU_FLAG, cpu_flags, cpu_name
+from vitlab.infer.predict import predict_files
+
+
+def test_images(archive: Path, n: int, folder: Path) -> list[Path]:
+    """The first ``n`` test JPEGs of the archive, the classes in turn, written to ``folder``."""
+    with tarfile.open(archive) as tar:
+        members = sorted((m for m in tar.getmembers() if m.isfile() and "/test/" in f"/{m.name}"),
+                         key=lambda m: m.name)
+        by_class: dict[str, list] = {}
+        for m in members:
+            by_class.setdefault(Path(m.name).parent.name, []).append(m)
+        picked = [m for group in zip(*by_class.values()) for m in group][:n]
+        paths = []
+        for i, m in enumerate(picked):
+            path = folder / f"{i:03d}_{Path(m.name).parent.name}.jpg"
+            path.write_bytes(tar.extractfile(m).read())
+            paths.append(path)
+    return paths
+
+
+def predict(model: str, images: list[Path], precision: str) -> tuple[float, list[str]]:
+    """Seconds of one ``predict_files`` call (what `vitlab predict` runs) and each image's top-1 class."""
+    t = time.perf_counter()
+    results = predict_files(model, images, top_k=1, device="cpu", precision=precision)
+    return time.perf_counter() - t, [r["top"][0]["class"] for r in results]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", required=True, help="the CIFAR-10 JPEG archive (cifar10-jpg.tar.gz)")
+    ap.add_argument("--model", help="a model folder (default: a random-weights ViT-B/16 at 224, ten classes)")
+    ap.add_argument("--images", type=int, default=32)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        model = args.model
+        if model is None:
+            torch.manual_seed(0)
+            model = str(vitlab.save(vitlab.create_model("vit_base_patch16_224", num_classes=10), folder / "vit_b16"))
+        images = test_images(Path(args.data), args.images, folder)
+        seconds: dict[str, list[float]] = {"fp32": [], "bf16": []}
+        classes: dict[str, list[str]] = {}
+        for _ in range(args.rounds):
+            for precision in seconds:
+                s, classes[precision] = predict(model, images, precision)
+                seconds[precision].append(s)
+    amx = "AMX (amx_bf16)" if BF16_CPU_FLAG in cpu_flags() else "no AMX"
+    fp32, bf16 = statistics.median(seconds["fp32"]), statistics.median(seconds["bf16"])
+    differ = [i for i, (a, b) in enumerate(zip(classes["fp32"], classes["bf16"])) if a != b]
+    print(f"CPU: {cpu_name()}, {amx}; torch {torch.__version__}; {args.threads} threads; model: "
+          f"{args.model or 'vit_base_patch16_224 (random weights, 10 classes)'}; {len(images)} CIFAR-10 test images")
+    print(f"| precision | `vitlab predict`'s seconds (median of {args.rounds}) | img/s |")
+    print("|---|---|---|")
+    for name, s in (("float32", fp32), ("bf16", bf16)):
+        print(f"| {name} | {s:.1f} | {len(images) / s:.2f} |")
+    print(f"bf16 / float32 speed: {fp32 / bf16:.2f}x (loading the folder and decoding the files included); "
+          f"same top-1 class: {len(images) - len(differ)} of {len(images)}"
+          + (f" (differ: {', '.join(images[i].name for i in differ)})" if differ else ""))
+
+
+if __name__ == "__main__":
+    main()
