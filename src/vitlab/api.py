@@ -174,7 +174,7 @@ def predict(model: ModelLike, images: Any, *, batch_size: int = 256, precision: 
     x = decode_images(images, module.pretrained_cfg)
     folder = None if isinstance(model, nn.Module) else model
     precision = inference_precision(module, precision, next(module.parameters()).device, folder)
-    return torch.cat([class_probabilities(module, b, precision).cpu() for b in x.split(batch_size)]).numpy()
+    return torch.cat([class_probabilities(module, b, precision=precision).cpu() for b in x.split(batch_size)]).numpy()
 
 
 def explain(model: ModelLike, image: Any, method: str = "rollout", *, target_class: int | None = None,
