@@ -344,3 +344,22 @@ def test_a_foreign_config_field_of_the_wrong_kind_is_one_line(tmp_path, capsys, 
     (folder / "config.json").write_text(json.dumps(cfg))
     line = error_line(capsys, ["predict", str(folder), str(pngs / "a" / "0.png"), "--threads", "1"])
     assert f"{folder / 'config.json'}" in line
+
+
+def test_files_nested_beyond_reading_are_one_line_wherever_they_are_read(tmp_path, capsys, saved, pngs, monkeypatch):
+    from conftest import PARITY
+    recipe = tmp_path / "deep.yaml"
+    recipe.write_text("epochs: " + "[" * 100_000)
+    line = error_line(capsys, ["train", "--config", str(recipe), "--out", str(tmp_path / "r")])
+    assert f"recipe {recipe} nests its YAML values deeper than vitlab reads" in line
+    if (PARITY / "hf_vit").is_dir():
+        shutil.copytree(PARITY / "hf_vit", tmp_path / "hf")
+        (tmp_path / "hf" / "preprocessor_config.json").write_text("[" * 100_000)
+        line = error_line(capsys, ["predict", str(tmp_path / "hf"), str(pngs / "a" / "0.png")])
+        assert f"{tmp_path / 'hf' / 'preprocessor_config.json'} nests its JSON values deeper" in line
+
+    def deep(*args, **kwargs):  # any other reader: the command line's last guard says it in one line
+        raise RecursionError("maximum recursion depth exceeded")
+    monkeypatch.setattr(vitlab.checkpoint, "read_config", deep)
+    line = error_line(capsys, ["predict", str(saved), str(pngs / "a" / "0.png")])
+    assert "an input file nests deeper than vitlab reads" in line

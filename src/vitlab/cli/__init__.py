@@ -63,6 +63,11 @@ def main(argv: list[str] | None = None) -> int:
                 check_writable(getattr(args, option), option)
         with sigterm_interrupts():
             return args.func(args)
+    except RecursionError:  # a file nested deeper than Python's readers go (a JSON or YAML of 100k '['), wherever
+        # read (before RuntimeError, its base class)
+        print(f"vitlab {args.command}: error: an input file nests deeper than vitlab reads ({sys.getrecursionlimit()} "
+              "levels); accepted: a file of ordinary depth", file=sys.stderr)
+        return 2
     except RuntimeError as e:
         if args.command != "study":
             raise
@@ -70,10 +75,6 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except (ValueError, FileNotFoundError) as e:
         print(f"vitlab {args.command}: error: {clip_quotes(str(e))}", file=sys.stderr)
-        return 2
-    except RecursionError:  # a file nested deeper than Python's readers go (a JSON or YAML of 100k '['), wherever read
-        print(f"vitlab {args.command}: error: an input file nests deeper than vitlab reads ({sys.getrecursionlimit()} "
-              "levels); accepted: a file of ordinary depth", file=sys.stderr)
         return 2
     except SafetensorError as e:  # a weights file that safetensors cannot read, reached by a reader that did not say
         print(f"vitlab {args.command}: error: a safetensors file is truncated or corrupt "

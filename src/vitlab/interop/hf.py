@@ -4,7 +4,6 @@ BEiT and data2vec-vision have their key maps in ``hf_beit``; this module dispatc
 """
 from __future__ import annotations
 
-import json
 import math
 import re
 from pathlib import Path
@@ -12,6 +11,7 @@ from typing import Any
 
 import torch
 
+from ..atomic import read_json_object
 from ..data.views import Preprocess, scale_size
 from ..models.beit import Beit
 from ..models.eva import Eva
@@ -234,13 +234,7 @@ def preprocessing(folder: Path, model_cfg: dict[str, Any] | None = None) -> dict
         cfg, where = published_processor(model_cfg["model_type"], int(image[0] if isinstance(image, list) else image))
         return dict(_processor_keys(cfg), preprocess_from=f"{folder} has no {PREPROCESSOR}: the preprocessing "
                     f"published for model_type {model_cfg['model_type']} ({where})")
-    try:
-        cfg = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path} is not valid JSON ({e})") from None
-    if not isinstance(cfg, dict):
-        raise ValueError(f"{path} must hold a JSON object, not {type(cfg).__name__}")
-    return dict(_processor_keys(cfg), preprocess_from=str(path))
+    return dict(_processor_keys(read_json_object(path)), preprocess_from=str(path))
 
 
 def _processor_keys(cfg: dict[str, Any]) -> dict[str, Any]:

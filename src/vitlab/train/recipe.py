@@ -376,6 +376,9 @@ def load_recipe(path: str | Path | None = None, **overrides: Any) -> Recipe:
             loaded = yaml.safe_load(p.read_text()) or {}
         except yaml.YAMLError as e:
             raise ValueError(f"recipe {p} is not valid YAML: {e}") from None
+        except RecursionError:
+            raise ValueError(f"recipe {p} nests its YAML values deeper than vitlab reads; accepted: a mapping of "
+                             "option: value") from None
         if not isinstance(loaded, dict):
             raise ValueError(f"recipe {p} must be a mapping of option: value")
         values = _nested(loaded)
