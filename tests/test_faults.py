@@ -618,7 +618,7 @@ def test_a_build_says_how_big_the_cache_is(tmp_path):
     ({"avx2", "fma"}, "AVX2", "fp32", "neither AMX nor AVX512-BF16 (PyTorch's CPU kernels: AVX2)"),
     ({"avx512f", "avx512bw"}, "AVX512", "fp32", "neither AMX nor AVX512-BF16"),
     ({"avx512f", "avx512_bf16"}, "AVX512", "fp32", "AVX512-BF16 but no AMX"),
-    ({"amx_bf16", "amx_tile", "avx512_bf16"}, "AVX512", "bf16", "AMX present, and bf16 pays"),
+    ({"amx_bf16", "amx_tile", "avx512_bf16"}, "AVX512", "bf16", "AMX present, and bf16 training pays"),
     (set(), "DEFAULT", "fp32", "neither AMX nor AVX512-BF16"),
 ])
 def test_auto_precision_on_a_cpu_follows_its_capabilities(monkeypatch, flags, capability, expected, because):

@@ -36,9 +36,12 @@ def test_auto_takes_bf16_on_amx_only_from_the_measured_size(amx):
     line = devices.BF16_CPU_MIN_MACS
     precision, why = devices.auto_precision(CPU, line / 4)
     assert precision == "fp32"
-    assert why == (f"AMX present, but bf16 pays only from ~{line / 1e9:g} GMACs per image; this model has "
+    assert why == (f"AMX present, but bf16 training pays only from ~{line / 1e9:g} GMACs per image; this model has "
                    f"{line / 4e9:.2g}")
     assert devices.auto_precision(CPU, line)[0] == devices.auto_precision(CPU, 50 * line)[0] == "bf16"
+    between = (devices.BF16_CPU_MIN_MACS_INFERENCE + line) / 2  # inference gains from smaller models than training
+    assert devices.auto_precision(CPU, between)[0] == "fp32"
+    assert devices.auto_precision(CPU, between, "inference")[0] == "bf16"
 
 
 def test_auto_stays_float32_without_amx_whatever_the_size(monkeypatch):
@@ -64,10 +67,10 @@ def test_training_on_amx_keeps_the_digits_model_in_float32_and_a_vit_s_in_bf16(a
     logs = []
     digits = create_model("vit_micro_patch2_8")  # the main job's model (make run)
     assert choose(digits, (8, 8), logs) == "fp32"
-    assert logs[-1] == (f"precision auto: float32 (AMX present, but bf16 pays only from "
+    assert logs[-1] == (f"precision auto: float32 (AMX present, but bf16 training pays only from "
                         f"~{devices.BF16_CPU_MIN_MACS / 1e9:g} GMACs per image; this model has "
                         f"{matmul_macs(digits) / 1e9:.2g})")
-    small = create_model("vit_small_patch16_224", depth=1)  # a ViT-S/16's width and grid; one block keeps it quick
+    small = create_model("vit_small_patch16_224", depth=4)  # a ViT-S/16's width and grid; 4 blocks keep it quick
     assert choose(small, (224, 224), logs) == "bf16" and logs[-1].startswith("precision auto: bf16 (AMX present")
 
 
@@ -86,10 +89,10 @@ def test_inference_follows_the_rule_for_a_model_that_is_not_a_run(amx, monkeypat
     logs = []
     assert inference_precision(model, "auto", CPU, tmp_path, logs.append) == "fp32"
     assert logs == []  # float32, as inference always ran, goes without a word
-    monkeypatch.setattr(devices, "BF16_CPU_MIN_MACS", 1)
+    monkeypatch.setattr(devices, "BF16_CPU_MIN_MACS_INFERENCE", 1)
     assert inference_precision(model, "auto", CPU, None, logs.append) == "bf16"
-    assert logs == [f"precision auto: bf16 (AMX present, and bf16 pays from ~1e-09 GMACs per image; this model has "
-                    f"{matmul_macs(model) / 1e9:.2g})"]
+    assert logs == [f"precision auto: bf16 (AMX present, and bf16 inference pays from ~1e-09 GMACs per image; "
+                    f"this model has {matmul_macs(model) / 1e9:.2g})"]
     assert inference_precision(model, "fp32", CPU, None, logs.append) == "fp32"
     with pytest.raises(ValueError, match="precision 'fp8' is not valid; accepted: auto, fp32, bf16, fp16"):
         inference_precision(model, "fp8", CPU)

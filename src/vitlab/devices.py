@@ -63,19 +63,22 @@ def cpu_bf16() -> tuple[bool, str]:
 
 # bf16 autocast on a CPU with AMX pays once a model's matrix products are large enough to fill the tiles; below
 # that, the casts around every small product cost more than AMX saves. Measured on a 2-core Xeon with AMX, shared
-# and loaded (benchmarks/bench_precision.py, docs/precision.md), bf16 against float32, training step / inference:
-# ViT-B/16 at 224 (16.8 GMACs an image) 2.4x / 4.4x, ViT-S/16 (4.2) 3.0x / 2.1x, the speed-run hybrid (0.13)
-# 1.9x / 2.3x, ViT-Ti/4 at 32 (0.26) 0.8x / 3.3x, the 8x8 digits model (0.002) 0.7x / 1.0x, and less accurate.
-# The line is drawn an order of magnitude above the digits model and just under the hybrid: ViT-Ti/4's training
-# step, about even (0.8-1.06x in two measurements), is the one case on the wrong side of it.
-BF16_CPU_MIN_MACS = 0.1e9  # multiply-adds an image (linear and convolution layers) from which bf16 pays with AMX
+# and loaded (benchmarks/bench_precision.py, docs/precision.md), bf16 against float32, training step / inference,
+# one thread: ViT-B/16 at 224 (16.8 GMACs an image) 2.4x / 4.4x, ViT-S/16 (4.2) 3.0x / 2.1x, the speed-run hybrid
+# (0.13) 1.9x / 2.3x, ViT-Ti/4 at 32 (0.26) 0.8x / 3.3x, the 8x8 digits model (0.002) 0.7x / 1.0x; two threads:
+# the hybrid 0.46x / 1.24x, ViT-Ti/4 1.02x / 1.17x, the digits model 0.74x / 0.80x. Training gains for sure only
+# from the 224-pixel ViTs (the models under 1 GMAC were between 0.46x and 1.9x, and the digits model also lost
+# accuracy), inference from the hybrid and ViT-Ti/4 on: two lines, an order of magnitude apart.
+BF16_CPU_MIN_MACS = 1e9  # multiply-adds an image (linear and convolution layers) from which bf16 training pays
+BF16_CPU_MIN_MACS_INFERENCE = 0.1e9  # and from which bf16 inference pays, on a CPU with AMX
 
 
-def auto_precision(device: torch.device, macs: float) -> tuple[str, str]:
-    """What precision 'auto' means for a model of ``macs`` multiply-adds an image on ``device`` ('bf16' or
-    'fp32'), decided from the hardware and the model's size, never from a timing, and why, in words: the same
-    answer on every run of one model on one machine. A GPU that supports bf16 takes it for any model; a CPU only
-    with AMX, and only for a model of at least ``BF16_CPU_MIN_MACS``."""
+def auto_precision(device: torch.device, macs: float, use: str = "training") -> tuple[str, str]:
+    """What precision 'auto' means for ``use`` ('training' or 'inference') of a model of ``macs`` multiply-adds an
+    image on ``device`` ('bf16' or 'fp32'), decided from the hardware and the model's size, never from a timing,
+    and why, in words: the same answer on every run of one model on one machine. A GPU that supports bf16 takes it
+    for any model; a CPU only with AMX, and only for a model of at least ``BF16_CPU_MIN_MACS`` (training) or
+    ``BF16_CPU_MIN_MACS_INFERENCE`` (inference)."""
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
         if torch.cuda.is_bf16_supported():
@@ -84,10 +87,11 @@ def auto_precision(device: torch.device, macs: float) -> tuple[str, str]:
     native, why = cpu_bf16()
     if not native:
         return "fp32", why
-    rule = f"from ~{BF16_CPU_MIN_MACS / 1e9:g} GMACs per image; this model has {macs / 1e9:.2g}"
-    if macs < BF16_CPU_MIN_MACS:
-        return "fp32", f"AMX present, but bf16 pays only {rule}"
-    return "bf16", f"AMX present, and bf16 pays {rule}"
+    line = BF16_CPU_MIN_MACS if use == "training" else BF16_CPU_MIN_MACS_INFERENCE
+    rule = f"from ~{line / 1e9:g} GMACs per image; this model has {macs / 1e9:.2g}"
+    if macs < line:
+        return "fp32", f"AMX present, but bf16 {use} pays only {rule}"
+    return "bf16", f"AMX present, and bf16 {use} pays {rule}"
 
 
 # A second CPU thread pays once a training step holds enough work to split. The 8x8 digits model's step (0.4 GFLOP

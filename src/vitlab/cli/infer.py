@@ -5,13 +5,13 @@ import argparse
 import json
 import sys
 
-from ..devices import BF16_CPU_MIN_MACS
+from ..devices import BF16_CPU_MIN_MACS_INFERENCE
 from .options import add_option, integer
 
 DATA_HELP = "digits, cifar10, cifar100, an image folder or a .tar.gz"
 DEVICE_HELP = "auto: CUDA when present"
 AUTO_HELP = ("auto: a run folder's own (its summary's figures), else bf16 where it pays for the model (a GPU that has "
-             f"it; a CPU with AMX, from ~{BF16_CPU_MIN_MACS / 1e9:g} GMACs an image), else fp32")
+             f"it; a CPU with AMX, from ~{BF16_CPU_MIN_MACS_INFERENCE / 1e9:g} GMACs an image), else fp32")
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -46,7 +46,7 @@ def inference_precision(model: nn.Module, asked: str, device: torch.device, fold
         if own != "fp32":
             log(f"precision auto: {NAMES[own]} (the run's own: it trained and evaluated in {NAMES[own]})")
         return own
-    precision, why = auto_precision(device, matmul_macs(model))
+    precision, why = auto_precision(device, matmul_macs(model), "inference")
     if precision != "fp32":
         log(f"precision auto: {NAMES[precision]} ({why})")
     return precision
