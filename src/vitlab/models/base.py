@@ -6,11 +6,13 @@ interop/ and the reports read them off the model; nothing outside models/ keys o
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from .layers import to_2tuple
 
@@ -58,6 +60,21 @@ class Model(nn.Module):
     pair_args: tuple[str, ...] = ("img_size", "patch_size")  # an int, or (height, width)
     no_attention: str = ""  # why a token model has no attention to analyse (MLP-Mixer), where it has none
     fixed_size: str = ""  # why the model takes its own input size only (MLP-Mixer), where it does
+    block_lists: tuple[str, ...] = ("blocks",)  # the module lists whose blocks gradient checkpointing recomputes
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """timm's gradient checkpointing: in training, each block's activations are recomputed in the backward pass
+        instead of kept (torch.utils.checkpoint), which trades compute for memory; outputs and gradients unchanged."""
+        blocks = [b for name in self.block_lists for b in getattr(self, name, None) or ()]
+        if not blocks:
+            raise ValueError(f"{type(self).__name__} has no transformer blocks to checkpoint; accepted: a model with "
+                             f"{' or '.join(self.block_lists)}")
+        for blk in blocks:
+            if enable:
+                blk.forward = functools.partial(_checkpointed, blk)  # an instance attribute: nn.Module calls it
+            else:
+                blk.__dict__.pop("forward", None)
+        self.grad_checkpointing = enable
 
     def no_weight_decay(self) -> set[str]:
         return set(self.no_weight_decay_names)
@@ -100,6 +117,14 @@ class Model(nn.Module):
 
     def forward(self, x: torch.Tensor):
         return self.forward_head(self.forward_features(x))
+
+
+def _checkpointed(block: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    """The block's forward, through torch.utils.checkpoint where a training step will take gradients."""
+    forward = type(block).forward
+    if block.training and torch.is_grad_enabled():
+        return checkpoint(forward, block, *args, use_reentrant=False, **kwargs)
+    return forward(block, *args, **kwargs)
 
 
 def make_pretrained_cfg(model: nn.Module, in_chans: int, mean=DEFAULT_MEAN, std=DEFAULT_STD) -> dict[str, Any]:

@@ -106,6 +106,7 @@ class ClassAttentionBlock(nn.Module):
 
 class Cait(Model):
     family = "CaiT"
+    block_lists = ("blocks", "blocks_token_only")
     timm_names = frozenset(f"cait_{n}" for n in ("s24_224", "s24_384", "s36_384", "xs24_384", "xxs24_224", "xxs24_384",
                                                  "xxs36_224", "xxs36_384"))
     timm_spec = TimmSpec("Cait", ("img_size", "patch_size", "in_chans", "num_classes", "global_pool", "embed_dim",

@@ -34,6 +34,7 @@ from ..checkpoint import load_plain
 
 SUMMARY, METRICS, CONFIG_YAML, RUN_JSON = "summary.json", "metrics.jsonl", "config.yaml", "run.json"
 CHECKPOINT = "checkpoint.pt"
+ADAPTER_DIR = "adapter"  # a LoRA run's adapter (peft's files); the model folder holds it merged
 CURVES_PNG, CONFUSION_PNG = "curves.png", "confusion.png"
 PRETRAIN_WEIGHTS = "pretrain.safetensors"
 FILES = (CONFIG_YAML, RUN_JSON, CHECKPOINT, METRICS, MODEL_CONFIG, MODEL_WEIGHTS, PRETRAIN_WEIGHTS, CURVES_PNG,

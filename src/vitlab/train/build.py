@@ -18,6 +18,7 @@ from ..models.registry import accepted_args, check_args, create_model, get_spec
 from ..runs.format import PRETRAIN_WEIGHTS
 from .distributed import Dist, barrier
 from .finetune import freeze_blocks
+from .lora import apply_lora
 from .recipe import Recipe, default_model
 
 if TYPE_CHECKING:
@@ -207,8 +208,13 @@ def freeze_backbone(model: nn.Module) -> None:
 
 
 def freeze(model: nn.Module, recipe: Recipe, log: Callable[[str], None]) -> None:
-    """Freeze what the recipe says (the backbone, or the embeddings and the first blocks) and say what."""
-    if recipe.freeze_backbone:
+    """Freeze what the recipe says (the backbone, the embeddings and the first blocks, or all but LoRA adapters) and
+    say what; checkpoint the blocks' activations where the recipe asks."""
+    if recipe.grad_checkpointing:
+        model.set_grad_checkpointing(True)
+    if recipe.lora:
+        apply_lora(model, recipe, log)
+    elif recipe.freeze_backbone:
         freeze_backbone(model)
     elif recipe.freeze_blocks:
         names = freeze_blocks(model, recipe.freeze_blocks)

@@ -44,6 +44,14 @@ class Recipe(Settings):
                                 "always start a new one; keep refuses a checkpoint of other classes")
     freeze_blocks: int = Field(0, ge=0, description="with --init: freeze the embeddings and the first N blocks "
                                "(0 = off)")
+    lora: int = Field(0, ge=0, description="LoRA rank: train low-rank adapters (Hugging Face peft) on the "
+                      "lora_targets layers and the head, the rest frozen; the adapter is merged at the end (0 = off)")
+    lora_alpha: float | None = Field(None, gt=0, description="LoRA scale numerator (the update is alpha / rank x BA); "
+                                     "default: the rank")
+    lora_targets: str = Field("qkv,proj,fc1,fc2", description="comma-separated Linear layer names LoRA adapts (timm's: "
+                              "qkv, proj, fc1, fc2)")
+    grad_checkpointing: bool = Field(False, description="recompute each block's activations in the backward pass "
+                                     "instead of keeping them (timm's set_grad_checkpointing): less memory, more time")
     model_args: dict[str, Any] = Field(default_factory=dict, description="model argument overrides, e.g. {depth: 6}")
     pretrain: Pretrain = Field("none", description="self-supervised pre-training, labels unused: mae (masked "
                                "autoencoder), mpp (the ViT paper's masked patch prediction); none: supervised")
@@ -181,7 +189,8 @@ FIELDS = dict(Recipe.model_fields)
 # The recipe's sections, as `vitlab train --help` groups its options: every option in one of them.
 SECTIONS: dict[str, tuple[str, ...]] = {
     "what to train": ("model", "model_args", "img_size", "drop_path", "pretrain", "pretrain_args"),
-    "fine-tuning": ("init", "head_init", "freeze_backbone", "freeze_blocks", "layer_decay"),
+    "fine-tuning": ("init", "head_init", "freeze_backbone", "freeze_blocks", "layer_decay", "lora", "lora_alpha",
+                    "lora_targets", "grad_checkpointing"),
     "data": ("data", "download", "val_fraction", "train_fraction", "cache_dir", "store_size", "crop_pct", "workers"),
     "schedule": ("epochs", "steps", "time_budget", "budget_counts", "batch_size", "accum_steps", "warmup",
                  "early_stop", "plateau_patience", "plateau_factor", "progressive_scale", "progressive_until"),
@@ -212,6 +221,11 @@ def check_finetune(recipe: Recipe) -> None:
                   else f"freeze_blocks={recipe.freeze_blocks}")
         raise ValueError(f"{option} applies to a pretrained model: give --init MODEL (a new model's head and "
                          "blocks start as the model initialises them)")
+    if recipe.lora and (recipe.freeze_backbone or recipe.freeze_blocks):
+        raise ValueError(f"lora={recipe.lora} is not valid with freeze_backbone or freeze_blocks: LoRA freezes every "
+                         "layer but its adapters and the head; accepted with lora: neither")
+    if recipe.lora_alpha is not None and not recipe.lora:
+        raise ValueError(f"lora_alpha={recipe.lora_alpha:g} needs LoRA: --lora RANK, e.g. 4")
     if recipe.freeze_backbone and recipe.freeze_blocks:
         raise ValueError(f"freeze_blocks={recipe.freeze_blocks} is not valid with freeze_backbone, which freezes every "
                          "block already; accepted: one of them")
@@ -253,7 +267,7 @@ def check_pretrain(recipe: Recipe) -> None:
 # and refuses them given, and a pre-training recipe that sets them is refused.
 SUPERVISED_ONLY = ("head_init", "freeze_backbone", "freeze_blocks", "layer_decay", "tta", "tta_translate", "teacher",
                    "distill", "tau", "alpha", "teacher_once", "mixup", "cutmix", "mix_prob", "switch_prob",
-                   "label_smoothing")
+                   "label_smoothing", "lora", "lora_alpha", "lora_targets")
 
 
 def field_default(name: str) -> Any:

@@ -31,6 +31,7 @@ from .distributed import (
     replicas_agree,
 )
 from .feed import repeated_aug_indices
+from .lora import finish_lora
 from .recipe import Recipe
 from .schedule import set_lr, step_share, warmup_cosine
 from .setup import Run, check_sources_outside, claim_out, epoch_seed, model_name, run_net, set_up, torch_globals_kept
@@ -268,6 +269,7 @@ def finish(run: Run, final_metrics: dict | None, stopped_early: bool, t_start: f
         for p in final_model.parameters():
             p.requires_grad = True
     check_claimed(run.out)
+    final_model = finish_lora(final_model, run.out, run.log)
     run.task.save(final_model, run.out, run.mean, run.std)
     figures = run.task.draw(run.out, history, m, f"{summary.model} on {data.name}", run.classes)
     if run.tb is not None:
