@@ -363,3 +363,14 @@ def test_files_nested_beyond_reading_are_one_line_wherever_they_are_read(tmp_pat
     monkeypatch.setattr(vitlab.checkpoint, "read_config", deep)
     line = error_line(capsys, ["predict", str(saved), str(pngs / "a" / "0.png")])
     assert "an input file nests deeper than vitlab reads" in line
+
+
+def test_nonfinite_rows_counts_rows_with_a_nan_or_an_inf_and_no_large_finite_row():
+    from vitlab.finite import nonfinite_rows
+    x = torch.randn(6, 3, 2)
+    x[1, 2, 0] = float("nan")
+    x[3, 0, 1] = float("inf")
+    x[4, :, :] = 3e38  # a sum in float32 would overflow
+    x[5, 0, 0], x[5, 1, 0] = float("inf"), float("-inf")
+    assert int(nonfinite_rows(x)) == 3
+    assert nonfinite_rows(x).dtype == torch.long
