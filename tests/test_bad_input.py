@@ -16,7 +16,7 @@ from test_faults import make_folder, remount, tmpfs
 import vitlab
 from vitlab.cli import main
 from vitlab.models.registry import get_spec
-from vitlab.train import load_recipe, setup, train
+from vitlab.train import build, load_recipe, train
 
 TINY = ["--model", "vit_micro_patch2_8", "--batch-size", "64", "--precision", "fp32", "--threads", "1"]
 
@@ -143,7 +143,7 @@ def test_a_config_without_architecture_says_what_is_missing(tmp_path, name, args
 def test_a_size_the_patches_do_not_tile_is_refused_before_any_data(tmp_path, capsys, monkeypatch, model, size, patch):
     def no_data(*a, **kw):
         raise AssertionError("data decoded before the size was checked")
-    monkeypatch.setattr(setup, "load_data", no_data)
+    monkeypatch.setattr(build, "load_data", no_data)
     line = error_line(capsys, ["train", "--model", model, "--img-size", size, "--epochs", "1",
                                "--out", str(tmp_path / "run")], after_log=True)
     assert f"is not divisible by the patch size {patch} of {model}; accepted: a multiple of {patch}" in line
@@ -161,7 +161,7 @@ def test_a_built_in_data_set_scaled_to_the_models_size_is_said(model, data, img_
     lines = []
     r = load_recipe(None, model=model, data=data, img_size=img_size)
     spec = get_spec(model)
-    setup.check_size(model, img_size or spec.args["img_size"], spec.args, r, lines.append)
+    build.check_size(model, img_size or spec.args["img_size"], spec.args, r, lines.append)
     if warned is None:
         assert lines == []
     else:
