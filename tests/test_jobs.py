@@ -58,7 +58,8 @@ def test_finished_runs_are_skipped_unfinished_ones_resumed_and_new_ones_started(
                     wait=lambda s: None) == []
     assert [c.cmd for c in started] == [["stopped", "--resume"], ["new"]]
     assert said[0] == f"done: finished already in {tmp_path / 'done'}, kept"
-    assert said[1].startswith("stopped: resumed ->") and said[2].startswith("new: started ->")
+    assert said[1].startswith(f"training stopped -> {tmp_path / 'stopped'} (resumed): stopped --resume")
+    assert said[2] == f"training new -> {tmp_path / 'new'}: new"
     assert sorted(done) == ["done", "new", "stopped"]  # each job once, skipped or ended
 
 

@@ -131,7 +131,7 @@ def start_ready(pending: list[Job], running: list[Running], parallel: int, say: 
             handle.flush()
         proc = (start or subprocess.Popen)(cmd, **out, preexec_fn=dies_with(os.getpid()))
         running.append(Running(job, proc, handle))
-        say(f"{job.name}: {'resumed' if cmd is not job.command else 'started'} -> {job.folder}"
+        say(f"training {job.name} -> {job.folder}" + (" (resumed)" if cmd is not job.command else "")
             + (f" (log: {job.log})" if job.log is not None else f": {' '.join(map(str, cmd))}"))
 
 
