@@ -305,7 +305,7 @@ def test_a_few_steps_reduce_the_loss(method):
     assert loss_at(123) < 0.8 * before
 
 
-@pytest.mark.parametrize("method", ["mae", "mpp"])
+@pytest.mark.parametrize("method", ["mae", "mpp", "dino"])
 def test_every_trainable_parameter_gets_a_gradient(method):
     encoder = vitlab.create_model("deit_nano_distilled_patch4_32")
     objective = create_objective(method, encoder)

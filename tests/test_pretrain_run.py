@@ -32,7 +32,8 @@ def encoder(**kw):
 
 
 @pytest.mark.parametrize("method,options", [("mae", {"mask_ratio": 0.5, "decoder_depth": 1}),
-                                            ("mpp", {"mean": [0.3], "std": [0.2]})])
+                                            ("mpp", {"mean": [0.3], "std": [0.2]}),
+                                            ("dino", {"out_dim": 16, "local_crops": 2})])
 def test_a_saved_objective_loads_back_whole_in_eval_mode(tmp_path, method, options):
     objective = create_objective(method, encoder(), **options)
     save_objective(objective, tmp_path, method, options)
@@ -90,7 +91,7 @@ def tiny_pretrain(data: str, out: Path, method: str = "mae", **kw):
     return load_recipe(None, **{**values, **kw})
 
 
-@pytest.mark.parametrize("method", ["mae", "mpp"])
+@pytest.mark.parametrize("method", ["mae", "mpp", "dino"])
 def test_pretraining_on_a_flat_folder_writes_a_run_of_encoder_and_objective(tmp_path, cache_dir, method):
     lines = []
     summary = train(tiny_pretrain(str(flat_folder(tmp_path / "flat")), tmp_path / "run", method), log=lines.append)
@@ -167,9 +168,10 @@ def test_pretraining_defaults_are_maes_and_given_options_win():
     assert load_recipe(None, data="cifar10").augment.mixup == 0.8  # supervised defaults untouched
 
 
-def test_init_from_a_pretraining_run_loads_every_encoder_tensor(tmp_path, cache_dir):
+@pytest.mark.parametrize("method", ["mae", "dino"])
+def test_init_from_a_pretraining_run_loads_every_encoder_tensor(tmp_path, cache_dir, method):
     run = tmp_path / "pre"
-    train(tiny_pretrain("digits", run, epochs=1, train_fraction=0.1), log=lambda s: None)
+    train(tiny_pretrain("digits", run, method, epochs=1, train_fraction=0.1), log=lambda s: None)
     lines = []
     r = load_recipe(None, init=str(run), data="digits", epochs=1, precision="fp32", threads=1, out=str(tmp_path / "ft"))
     model, data, _ = build_model_and_data(r, init_distributed("cpu"), task_for(r, lines.append), lines.append)
@@ -190,11 +192,12 @@ def test_init_from_a_pretraining_run_loads_every_encoder_tensor(tmp_path, cache_
 
 PRE = ["--model", "vit_micro_patch2_8", "--batch-size", "32", "--precision", "fp32", "--threads", "1",
        "--train-fraction", "0.15"]
-LIGHT = {"mae": ["--pretrain-arg", "decoder_depth=1"], "mpp": ["--pretrain-arg", "corrupt_ratio=0.5"]}
+LIGHT = {"mae": ["--pretrain-arg", "decoder_depth=1"], "mpp": ["--pretrain-arg", "corrupt_ratio=0.5"],
+         "dino": ["--pretrain-arg", "out_dim=64", "--pretrain-arg", "momentum_steps=20"]}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["mae", "mpp"])
+@pytest.mark.parametrize("method", ["mae", "mpp", "dino"])
 def test_pretraining_resumed_after_kill_matches_uninterrupted(tmp_path, cache_dir, method):
     common = ["--method", method, *PRE, *LIGHT[method], "--epochs", "6", "--ema-decay", "0.9", "--cache-dir", cache_dir]
     run_cli("pretrain", *common, "--out", tmp_path / "full")

@@ -34,6 +34,7 @@ TASKS = {
     "teacher-once": {"distill": "soft", "teacher_once": True, "mixup": 0.0, "cutmix": 0.0},
     "mae": {"pretrain": "mae", "pretrain_args": {"decoder_depth": 1}},
     "mpp": {"pretrain": "mpp"},
+    "dino": {"pretrain": "dino", "pretrain_args": {"out_dim": 64, "local_crops": 2}},
 }
 
 

@@ -92,6 +92,10 @@ def pretraining(r: Inspection) -> None:
                           "predicts normalised pixels: it learns a patch's structure, not its brightness)" if norm
                      else "", target=" (in per-patch normalised pixels)" if norm else ""))
         return
+    if not hasattr(objective, "corrupt_ratio"):  # self-distillation (DINO): nothing of the images is predicted
+        r.note(f"Pre-training reconstructions: skipped, a {objective.method.upper()} run predicts no pixels; its "
+               "encoder's attention is in the sections below.")
+        return
     pred = mpp_predictions(objective, images, r.mean, r.std, PRETRAIN_SEED)
     rows = [f"{n}\n{v:.0%} exact" for n, v in zip(r.names, pred.accuracy)]
     r.summary["pretraining"] = {"method": "mpp", "seed": PRETRAIN_SEED, "accuracy": pred.accuracy}

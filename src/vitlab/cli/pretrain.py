@@ -19,15 +19,17 @@ OWN = ("pretrain", "pretrain_args")  # given here as --method and --pretrain-arg
 
 def register(sub: argparse._SubParsersAction) -> None:
     from ..pretrain import OBJECTIVES, objective_options
-    p = sub.add_parser("pretrain", help="self-supervised pre-training (MAE or masked patch prediction) of a ViT "
+    p = sub.add_parser("pretrain", help="self-supervised pre-training (MAE, masked patch prediction or DINO) of a ViT "
                        "encoder on images, labelled or not; writes a run folder",
                        description="Pre-train a ViT/DeiT encoder without labels on any data vitlab reads, or a flat "
                        "folder of images; then fine-tune it with `vitlab train --init RUN`.")
     p.add_argument("--method", choices=list(OBJECTIVES), help="mae: masked autoencoder (He et al. 2022); mpp: masked "
-                   "patch prediction (Dosovitskiy et al. 2021, appendix B.1.2) [required, except with --resume]")
+                   "patch prediction (Dosovitskiy et al. 2021, appendix B.1.2); dino: self-distillation with an EMA "
+                   "teacher on multi-crop views (Caron et al. 2021) [required, except with --resume]")
     p.add_argument("--pretrain-arg", action="append", metavar="KEY=VALUE", default=None,
                    help="objective option, repeatable; mae: " + ", ".join(objective_options("mae"))
-                   + "; mpp: " + ", ".join(objective_options("mpp")))
+                   + "; mpp: " + ", ".join(objective_options("mpp"))
+                   + "; dino: " + ", ".join(objective_options("dino")))
     train_cli.add_run_options(p, skip=(*OWN, *SUPERVISED_ONLY))
     for name in SUPERVISED_ONLY:  # parsed, to be refused by name in one line, but not listed
         add_recipe_option(p, name)
@@ -51,8 +53,9 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"{args.resume} is not a pre-training run; continue it with `vitlab train --resume`")
         args.pretrain = None  # train's --resume reads the method from the run's config.yaml
         return train_cli.run(args)
+    from ..pretrain import OBJECTIVES
     if not args.method:
-        raise ValueError("--method is required; accepted: mae, mpp")
+        raise ValueError(f"--method is required; accepted: {', '.join(OBJECTIVES)}")
     from ..train import load_recipe, train
     given = {name: getattr(args, name) for name in [*FIELDS, *AUGMENT_FIELDS] if name not in (*train_cli.SKIP, *OWN)}
     if args.model_arg:

@@ -24,11 +24,12 @@ from .. import checkpoint
 from ..atomic import atomic_path
 from ..runs.format import PRETRAIN_WEIGHTS
 from ..settings import describe
+from .dino import DINO
 from .encoder import load_decoder_state, split_pretrained
 from .mae import MaskedAutoencoder
 from .mpp import MaskedPatchPrediction
 
-OBJECTIVES: dict[str, type[nn.Module]] = {"mae": MaskedAutoencoder, "mpp": MaskedPatchPrediction}
+OBJECTIVES: dict[str, type[nn.Module]] = {"mae": MaskedAutoencoder, "mpp": MaskedPatchPrediction, "dino": DINO}
 
 
 DATA_OPTIONS = ("mean", "std")  # set from the data by the trainer, not by the user
@@ -60,7 +61,7 @@ def check_options(method: str, options: dict[str, Any]) -> dict[str, Any]:
 
 
 def create_objective(method: str, encoder: nn.Module, **options: Any) -> nn.Module:
-    """The pre-training objective ``method`` ('mae' or 'mpp') wrapped around ``encoder``."""
+    """The pre-training objective ``method`` ('mae', 'mpp' or 'dino') wrapped around ``encoder``."""
     if method not in OBJECTIVES:
         raise ValueError(f"unknown pre-training method {method!r}; accepted: {', '.join(OBJECTIVES)}")
     return OBJECTIVES[method](encoder, **options)

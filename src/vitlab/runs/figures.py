@@ -16,8 +16,10 @@ from matplotlib.ticker import MaxNLocator
 from ..atomic import atomic_path
 from .format import EpochRow
 
+# what a run's train_loss is, by its --pretrain
 LOSS_NAMES = {"none": "cross-entropy loss", "mae": "MAE loss (squared error, hidden patches)",
-              "mpp": "MPP loss (cross-entropy, corrupted patches)"}  # what a run's train_loss is, by its --pretrain
+              "mpp": "MPP loss (cross-entropy, corrupted patches)",
+              "dino": "DINO loss (cross-entropy, teacher to student views)"}
 
 
 class ShownFigure(Figure):

@@ -24,7 +24,7 @@ Device = Literal["auto", "cpu", "cuda"]
 DistillType = Literal["none", "hard", "soft", "self"]
 Log = Literal["none", "tensorboard"]
 HeadInit = Literal["auto", "zero", "trunc_normal", "keep"]
-Pretrain = Literal["none", "mae", "mpp"]
+Pretrain = Literal["none", "mae", "mpp", "dino"]
 Optimizer = Literal["adamw", "sgd"]
 AUGMENT_FIELDS = dict(AugmentConfig.model_fields)
 
@@ -54,7 +54,8 @@ class Recipe(Settings):
                                      "instead of keeping them (timm's set_grad_checkpointing): less memory, more time")
     model_args: dict[str, Any] = Field(default_factory=dict, description="model argument overrides, e.g. {depth: 6}")
     pretrain: Pretrain = Field("none", description="self-supervised pre-training, labels unused: mae (masked "
-                               "autoencoder), mpp (the ViT paper's masked patch prediction); none: supervised")
+                               "autoencoder), mpp (the ViT paper's masked patch prediction), dino (self-distillation, "
+                               "multi-crop); none: supervised")
     pretrain_args: dict[str, Any] = Field(default_factory=dict, description="pre-training objective options, e.g. "
                                           "{mask_ratio: 0.75, decoder_depth: 2}")
     img_size: int | None = Field(None, ge=1, description="input size (model and data); default: the model's")
