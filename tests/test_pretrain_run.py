@@ -166,6 +166,9 @@ def test_pretraining_defaults_are_maes_and_given_options_win():
     assert (r.augment.hflip, r.lr) == (False, 1e-3)
     assert load_recipe(None, data="cifar10", pretrain="mae", batch_size=512).lr == pytest.approx(3e-4)
     assert load_recipe(None, data="cifar10").augment.mixup == 0.8  # supervised defaults untouched
+    r = load_recipe(None, data="cifar10", pretrain="dino", batch_size=512)  # DINO's lr, and it cuts its own crops
+    assert r.lr == pytest.approx(1e-3) and r.augment.crop == "none" and r.augment.hflip
+    assert load_recipe(None, data="cifar10", pretrain="dino", crop="rrc").augment.crop == "rrc"
 
 
 @pytest.mark.parametrize("method", ["mae", "dino"])

@@ -285,10 +285,16 @@ PRETRAIN_DEFAULTS: dict[str, Any] = {
     "augment": {"crop": "rrc", "rrc_scale": (0.2, 1.0), "hflip": True, "auto_augment": "none", "random_erasing": 0.0,
                 "mixup": 0.0, "cutmix": 0.0, "label_smoothing": 0.0, "repeated_aug": 1}}
 PRETRAIN_BASE_LR = 1.5e-4  # per 256 images of batch
+# DINO's own: lr 5e-4 per 256 images (Caron et al. 2021), and no crop of the batch, whose objective cuts its own
+# global and local crops from the whole image.
+DINO_BASE_LR = 5e-4
 
 
 def pretrain_defaults(values: dict[str, Any]) -> None:
     """Fill in PRETRAIN_DEFAULTS where ``values`` leave an option unset, and the lr from the batch size."""
+    dino = values.get("pretrain") == "dino"
+    if dino:
+        values["augment"] = {"crop": "none", **values["augment"]}
     for key, value in PRETRAIN_DEFAULTS.items():
         if key == "augment":
             values["augment"] = {**value, **values["augment"]}
@@ -297,7 +303,7 @@ def pretrain_defaults(values: dict[str, Any]) -> None:
     data = str(values.get("data", FIELDS["data"].default))
     batch = values.get("batch_size", DATA_DEFAULTS.get(data, {}).get("batch_size", FIELDS["batch_size"].default))
     try:
-        values.setdefault("lr", PRETRAIN_BASE_LR * float(batch) / 256)
+        values.setdefault("lr", (DINO_BASE_LR if dino else PRETRAIN_BASE_LR) * float(batch) / 256)
     except (TypeError, ValueError):
         pass  # the recipe names the bad batch_size
 
