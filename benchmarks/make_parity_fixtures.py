@@ -78,6 +78,9 @@ TIMM = {
                       (24, 20)),
     "timm_vit_pwee_qk_norm": ("vit_pwee_patch16_reg1_gap_256", dict(TINY, img_size=16, patch_size=4, num_classes=5,
                                                                     qkv_bias=False, qk_norm=True), (24, 20)),
+    # EVA-CLIP image towers: the sub-LayerNorm in attention and MLP, class-token pooling, the projection as the head
+    "timm_eva02_clip": ("eva02_base_patch16_clip_224", dict(TINY, img_size=16, patch_size=4, num_classes=6), (24, 20)),
+    "timm_eva_giant_clip": ("eva_giant_patch14_clip_224", dict(TINY, img_size=16, patch_size=4, num_classes=6), None),
     # DINOv3: RoPE on patch centres in [-1, 1], registers, LayerScale; SwiGLU rounded to 8 (plus), q and v biases
     "timm_dinov3": ("vit_small_patch16_dinov3", dict(TINY, img_size=16, patch_size=4, num_classes=5), (24, 20)),
     "timm_dinov3_plus_qkvb": ("vit_small_plus_patch16_dinov3_qkvb", dict(TINY, img_size=16, patch_size=4,

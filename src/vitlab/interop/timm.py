@@ -26,6 +26,7 @@ def is_timm_config(cfg: dict[str, Any]) -> bool:
 MISSING_PIECES = (
     (r"^beit3_", "BEiT-3's extra LayerNorms inside attention and MLP (scale_attn_norm, scale_mlp_norm)"),
     (r"^beit", "BEiT's relative position bias (timm's Beit class)"),
+    (r"^eva02_enormous_", "EVA-CLIP-E's residual post-norm blocks (timm's EvaBlockPostNorm, use_post_norm=True)"),
     (r"^eva02_", "EVA02's rotary position embedding, SwiGLU MLP and sub-LayerNorm (timm's Eva class)"),
     (r"^eva_giant", "EVA's attention with separate q and v biases (timm's Eva class)"),
     (r"_rope_|_pe_(core|lang|spatial)_|_sapiens2$|_lingbot$",

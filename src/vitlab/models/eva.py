@@ -157,6 +157,8 @@ class Eva(Model):
                            + [f"vit_{s}_patch16_rope_reg1_gap_256" for s in ("medium", "mediumd", "base")]
                            + ["vit_betwixt_patch16_rope_reg4_gap_256"]
                            + [f"eva_giant_patch14_{i}" for i in (224, 336, 560)]
+                           + ["eva02_base_patch16_clip_224", "eva02_large_patch14_clip_224",
+                              "eva02_large_patch14_clip_336", "eva_giant_patch14_clip_224"]
                            + [f"vit_{s}_patch16_dinov3{b}" for s in DINOV3_SIZES for b in ("", "_qkvb")]
                            + list(DINOV3_OTHERS))
     no_weight_decay_names = ("pos_embed", "cls_token", "reg_token", "freqs")

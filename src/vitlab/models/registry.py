@@ -93,6 +93,18 @@ for _img, _mean_std in ((224, (CLIP_MEAN, CLIP_STD)), (336, (CLIP_MEAN, CLIP_STD
                        (560, (IMAGENET_MEAN, IMAGENET_STD))):
     register(f"eva_giant_patch14_{_img}", Eva, *_mean_std, img_size=_img, patch_size=14, embed_dim=1408, depth=40,
              num_heads=16, mlp_ratio=6144 / 1408)
+# EVA-CLIP image towers (timm's names): EVA02 with the sub-LayerNorm inside attention too (scale_attn_inner) and
+# EVA-g, class-token pooling; the head is the CLIP projection (its width the embedding's)
+for _name, (_patch, _dim, _depth, _heads, _img, _proj) in {
+        "eva02_base_patch16_clip_224": (16, 768, 12, 12, 224, 512),
+        "eva02_large_patch14_clip_224": (14, 1024, 24, 16, 224, 768),
+        "eva02_large_patch14_clip_336": (14, 1024, 24, 16, 336, 768)}.items():
+    register(_name, Eva, CLIP_MEAN, CLIP_STD, img_size=_img, patch_size=_patch, embed_dim=_dim, depth=_depth,
+             num_heads=_heads, qkv_fused=False, mlp_ratio=4 * 2 / 3, swiglu_mlp=True, scale_mlp=True,
+             scale_attn_inner=True, use_rot_pos_emb=True, ref_feat_shape=(16, 16), global_pool="token",
+             num_classes=_proj)
+register("eva_giant_patch14_clip_224", Eva, CLIP_MEAN, CLIP_STD, img_size=224, patch_size=14, embed_dim=1408, depth=40,
+         num_heads=16, mlp_ratio=6144 / 1408, global_pool="token", num_classes=1024)
 # RoPE ViTs (Heo et al. 2024, timm's names): axial (temperature 100) or mixed RoPE, optionally an absolute embedding
 for _size, (_dim, _depth, _heads) in (("small", (384, 12, 6)), ("base", (768, 12, 12)), ("large", (1024, 24, 16))):
     for _kind, _rope in (("", dict(rope_temperature=100.0)), ("_mixed", dict(rope_temperature=10.0,
