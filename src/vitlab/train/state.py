@@ -57,7 +57,7 @@ class TrainState:
                 if saved is None:
                     raise ValueError(f"the checkpoint has no {f.name} state but this run uses one")
                 current.load_state_dict(saved)
-            elif current is None and isinstance(saved, dict):
+            elif current is None and isinstance(saved, dict) and saved:  # an empty one is a task that keeps none
                 raise ValueError(f"the checkpoint has {f.name} state but this run uses none")
             else:
                 setattr(self, f.name, saved)
