@@ -1,4 +1,4 @@
-"""``vitlab pretrain --method mae|mpp``: ``vitlab train`` with a self-supervised objective, labels unused.
+"""``vitlab pretrain --method mae|mpp|dino``: ``vitlab train`` with a self-supervised objective, labels unused.
 
 The options are train's (the recipe's fields) less those only supervised training uses (``recipe.SUPERVISED_ONLY``,
 refused by name when given), with pre-training defaults (``recipe.PRETRAIN_DEFAULTS``: MAE's

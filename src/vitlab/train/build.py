@@ -46,7 +46,8 @@ def build_model_and_data(recipe: Recipe, dist: Dist, task: Task,
             data.train = ImageSet(data.train.images[keep], data.train.labels[keep])
         if data.unlabelled and task.labels:
             raise ValueError(f"{recipe.data} is a folder of unlabelled images (no class folders): supervised training "
-                             "needs <root>/<class>/<image>; accepted without labels: vitlab pretrain --method mae|mpp")
+                             "needs <root>/<class>/<image>; accepted without labels: vitlab pretrain --method "
+                             "mae|mpp|dino")
         return data
 
     if recipe.init:

@@ -250,10 +250,11 @@ def check_pretrain(recipe: Recipe) -> None:
     """Pre-training options: the objective's, checked and coerced; supervised-only options refused in one line."""
     if recipe.pretrain == "none":
         if recipe.pretrain_args:
-            raise ValueError(f"pretrain_args {recipe.pretrain_args} need a pre-training objective: pretrain mae or mpp")
+            raise ValueError(f"pretrain_args {recipe.pretrain_args} need a pre-training objective: pretrain mae, mpp "
+                             "or dino")
         if recipe.val_fraction == 0:
             raise ValueError("val_fraction=0 holds no image out, and a supervised run needs test images to score; "
-                             "accepted: a number in (0, 1), or 0 with pretrain mae or mpp")
+                             "accepted: a number in (0, 1), or 0 with pretrain mae, mpp or dino")
         return
     object.__setattr__(recipe, "pretrain_args", check_options(recipe.pretrain, recipe.pretrain_args))
     values = {**recipe.model_dump(exclude={"augment"}), **recipe.augment.model_dump()}

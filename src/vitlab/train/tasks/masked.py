@@ -70,7 +70,7 @@ def loss_metrics(loss: float) -> dict[str, Any]:
 
 
 class MaskedPretraining(Task):
-    """--pretrain mae|mpp: the objective around an encoder without a head; AdamW's betas (0.9, 0.95), as MAE
+    """--pretrain mae|mpp|dino: the objective around an encoder without a head; AdamW's betas (0.9, 0.95), as MAE
     pre-trains."""
 
     name = "masked"
