@@ -45,7 +45,9 @@ def _small_input_args(name):
     stride = args.get("patch_size") or 16
     if "backbone_layers" in args:  # ResNetV2 hybrids: the projection's kernel sits on the backbone's reduced map
         stride *= 2 ** (2 + max(len(args["backbone_layers"]) - 1, 0))
-    if name in TIMM_PRESETS:  # today's backbones: their options at two blocks of 8 channels per head
+    # today's backbones, and any model wider and deeper than ViT-L (a 7B DINOv3 would take tens of GB): their
+    # options at two blocks of 8 channels per head
+    if name in TIMM_PRESETS or args.get("embed_dim", 0) * args.get("depth", 0) > 1024 * 24:
         return {"img_size": 2 * stride, "num_classes": 7, "depth": 2, "embed_dim": 8 * args["num_heads"]}
     return {"img_size": 2 * stride, "num_classes": 7}
 
