@@ -208,7 +208,7 @@ def test_every_way_to_build_a_recipe_resolves_the_same_defaults(tmp_path, values
 def test_a_plain_recipe_is_the_one_a_plain_run_trains():
     assert Recipe(out="x") == load_recipe(out="x")
     r = Recipe()
-    assert (r.data, r.model, r.epochs, r.lr) == ("digits", "vit_micro_patch2_8", 40, 5e-3)
+    assert (r.data, r.model, r.epochs, r.lr) == ("digits", "vit_micro_patch2_8", 50, 5e-3)
     r.epochs = 5  # an assignment changes that value only
     assert (r.epochs, r.lr, r.augment.crop) == (5, 5e-3, "none")
     assert Recipe(augment=AugmentConfig(mixup=0.3)).augment.cutmix == DATA_DEFAULTS["digits"]["augment"]["cutmix"]
