@@ -275,8 +275,10 @@ def test_speedrun_recipe_trains_on_the_digits(name, args, tmp_path, cache_dir):
     assert any("initialised" in line and "from" in line for line in lines)
     assert summary["top1"] > 0.5  # ten classes: chance is 0.1
     lines.clear()  # fine-tuning from the run keeps its whitening filters
-    train(load_recipe(ROOT / "recipes/cifar10_airbench.yaml", data="digits", init=str(out), img_size=8, epochs=1,
-                      batch_size=64, precision="fp32", threads=1, out=str(tmp_path / "tuned")), log=lines.append)
+    # the recipe file names airbench_32: beside --init it must name the model the run holds
+    train(load_recipe(ROOT / "recipes/cifar10_airbench.yaml", data="digits", init=str(out), model=name, img_size=8,
+                      epochs=1, batch_size=64, precision="fp32", threads=1, out=str(tmp_path / "tuned")),
+          log=lines.append)
     assert lines and not any("initialised" in line for line in lines)
     if name == "airbench_32":  # vitlab eval with the recipe's mirror + translate TTA gives the run's own figure
         from vitlab.infer.eval import evaluate_folder

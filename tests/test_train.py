@@ -269,7 +269,7 @@ def _digit_folder(root: Path, classes, size: int, per_class: int, seed: int = 0)
 @pytest.mark.slow
 def test_finetune_beats_scratch_on_new_classes_and_size(tmp_path, cache_dir):
     pre = tmp_path / "pretrained"
-    run_cli("train", *TINY, "--epochs", "25", "--cache-dir", cache_dir, "--out", pre)
+    run_cli("train", *TINY, "--epochs", "50", "--cache-dir", cache_dir, "--out", pre)
     target = tmp_path / "target"
     _digit_folder(target, {0: "zero", 1: "one", 2: "two", 3: "three", 4: "four"}, size=16, per_class=12)
     budget = ["--epochs", "15", "--batch-size", "20", "--precision", "fp32", "--threads", "1", "--hflip",

@@ -163,7 +163,7 @@ class Summary:
     wall_seconds: float = 0.0     # the whole call, set-up and the final save included
     unreadable: list[str] = field(default_factory=list)  # the data's files that could not be read, left out
     images: int | None = field(default=None, metadata=OMIT)  # training images its steps took (an image twice: twice)
-    steps_budget: int | None = field(default=None, metadata=OMIT)  # the steps the recipe asked for (--steps)
+    steps_budget: int | None = None  # the steps the recipe asked for (--steps); null without, as time_budget_minutes
 
     def to_dict(self) -> dict[str, Any]:
         return _to_dict(self)
