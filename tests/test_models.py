@@ -351,19 +351,27 @@ def test_hf_config_without_qkv_bias_loads(tmp_path):
     assert loaded.pretrained_cfg["label_names"] == ["c0", "c1", "c2", "c3"]
 
 
-def test_model_table_reads_the_counted_facts_without_building_a_model(monkeypatch):
-    import io
-
-    from vitlab.models import summary
-    monkeypatch.setattr(summary, "create_model", lambda *a, **k: pytest.fail("a listed model was built"))
-    quiet = io.StringIO()
-    table = summary.model_table("deit*", file=quiet).splitlines()
+def test_model_table_reads_the_counted_facts_without_building_a_model(tmp_path):
+    from vitlab import catalog
+    table = catalog.model_table("deit*").splitlines()
     assert table[0].split() == ["model", "class", "input", "params", "(M)", "GMACs"]
     rows = {line.split()[0]: line.split() for line in table[2:]}
     assert rows["deit_base_patch16_224"][2:] == ["224x224", "86.57", "17.56"]  # DeiT-B: 86M, 17.6 GMACs (timm, DeiT)
     assert rows["deit_tiny_patch16_224"][2:] == ["224x224", "5.72", "1.25"]  # DeiT-Ti: 5.7M, 1.3 GMACs
-    assert quiet.getvalue() == ""
-    assert summary.model_table("no_such_model*") == "no model matches 'no_such_model*'"
+    assert list(rows) == vitlab.list_models("deit*")  # the registry's names, in its order
+    assert catalog.model_table("no_such_model*") == "no model matches 'no_such_model*'"
+    with pytest.raises(ValueError, match="missing or unreadable"):
+        catalog.model_table("deit*", path=tmp_path / "facts.json")
+
+
+@pytest.mark.slow
+def test_vitlab_models_lists_without_importing_torch():
+    import subprocess
+    import sys
+    code = ("import sys; from vitlab.cli import main; main(['models', 'deit_base_patch16_224']); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'matplotlib', 'numpy')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "17.56" in out.splitlines()[2] and out.splitlines()[-1] == "[]"
 
 
 def test_models_missing_from_the_facts_are_counted_with_progress_on_long_lists(monkeypatch):

@@ -4,17 +4,17 @@ From Python: ``vitlab.fit(model, data, **options)`` trains as ``vitlab train`` d
 its history and its figures; ``vitlab.evaluate``, ``vitlab.predict``, ``vitlab.explain`` and ``vitlab.pretrain``
 (``help(vitlab.fit)``, docs/python.md).
 """
+import importlib
 import sys
 import types
 from typing import Any
-
-from .checkpoint import load, save
-from .models import create_model, list_models
 
 __version__ = "0.1.0"
 __all__ = ["FitResult", "__version__", "create_model", "evaluate", "explain", "fit", "list_models", "load",
            "predict", "pretrain", "save"]
 API = ("FitResult", "evaluate", "explain", "fit", "predict", "pretrain")
+# imported on first use, not with vitlab, so `vitlab models` starts without torch
+LAZY = {"load": "checkpoint", "save": "checkpoint", "create_model": "models", "list_models": "models"}
 
 
 class _Vitlab(types.ModuleType):
@@ -39,8 +39,10 @@ def __getattr__(name: str):  # the Python API pulls in the trainer: imported on 
     if name in API:
         from . import api
         return getattr(api, name)
+    if name in LAZY:
+        return getattr(importlib.import_module(f".{LAZY[name]}", __name__), name)
     raise AttributeError(f"module 'vitlab' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted([*globals(), *API])
+    return sorted([*globals(), *API, *LAZY])

@@ -10,6 +10,7 @@ import argparse
 import contextlib
 import difflib
 import errno
+import importlib
 import os
 import signal
 import sys
@@ -21,10 +22,12 @@ from pathlib import Path
 from safetensors import SafetensorError
 
 from ..text import clip_quotes
-from . import cache, export, infer, inspect, models, pretrain, probe, runs, train
 
-# in the order `vitlab --help` lists them
-COMMANDS = (models, train, pretrain, infer, probe, export, runs, inspect, cache)
+# each command's module (one module a command group), in the order `vitlab --help` lists them; a command line that
+# names a command imports its module alone, so `vitlab models` starts without torch
+COMMANDS = {"models": "models", "train": "train", "pretrain": "pretrain", "eval": "infer", "predict": "infer",
+            "probe": "probe", "export": "export", "compare": "runs", "study": "runs", "inspect": "inspect",
+            "cache": "cache"}
 
 
 class Parser(argparse.ArgumentParser):
@@ -34,18 +37,21 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The command line's parser: every command's, or only ``command``'s where it names one."""
     from .. import __version__
     p = Parser(prog="vitlab", description="Build, train, distil and understand Vision Transformers.")
     p.add_argument("--version", action="version", version=f"vitlab {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
-    for command in COMMANDS:
-        command.register(sub)
+    modules = [COMMANDS[command]] if command in COMMANDS else dict.fromkeys(COMMANDS.values())
+    for module in modules:
+        importlib.import_module(f".{module}", __name__).register(sub)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(argv[0] if argv else None)
     args, extra = parser.parse_known_args(argv)
     if extra:
         command = getattr(args, "command", None)

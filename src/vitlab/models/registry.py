@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 import difflib
-import fnmatch
 import inspect
 import math
 from typing import Any
 
 from torch import nn
 
+from ..catalog import matching
 from .airbench import AirBench
 from .airbench_hybrid import AirBenchHybrid
 from .base import DEFAULT_MEAN, DEFAULT_STD, Model, make_pretrained_cfg
@@ -234,9 +234,7 @@ def check_model(model: object, what: str) -> None:
 
 def list_models(pattern: str = "*") -> list[str]:
     """Registered names matching a shell-style pattern (``vit_*``, ``*cifar*``), sorted."""
-    if not any(ch in pattern for ch in "*?["):
-        pattern = f"*{pattern}*"
-    return sorted(n for n in _REGISTRY if fnmatch.fnmatch(n, pattern))
+    return matching(_REGISTRY, pattern)
 
 
 def get_spec(name: str) -> ModelSpec:

@@ -1,4 +1,5 @@
-"""Parameter and multiply-add counts of registered models, for ``vitlab models``, and the work of a forward pass."""
+"""Parameter and multiply-add counts of registered models, into the facts file ``vitlab models`` reads
+(``catalog``), and the work of a forward pass."""
 from __future__ import annotations
 
 import hashlib
@@ -10,6 +11,7 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from ..catalog import FACTS_FILE, read_facts
 from ..progress import Progress
 from .registry import create_model, get_spec, list_models
 
@@ -67,7 +69,6 @@ def count_macs(model: nn.Module, input_size: tuple[int, ...]) -> int:
     return count_flops(model, input_size) // 2
 
 
-FACTS_FILE = Path(__file__).with_name("facts.json")  # written by benchmarks/make_model_facts.py
 PROGRESS_FROM = 20  # models counted from which counting them shows a progress bar (the whole list takes minutes)
 
 
@@ -87,14 +88,6 @@ def count_facts(name: str) -> dict[str, Any]:
     size = tuple(model.pretrained_cfg["input_size"])
     return {"class": get_spec(name).cls.__name__, "input": list(size), "params": count_params(model),
             "macs": count_macs(model, size), "spec": spec_key(name)}
-
-
-def read_facts(path: Path = FACTS_FILE) -> dict[str, dict[str, Any]]:
-    """The counted facts by model name ({} where the file is missing or unreadable: everything is counted)."""
-    try:
-        return json.loads(path.read_text())["models"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return {}
 
 
 def model_facts(names: list[str], progress_from: int = PROGRESS_FROM, file: Any = None,
@@ -121,22 +114,3 @@ def write_facts(path: Path = FACTS_FILE, file: Any = None) -> int:
     path.write_text(json.dumps(body, indent=1, sort_keys=True) + "\n")
     return len(rows)
 
-
-def _giga(n: int) -> str:
-    g = n / 1e9
-    return f"{g:.2f}" if g >= 0.1 else f"{g:.4f}"
-
-
-def model_table(pattern: str = "*", progress_from: int = PROGRESS_FROM, file: Any = None) -> str:
-    """A text table: name, family, input size, parameters (M), GMACs (forward multiply-adds of one image at the
-    default resolution), from the counted facts; models missing from them are counted, ``progress_from`` or
-    more with a progress bar on ``file`` (default standard error)."""
-    names = list_models(pattern)
-    if not names:
-        return f"no model matches {pattern!r}"
-    rows = [(f["name"], f["class"], "x".join(map(str, f["input"][1:])), f"{f['params'] / 1e6:.2f}",
-             _giga(f["macs"])) for f in model_facts(names, progress_from, file)]
-    header = ("model", "class", "input", "params (M)", "GMACs")
-    widths = [max(len(r[i]) for r in rows + [header]) for i in range(len(header))]
-    fmt = lambda r: "  ".join(c.ljust(w) if i < 3 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
-    return "\n".join([fmt(header), fmt(tuple("-" * w for w in widths))] + [fmt(r) for r in rows])
