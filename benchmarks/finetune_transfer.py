@@ -1,14 +1,17 @@
-"""Transfer on CIFAR-10 with few labels: fine-tuning with and without layer decay, linear probe, k-NN, from scratch.
+"""Transfer on CIFAR-10 with few labels: fine-tuning (with and without layer decay, LoRA), linear probe, k-NN, scratch.
 
 A backbone is trained on five CIFAR-10 classes (airplane, automobile, bird, cat, deer) for a stated budget; it
 then meets the other five (dog, frog, horse, ship, truck) with 10% of their training labels (--train-fraction,
-the same 500 images a class in every arm) and is judged on their whole test split: fine-tuned without and with
-layer-wise lr decay, by `vitlab probe` (DINO's 20-NN and the linear probe on frozen features), and against the
-same model trained from scratch on the same images for the same epochs. Every arm is the `vitlab` command a user
-runs; the table gives its test top-1 and wall time, with the CPU (or GPU) named.
+the same 500 images a class in every arm) and is judged on their whole test split: fine-tuned in full without and
+with layer-wise lr decay, with LoRA adapters (`--lora`, the rest frozen), by `vitlab probe` (DINO's 20-NN and the
+linear probe on frozen features), and against the same model trained from scratch on the same images for the same
+epochs. Every arm is the `vitlab` command a user runs, once per seed of --seeds (the backbone once, seed 0); the
+table gives each arm's test top-1 (mean and sample standard deviation over the seeds, and each seed's) and wall
+time, with the CPU (or GPU) named. A finished run is read back, so the script started again continues.
 
     python benchmarks/finetune_transfer.py [--tar ../shared/data/cifar10-jpg.tar.gz] [--work DIR]
         [--model vit_nano_patch4_32] [--img-size 16] [--pretrain-minutes 6] [--epochs 5] [--threads 1]
+        [--arms finetune,finetune-ld,lora,scratch,probe] [--seeds 0,1,2] [--lora-rank 8] [--lora-lr LR]
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import tarfile
@@ -84,6 +88,34 @@ def train_arm(name: str, out: Path, *args: str) -> tuple[str, float, float]:
     return name, json.loads((out / "summary.json").read_text())["top1"], seconds
 
 
+ARMS = ("finetune", "finetune-ld", "lora", "scratch", "probe")
+
+
+def arm_args(args: argparse.Namespace, backbone: Path) -> dict[str, tuple[str, list]]:
+    """Each trained arm's row name and the `vitlab train` options that make it."""
+    lora = ["--init", backbone, "--lr", args.lora_lr if args.lora_lr is not None else args.lr,
+            "--lora", args.lora_rank, "--lora-targets", args.lora_targets]
+    return {"finetune": ("fine-tuned, no layer decay", ["--init", backbone, "--lr", args.lr / 2]),
+            "finetune-ld": (f"fine-tuned, layer decay {args.layer_decay:g}",
+                            ["--init", backbone, "--lr", args.lr / 2, "--layer-decay", args.layer_decay]),
+            "lora": (f"LoRA r{args.lora_rank} on {args.lora_targets}, head in full", lora),
+            "scratch": ("from scratch", ["--model", args.model, "--lr", args.lr])}
+
+
+def probe_arm(args: argparse.Namespace, backbone: Path, b: Path, out: Path, seed: int) -> dict:
+    """`vitlab probe` of the frozen backbone (its probe.json read back when the folder has one)."""
+    if not (out / "probe.json").is_file():
+        vitlab("probe", backbone, "--data", b, "--train-fraction", args.train_fraction, "--seed", seed, "--threads",
+               args.threads, "--device", args.device, "--cache-dir", args.work / "cache", "--out", out)
+    return json.loads((out / "probe.json").read_text())
+
+
+def cell(values: list[float], fmt: str) -> str:
+    """Mean, with the sample standard deviation when there is more than one value."""
+    mean = statistics.fmean(values)
+    return f"{mean:{fmt}} ± {statistics.stdev(values):{fmt}}" if len(values) > 1 else f"{mean:{fmt}}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tar", type=Path, default=Path(__file__).resolve().parents[2] / "shared/data/cifar10-jpg.tar.gz")
@@ -95,9 +127,23 @@ def main() -> None:
     ap.add_argument("--train-fraction", type=float, default=0.1)
     ap.add_argument("--lr", type=float, default=1e-3, help="from scratch; fine-tuning takes half of it")
     ap.add_argument("--layer-decay", type=float, default=0.75)
+    ap.add_argument("--lora-rank", type=int, default=8)
+    ap.add_argument("--lora-targets", default="qkv,proj,fc1,fc2")
+    ap.add_argument("--lora-lr", type=float, default=None,
+                    help="the LoRA arm's lr (default: --lr, twice fine-tuning's)")
+    ap.add_argument("--arms", default="finetune,finetune-ld,scratch,probe",
+                    help=f"comma-separated, in table order, of: {', '.join(ARMS)}")
+    ap.add_argument("--seeds", default="0", help="comma-separated seeds of every arm after the backbone (seed 0)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     args = ap.parse_args()
+    arms = args.arms.split(",")
+    if not arms or any(arm not in ARMS for arm in arms):
+        ap.error(f"--arms {args.arms!r}: accepted, comma-separated: {', '.join(ARMS)}")
+    try:
+        seeds = [int(s) for s in args.seeds.split(",")]
+    except ValueError:
+        ap.error(f"--seeds {args.seeds!r}: accepted: comma-separated integers, e.g. 0,1,2")
 
     work = args.work
     a, b = split_tar(args.tar, work)
@@ -109,28 +155,32 @@ def main() -> None:
     target = ["--data", b, "--train-fraction", args.train_fraction, "--epochs", args.epochs,
               "--eval-every", args.epochs]
     backbone = runs / "backbone"
-    rows = [train_arm(f"backbone: classes 0-4, all labels, {args.pretrain_minutes:g} min", backbone, "--data", a,
-                      "--model", args.model, "--time-budget", args.pretrain_minutes, "--lr", args.lr, *common)]
-    arms = [("fine-tuned, no layer decay", "finetune", ["--init", backbone, "--lr", args.lr / 2]),
-            (f"fine-tuned, layer decay {args.layer_decay:g}", "finetune-ld", ["--init", backbone, "--lr", args.lr / 2,
-                                                                             "--layer-decay", args.layer_decay]),
-            ("from scratch", "scratch", ["--model", args.model, "--lr", args.lr])]
-    rows += [train_arm(name, runs / folder, *target, *extra, *common) for name, folder, extra in arms]
-    vitlab("probe", backbone, "--data", b, "--train-fraction", args.train_fraction, "--threads",
-                        args.threads, "--device", args.device, "--cache-dir", cache, "--out", runs / "probe")
-    probe = json.loads((runs / "probe" / "probe.json").read_text())
-    t = probe["seconds"]  # each classifier with the features it needs (both splits, extracted once)
-    rows.append((f"linear probe (frozen, {probe['features']} features)", probe["linear"]["top1"],
-                 t["features"] + t["linear"]))
-    rows.append(("20-NN (frozen)", probe["knn"]["top1"], t["features"] + t["knn"]))
+    _, top1, seconds = train_arm("backbone", backbone, "--data", a, "--model", args.model, "--time-budget",
+                                 args.pretrain_minutes, "--lr", args.lr, *common)
+    rows = [(f"backbone: classes 0-4, all labels, {args.pretrain_minutes:g} min, seed 0", [top1], [seconds])]
+    trained, probe = arm_args(args, backbone), None
+    for arm in arms:
+        if arm != "probe":
+            name, extra = trained[arm]
+            done = [train_arm(name, runs / f"{arm}-seed{s}", *target, *extra, "--seed", s, *common) for s in seeds]
+            rows.append((name, [d[1] for d in done], [d[2] for d in done]))
+            continue
+        probes = [probe_arm(args, backbone, b, runs / f"probe-seed{s}", s) for s in seeds]
+        probe = probes[0]
+        # each classifier with the features it needs (both splits, extracted once and cached)
+        rows.append((f"linear probe (frozen, {probe['features']} features)", [p["linear"]["top1"] for p in probes],
+                     [p["seconds"]["features"] + p["seconds"]["linear"] for p in probes]))
+        rows.append(("20-NN (frozen)", [p["knn"]["top1"] for p in probes],
+                     [p["seconds"]["features"] + p["seconds"]["knn"] for p in probes]))
 
     print(f"\n{args.model} at {args.img_size}x{args.img_size} on {device_name(args.device)}, {args.threads} thread(s); "
-          f"classes 5-9 with {100 * args.train_fraction:g}% of the labels ({probe['num_train']} images), "
-          f"{probe['num_test']} test images, {args.epochs} epochs per trained arm\n")
-    print("| arm | test top-1 | wall s |")
-    print("|---|---:|---:|")
-    for name, acc, seconds in rows:
-        print(f"| {name} | {100 * acc:.2f}% | {seconds:.0f} |")
+          f"classes 5-9 with {100 * args.train_fraction:g}% of the labels, {args.epochs} epochs per trained arm; "
+          f"seeds {args.seeds} (mean ± sample std over seeds)\n")
+    print("| arm | test top-1 | per seed | wall s |")
+    print("|---|---:|---:|---:|")
+    for name, accs, walls in rows:
+        per_seed = " / ".join(f"{100 * x:.2f}" for x in accs)
+        print(f"| {name} | {cell([100 * x for x in accs], '.2f')}% | {per_seed} | {cell(walls, '.0f')} |")
 
 
 if __name__ == "__main__":
