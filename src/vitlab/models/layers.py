@@ -118,12 +118,13 @@ class Attention(nn.Module):
         self.proj = nn.Linear(dim, dim, bias=proj_bias)
         self.proj_drop = nn.Dropout(proj_drop)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, N, D) -> (B, N, D); ``attn_mask`` is added to the logits (a NaFlex batch's padding, -inf-like)."""
         B, N, C = x.shape
         qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)  # (B, H, N, hd) each
         q, k = self.q_norm(q), self.k_norm(k)
-        return self.proj_drop(self.proj(self.attend(q, k, v)))
+        return self.proj_drop(self.proj(self.attend(q, k, v, attn_mask)))
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -267,8 +268,9 @@ class Block(nn.Module):
         self.ls2 = LayerScale(dim, init_values) if init_values else nn.Identity()
         self.drop_path2 = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x))))
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        y = self.norm1(x)
+        x = x + self.drop_path1(self.ls1(self.attn(y) if attn_mask is None else self.attn(y, attn_mask)))
         x = x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
         return x
 
@@ -365,14 +367,16 @@ class AttentionPoolLatent(nn.Module):
         self.mlp = Mlp(dim, mlp_hidden(dim, mlp_ratio), act_layer=act_layer)
         nn.init.trunc_normal_(self.latent, std=dim ** -0.5)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, N, D) tokens -> (B, D); ``attn_mask`` (B, 1, 1, N) is added to the logits (padding left out)."""
         B, N, C = x.shape
         q = self.q(self.latent.expand(B, -1, -1)).reshape(B, 1, self.num_heads, self.head_dim).transpose(1, 2)
         k, v = self.kv(x).reshape(B, N, 2, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
         if self.fused_attn:
-            x = F.scaled_dot_product_attention(q, k, v)
+            x = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
         else:
-            x = self.attn_map(((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1)) @ v
+            logits = (q * self.scale) @ k.transpose(-2, -1)
+            x = self.attn_map((logits if attn_mask is None else logits + attn_mask).softmax(dim=-1)) @ v
         x = self.proj(x.transpose(1, 2).reshape(B, 1, C))
         x = x + self.mlp(self.norm(x))
         return x[:, 0]
