@@ -154,6 +154,10 @@ FAMILIES = (
     Family("rope_mixed", "vit_small_patch16_rope_mixed_ape_224", dict(img_size=32, patch_size=4, embed_dim=32, depth=2,
                                                                       num_heads=2, num_classes=10), ("mhsa",) * 2,
            timm=True, hf=False),
+    Family("naflex_siglip", "naflexvit_base_patch16_siglip", dict(img_size=32, patch_size=4, embed_dim=32, depth=2,
+                                                                  num_heads=2, num_classes=10,
+                                                                  pos_embed_grid_size=(8, 8)),
+           ("mhsa", "mhsa", "attn_pool"), timm=True, hf=False),
     Family("resnet", "resnet10_32", dict(widths=(8, 16, 32, 64)), (), timm=False, hf=False),  # CIFAR stem: not timm's
     Family("airbench", "airbench_32", dict(widths=(8, 16, 16)), (), timm=False, hf=False),
     Family("airbench_hybrid", "vit_nano_airbench_32", dict(stem_widths=(8, 16, 16), stem_pad=False, embed_dim=32,

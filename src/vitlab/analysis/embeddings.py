@@ -17,8 +17,10 @@ def position_similarity(model: nn.Module) -> torch.Tensor:
         raise ValueError(f"this {type(model).__name__} has no position embedding (built with pos_embed='none' or "
                          "use_pos_embed=False): position similarity needs a learned or sin-cos one")
     gh, gw = model.patch_embed.grid_size
-    N = gh * gw
     pos = model.pos_embed.detach().float()[0]  # (prefix + N, D) or (N, D)
+    if pos.ndim == 3:  # a table on its own (gh, gw) grid, resized to each input's (NaFlex ViT)
+        (gh, gw), pos = pos.shape[:2], pos.flatten(0, 1)
+    N = gh * gw
     if pos.shape[0] < N:
         raise ValueError(f"the position embedding has {pos.shape[0]} entries, fewer than the {gh}x{gw} patches")
     pos = F.normalize(pos[-N:], dim=-1)  # patch entries come after any prefix entries

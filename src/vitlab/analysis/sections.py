@@ -45,12 +45,13 @@ def patch_grid(r: Inspection) -> None:
     gh, gw = r.images.shape[2] // ph, r.images.shape[3] // pw
     prefix = r.prefix
     k = min(len(r.images), 4)
+    pixels = isinstance(embed, PatchEmbed) or hasattr(embed, "conv_weight")  # a conv or linear layer on the pixels
     caption = PATCH_GRID.format(
         gh=gh, gw=gw, ph=ph, pw=pw, numbers="" if gh * gw <= 64 else " (numbers drawn up to 64 patches)",
         prefix=(f"the learnt {' and '.join(f'[{t}]' for t in prefix)} "
                 f"{'tokens go' if len(prefix) > 1 else 'token goes'} first, then the patches." if prefix else
                 "there is no class token: the patches alone make the sequence."),
-        hybrid="" if isinstance(embed, PatchEmbed) else PATCH_GRID_HYBRID.format(gh=gh, gw=gw, ph=ph))
+        hybrid="" if pixels else PATCH_GRID_HYBRID.format(gh=gh, gw=gw, ph=ph))
     r.figure(plots.plot_patch_grid(r.display[:k], (ph, pw), r.names[:k], prefix), "patch_grid.png",
              "The image cut into its patch grid", caption)
 
@@ -339,13 +340,14 @@ EMBEDDING_FILTERS = (
 def embedding_filters(r: Inspection) -> None:
     """Principal components of the linear patch-embedding filters (ViT paper, Fig. 7 left)."""
     embed = r.model.patch_embed
-    if not isinstance(embed, PatchEmbed):
+    if not isinstance(embed, PatchEmbed) and not hasattr(embed, "conv_weight"):
         r.note("Patch-embedding filters: skipped, the patch embedding of a hybrid is a ResNet followed by a 1x1 "
                "projection, not filters over pixels.")
         return
-    comps, var = filter_components(embed.proj.weight, 28)
+    weight = embed.conv_weight() if hasattr(embed, "conv_weight") else embed.proj.weight  # a linear one: as filters
+    comps, var = filter_components(weight, 28)
     r.figure(plots.plot_embedding_filters(comps, var), "embedding_filters.png", "Patch-embedding filter components",
-             EMBEDDING_FILTERS.format(k=len(comps), filters=embed.proj.weight.shape[0], ph=embed.patch_size[0],
+             EMBEDDING_FILTERS.format(k=len(comps), filters=weight.shape[0], ph=embed.patch_size[0],
                                       pw=embed.patch_size[1]))
 
 

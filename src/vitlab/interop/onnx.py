@@ -3,8 +3,8 @@
 torch's TorchScript-based exporter (``dynamo=False``, deprecated upstream but present in torch 2.13)
 is used: it needs no onnxscript, and its ``dynamic_axes`` keep the image size symbolic through the
 position-embedding resampling, which ``torch.export`` (``dynamo=True``) specialises to the example's
-size (its graph then fails at any other size). Antialiased bicubic resampling has no
-built-in translation; it maps onto ONNX Resize (cubic, a = -0.5, antialias, exclude_outside),
+size (its graph then fails at any other size). Antialiased bicubic and bilinear resampling have no
+built-in translation; they map onto ONNX Resize (cubic, a = -0.5, or linear; antialias, exclude_outside),
 which is the same filter.
 """
 from __future__ import annotations
@@ -25,15 +25,20 @@ OPSET = 18
 INSTALL_HINT = "pip install 'vitlab[onnx]'"
 
 
-def _bicubic_aa(g, x, output_size, align_corners, *scales):
-    """aten::_upsample_bicubic2d_aa as ONNX Resize: PIL-style cubic (a = -0.5), antialiased, edges renormalised."""
-    shape = g.op("Shape", x)
-    batch_chans = g.op("Slice", shape, g.op("Constant", value_t=torch.tensor([0])),
-                       g.op("Constant", value_t=torch.tensor([2])))
-    size = g.op("Concat", batch_chans, g.op("Cast", output_size, to_i=7), axis_i=0)  # 7: INT64
-    empty = g.op("Constant", value_t=torch.tensor([], dtype=torch.float32))
-    return g.op("Resize", x, empty, empty, size, mode_s="cubic", cubic_coeff_a_f=-0.5, antialias_i=1,
-                exclude_outside_i=1, coordinate_transformation_mode_s="half_pixel")
+def _resize_aa(mode: str) -> Callable[..., Any]:
+    """aten::_upsample_{bicubic,bilinear}2d_aa as ONNX Resize: PIL-style cubic (a = -0.5) or the triangle filter,
+    antialiased (stretched when reducing), edges renormalised."""
+    cubic = {"cubic_coeff_a_f": -0.5} if mode == "cubic" else {}
+
+    def symbolic(g, x, output_size, align_corners, *scales):
+        shape = g.op("Shape", x)
+        batch_chans = g.op("Slice", shape, g.op("Constant", value_t=torch.tensor([0])),
+                           g.op("Constant", value_t=torch.tensor([2])))
+        size = g.op("Concat", batch_chans, g.op("Cast", output_size, to_i=7), axis_i=0)  # 7: INT64
+        empty = g.op("Constant", value_t=torch.tensor([], dtype=torch.float32))
+        return g.op("Resize", x, empty, empty, size, mode_s=mode, antialias_i=1, exclude_outside_i=1,
+                    coordinate_transformation_mode_s="half_pixel", **cubic)
+    return symbolic
 
 
 def dynamic_size(model: nn.Module) -> bool:
@@ -68,7 +73,8 @@ def export_onnx(model: nn.Module, folder: Path, check: bool = True, atol: float 
     # a traced model keeps the branch its example took: trace a dynamic model off its own size, so that the
     # position-embedding resampling is in the graph (at the model's own size it resamples to the same grid)
     x = example_input(model, grow=1 if dynamic else 0)
-    torch.onnx.register_custom_op_symbolic("aten::_upsample_bicubic2d_aa", _bicubic_aa, OPSET)
+    torch.onnx.register_custom_op_symbolic("aten::_upsample_bicubic2d_aa", _resize_aa("cubic"), OPSET)
+    torch.onnx.register_custom_op_symbolic("aten::_upsample_bilinear2d_aa", _resize_aa("linear"), OPSET)  # SigLIP 2
     path = folder / ONNX_FILE
     with warnings.catch_warnings(), torch.no_grad(), atomic_files(path) as tmp:  # never a half-written model.onnx
         warnings.simplefilter("ignore")  # the tracer's notes on Python values it keeps constant

@@ -144,7 +144,8 @@ def export_config(model: nn.Module, args: dict[str, Any]) -> dict[str, Any]:
         "interpolation": prep.interpolation, "crop_pct": prep.crop_pct, "crop_mode": prep.crop_mode,
         "mean": list(prep.mean), "std": list(prep.std),
         "num_classes": model.num_classes, "pool_size": None,
-        "first_conv": next(n for n, m in model.named_modules() if isinstance(m, nn.Conv2d)),
+        "first_conv": next(n for n, m in model.named_modules()  # a NaFlex ViT's is its linear patch projection
+                           if isinstance(m, nn.Conv2d) or m is getattr(getattr(model, "patch_embed", None), "proj", 0)),
         "classifier": classifier if len(classifier) > 1 else classifier[0],
     }
     cfg: dict[str, Any] = {"architecture": arch, "num_classes": model.num_classes,

@@ -19,6 +19,7 @@ from .convit import ConVit
 from .eva import DINOV3_NORM_EPS, DINOV3_OTHERS, DINOV3_SIZES, Eva
 from .hybrid import HybridVisionTransformer
 from .mixer import MlpMixer
+from .naflex import NaFlexVit
 from .resnet import ResNet
 from .resnetv2 import ResNetV2VisionTransformer
 from .vit import TIMM_PRESETS, VisionTransformer
@@ -135,6 +136,26 @@ for _size, (_dim, _depth, _heads, _swiglu) in DINOV3_SIZES.items():
                  depth=_depth, num_heads=_heads, **(dict(swiglu_mlp=True, swiglu_align_to=8) if _swiglu else {}))
 for _name, _args in DINOV3_OTHERS.items():
     register(_name, Eva, **{**_DINOV3, **_args})
+# NaFlex ViTs (timm's names): a linear embedding of flattened patches, a 16x16 position table resized to each image's
+# grid, so a batch may mix aspect ratios; _siglip: SigLIP 2's image tower (bilinear resize, attention pool)
+_NAFLEX = dict(img_size=384, patch_size=16)
+for _kind, _args in {"gap": dict(init_values=1e-5, global_pool="avg", reg_tokens=4, fc_norm=True),
+                     "par_gap": dict(init_values=1e-5, pos_embed_ar_preserving=True, global_pool="avg", reg_tokens=4,
+                                     fc_norm=True),
+                     "parfac_gap": dict(init_values=1e-5, pos_embed_ar_preserving=True, pos_embed="factorized",
+                                        global_pool="avg", reg_tokens=4, fc_norm=True),
+                     "map": dict(init_values=1e-5, global_pool="map", reg_tokens=1),
+                     "siglip": dict(act_layer="gelu_tanh", global_pool="map",
+                                    pos_embed_interp_mode="bilinear")}.items():
+    register(f"naflexvit_base_patch16_{_kind}", NaFlexVit, INCEPTION_MEAN, INCEPTION_STD, **_NAFLEX, embed_dim=768,
+             depth=12, num_heads=12, **_args)
+for _pool, _args in (("gap", dict(global_pool="avg", fc_norm=True)), ("map", dict(global_pool="map"))):
+    register(f"naflexvit_so150m2_patch16_reg1_{_pool}", NaFlexVit, INCEPTION_MEAN, INCEPTION_STD, **_NAFLEX,
+             embed_dim=832, depth=21, num_heads=13, mlp_ratio=34 / 13, init_values=1e-5, qkv_bias=False, reg_tokens=1,
+             **_args)
+register("naflexvit_so400m_patch16_siglip", NaFlexVit, INCEPTION_MEAN, INCEPTION_STD, **_NAFLEX, embed_dim=1152,
+         depth=27, num_heads=16, mlp_ratio=3.7362, act_layer="gelu_tanh", global_pool="map",
+         pos_embed_interp_mode="bilinear")
 # ConViT (embed_dim is per head)
 for _name, _heads in (("tiny", 4), ("small", 9), ("base", 16)):
     register(f"convit_{_name}", ConVit, local_up_to_layer=10, locality_strength=1.0, embed_dim=48, num_heads=_heads)

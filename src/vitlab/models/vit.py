@@ -89,6 +89,21 @@ TIMM_PRESETS = {**timm_presets(), **MORE_TIMM_PRESETS}
 CLIP_NORM_EPS = 1e-5
 
 
+def add_output_layers(model: Model, num_heads: int, mlp_ratio: float, norm_layer, act, norm: bool, fc_norm: bool,
+                      drop_rate: float) -> None:
+    """timm's ViT output layers on ``model``: the final ``norm`` on every token, SigLIP's attention pool ``attn_pool``
+    (global_pool 'map'), ``fc_norm`` on the pooled token, ``head_drop`` and the ``head`` (num_features wide)."""
+    dim = model.embed_dim
+    model.norm = norm_layer(dim) if norm else nn.Identity()
+    model.attn_pool = None
+    if model.global_pool == "map":
+        model.attn_pool = AttentionPoolLatent(dim, num_heads, mlp_ratio, norm_layer=norm_layer, act_layer=act)
+    model.fc_norm = norm_layer(dim) if fc_norm else nn.Identity()
+    model.head_drop = nn.Dropout(drop_rate)
+    n = model.num_classes
+    model.head = nn.Linear(model.num_features, n) if n > 0 else nn.Identity()
+
+
 class VisionTransformer(Model):
     """timm's VisionTransformer and its options: DeiT (distilled), DeiT III, DINOv2, CLIP, SigLIP, register ViTs.
 
@@ -216,13 +231,8 @@ class VisionTransformer(Model):
                   act_layer=act, norm_layer=norm_layer, proj_bias=proj_bias,
                   attn_layer=partial(Attention, qk_norm=qk_norm, proj_bias=proj_bias, norm_layer=norm_layer))
             for i in range(depth)])
-        self.norm = norm_layer(embed_dim) if final_norm and not use_fc_norm else nn.Identity()
-        self.attn_pool = None
-        if global_pool == "map":
-            self.attn_pool = AttentionPoolLatent(embed_dim, num_heads, mlp_ratio, norm_layer=norm_layer, act_layer=act)
-        self.fc_norm = norm_layer(embed_dim) if final_norm and use_fc_norm else nn.Identity()
-        self.head_drop = nn.Dropout(drop_rate)
-        self.head = nn.Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
+        add_output_layers(self, num_heads, mlp_ratio, norm_layer, act, final_norm and not use_fc_norm,
+                          final_norm and use_fc_norm, drop_rate)
         self.head_dist = None
         if distilled:
             self.head_dist = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()

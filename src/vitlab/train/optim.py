@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from .recipe import Recipe
 
 # parameters (first name part) that are the input side of a model: layer 0
-EMBED_NAMES = ("patch_embed", "pos_embed", "cls_token", "dist_token", "reg_token", "mask_token", "norm_pre",
+EMBED_NAMES = ("patch_embed", "embeds", "pos_embed", "cls_token", "dist_token", "reg_token", "mask_token", "norm_pre",
                "conv1", "bn1", "stem")
 # module lists whose members are the layers, in the order the input passes through them
 BLOCK_STACKS = ("blocks", "blocks_token_only")
