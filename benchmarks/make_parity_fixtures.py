@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import timm
 import torch
 import transformers
@@ -128,6 +129,20 @@ HF = {
                                                                   layerscale_value=0.1), (20, 28)),
 }
 
+# SigLIP 2 (transformers): patch-flattened inputs, the position table resized per image. name -> (class, vision
+# config, second grid): io.safetensors at the table's own grid, io_dynamic.safetensors at another one, both with every
+# patch real; naflex.safetensors a batch of four aspect ratios built by Siglip2ImageProcessor, padded to NAFLEX_PATCHES
+SIGLIP2_TINY = dict(hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32, patch_size=4,
+                    num_patches=16)
+SIGLIP2 = {
+    "hf_siglip2_vision": ("Siglip2VisionModel", SIGLIP2_TINY, (5, 7)),
+    "hf_siglip2": ("Siglip2Model", dict(SIGLIP2_TINY, num_patches=25, hidden_act="gelu"), (3, 6)),
+}
+SIGLIP2_TEXT = dict(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+                    max_position_embeddings=8, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+NAFLEX_PATCHES = 20
+NAFLEX_IMAGES = ((30, 70), (64, 20), (33, 33), (12, 40))  # (height, width) in pixels
+
 
 # timm folders that timm also loads at other input sizes, resizing tensors on load (BEiT's relative position tables
 # by its checkpoint rule): io_resized_HxW.safetensors holds timm's outputs of the folder loaded at each size
@@ -218,17 +233,61 @@ def hf_folder(name: str, cls: str, config_cls: str, config: dict[str, Any], seco
             write_io(folder / "io_dynamic.safetensors", x, *outputs(x, **kw))
 
 
+def siglip2_folder(name: str, cls: str, vision: dict[str, Any], second: tuple[int, int]) -> None:
+    from PIL import Image
+    from transformers.models.siglip2.image_processing_siglip2 import convert_image_to_patches
+
+    folder = OUT / name
+    if cls == "Siglip2Model":
+        config = transformers.Siglip2Config(vision_config=vision, text_config=SIGLIP2_TEXT)
+    else:
+        config = transformers.Siglip2VisionConfig(**vision)
+    ref = perturb(getattr(transformers, cls)(config))
+    ref.save_pretrained(folder)
+    back = getattr(transformers, cls).from_pretrained(folder).eval()
+    tower = ref.vision_model if cls == "Siglip2Model" else ref
+    patch = vision["patch_size"]
+
+    def outputs(batch: dict[str, torch.Tensor], model: nn.Module = tower) -> tuple[torch.Tensor, torch.Tensor]:
+        out = model(**batch)
+        return out.pooler_output, out.last_hidden_state
+
+    def full_grid(x: torch.Tensor) -> dict[str, torch.Tensor]:  # every patch real, as the processor flattens them
+        grid = (x.shape[-2] // patch, x.shape[-1] // patch)
+        return {"pixel_values": torch.stack([convert_image_to_patches(img, patch) for img in x]),
+                "pixel_attention_mask": torch.ones(len(x), grid[0] * grid[1], dtype=torch.int32),
+                "spatial_shapes": torch.tensor([grid] * len(x))}
+
+    side = int(vision["num_patches"] ** 0.5)
+    with torch.no_grad():
+        for file, grid in (("io.safetensors", (side, side)), ("io_dynamic.safetensors", second)):
+            x = torch.randn(BATCH, 3, grid[0] * patch, grid[1] * patch)
+            batch = full_grid(x)
+            assert torch.equal(outputs(batch)[0], outputs(batch, back.vision_model if cls == "Siglip2Model"
+                                                             else back)[0]), name
+            write_io(folder / file, x, *outputs(batch))
+        processor = transformers.Siglip2ImageProcessor(patch_size=patch, max_num_patches=NAFLEX_PATCHES)
+        images = [Image.fromarray(torch.randint(0, 256, (h, w, 3), dtype=torch.uint8).numpy())
+                  for h, w in NAFLEX_IMAGES]
+        batch = dict(processor(images=images, return_tensors="pt"))
+        logits, features = outputs(batch)
+        pixels = {f"image_{i}": torch.from_numpy(np.array(img)).permute(2, 0, 1).contiguous()
+                  for i, img in enumerate(images)}  # (C, H, W) uint8, what the processor was given
+        save_file({**{k: v.contiguous() for k, v in batch.items()}, **pixels, "logits": logits,
+                   "features": features}, folder / "naflex.safetensors")
+
+
 def main() -> int:
     logging.getLogger("timm").setLevel(logging.ERROR)
     transformers.utils.logging.disable_progress_bar()
     torch.set_num_threads(1)
     only = sys.argv[1:]
-    for seed, (name, spec) in enumerate({**TIMM, **HF}.items()):
+    for seed, (name, spec) in enumerate({**TIMM, **HF, **SIGLIP2}.items()):
         if only and name not in only:
             continue
         torch.manual_seed(seed)
         shutil.rmtree(OUT / name, ignore_errors=True)
-        (timm_folder if name in TIMM else hf_folder)(name, *spec)
+        (timm_folder if name in TIMM else hf_folder if name in HF else siglip2_folder)(name, *spec)
         size = sum(p.stat().st_size for p in (OUT / name).iterdir())
         print(f"{name:<28} {size / 1024:6.1f} KiB")
     return 0

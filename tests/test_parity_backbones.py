@@ -25,7 +25,8 @@ EXPECTED = {"timm_deit3", "timm_dinov2", "timm_dinov2_reg4", "timm_vit_reg4_gap"
             "hf_data2vec_vision", "timm_vit_r_s16_p8", "timm_mixer", "timm_eva02", "timm_eva02_subln",
             "timm_vit_rope_axial", "timm_vit_rope_mixed_ape", "timm_vit_rope_reg_gap", "hf_vit_msn", "hf_vit_mae",
             "timm_vit_parallel", "timm_vit_pwee", "timm_vit_pwee_qk_norm", "timm_dinov3", "timm_dinov3_plus_qkvb",
-            "timm_dinov3_token", "hf_dinov3", "hf_dinov3_gated", "timm_eva02_clip", "timm_eva_giant_clip"}
+            "timm_dinov3_token", "hf_dinov3", "hf_dinov3_gated", "timm_eva02_clip", "timm_eva_giant_clip",
+            "hf_siglip2_vision", "hf_siglip2"}
 DYNAMIC = sorted(p.parent.name for p in BACKBONES.glob("*/io_dynamic.safetensors"))
 TOL = 1e-4
 
@@ -164,7 +165,8 @@ def test_hf_vit_hybrid_is_refused_in_one_line(tmp_path):
     assert "vit-hybrid" in str(e.value) and "transformers" in str(e.value) and "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("name", ["timm_siglip", "timm_dinov2_reg4", "hf_clip_vision_projection", "timm_vit_pwee"])
+@pytest.mark.parametrize("name", ["timm_siglip", "timm_dinov2_reg4", "hf_clip_vision_projection", "timm_vit_pwee",
+                                  "hf_siglip2_vision"])
 def test_inspect_reads_the_backbones(tmp_path, name):
     """The attention analyses (heads, rollout, relevance, ...) run on attention-pool, register and pre-norm towers."""
     from PIL import Image

@@ -15,9 +15,10 @@ from ..atomic import read_json_object
 from ..data.views import Preprocess, scale_size
 from ..models.beit import Beit
 from ..models.eva import Eva
+from ..models.naflex import NaFlexVit
 from ..models.vit import VisionTransformer
 from ..text import quote
-from . import hf_beit, hf_dinov3
+from . import hf_beit, hf_dinov3, hf_siglip2
 from .keys import check_placed, hf_size, join_qkv
 
 # transformers' hidden_act -> vitlab act_layer
@@ -36,6 +37,7 @@ HF_MODEL_TYPES = {
                           "vision_model", "CLIPVisionModel"),
     "siglip_vision_model": ({"SiglipVisionModel": "base"}, "vision_model", "SiglipVisionModel"),
     hf_dinov3.MODEL_TYPE: (hf_dinov3.ARCHITECTURES, "", "DINOv3ViTModel"),
+    **{t: (archs, "vision_model", next(iter(archs))) for t, archs in hf_siglip2.MODEL_TYPES.items()},
     # plain ViTs under the ViT's key names: MSN's encoder, MAE's encoder (its decoder is left out; with every patch
     # kept in order, as mask_ratio 0 and ascending noise give, transformers' ViTMAEModel is this ViT)
     "vit_msn": ({"ViTMSNForImageClassification": "vit", "ViTMSNModel": "base"}, "vit", "ViTMSNModel"),
@@ -47,8 +49,6 @@ HF_MODEL_TYPES = {
 HF_NOT_READ = {
     "vit-hybrid": "ViTHybrid (a ViT on a BiT ResNet) left transformers in version 5; load timm's folder "
                   "of the same model (vit_base_r50_s16_384) instead",
-    "siglip2_vision_model": "vitlab lacks SigLIP 2's NaFlex patch embedding (a linear layer on flattened patches "
-                            "at a variable resolution)",
     "ijepa": "vitlab lacks a key map for transformers' I-JEPA encoder (no class token)",
     "aimv2_vision_model": "vitlab lacks AIMv2's RMSNorm and SwiGLU MLP",
     "metaclip_2_vision_model": "vitlab lacks a key map for transformers' MetaCLIP 2 image tower",
@@ -114,9 +114,12 @@ def _num_classes(cfg: dict[str, Any], role: str) -> int:
     return int(cfg.get("num_labels") or (len(labels) if isinstance(labels, dict) else 0) or 2)
 
 
-def model_args(cfg: dict[str, Any]) -> tuple[type[VisionTransformer | Beit | Eva], dict[str, Any], dict[str, Any]]:
+def model_args(cfg: dict[str, Any]) -> tuple[type[VisionTransformer | Beit | Eva | NaFlexVit], dict[str, Any],
+                                             dict[str, Any]]:
     """(vitlab class, arguments, preprocessing) from a transformers config.json (HF_MODEL_TYPES)."""
     model_type, arch = architecture(cfg)
+    if model_type in hf_siglip2.MODEL_TYPES:
+        return NaFlexVit, hf_siglip2.model_args(cfg, HF_ACTIVATIONS), {}
     role = HF_ARCHITECTURES[arch]
     act = _get(cfg, "hidden_act", "gelu")
     if act not in HF_ACTIVATIONS:
@@ -211,6 +214,9 @@ def published_processor(model_type: str, size: int) -> tuple[dict[str, Any], str
                           "image_std": HALF}, "microsoft/beit-*: BeitImageProcessor")
     published["data2vec-vision"] = (published["beit"][0], "facebook/data2vec-vision-*: BeitImageProcessor")
     published["dinov2_with_registers"] = published["dinov2"]
+    for siglip2 in hf_siglip2.MODEL_TYPES:  # the whole square grid, each image squashed to it
+        published[siglip2] = ({"size": {"height": size, "width": size}, "resample": 2, "image_mean": HALF,
+                               "image_std": HALF}, "google/siglip2-*-naflex: Siglip2ImageProcessor")
     published[hf_dinov3.MODEL_TYPE] = ({"size": {"height": size, "width": size}, "resample": 2,
                                         "image_mean": IMAGENET_MEAN, "image_std": IMAGENET_STD},
                                        "facebook/dinov3-vit*: DINOv3ViTImageProcessorFast")
@@ -230,11 +236,13 @@ def preprocessing(folder: Path, model_cfg: dict[str, Any] | None = None) -> dict
     if not path.is_file():
         if not model_cfg or model_cfg.get("model_type") not in HF_MODEL_TYPES or model_cfg["model_type"] in UNPUBLISHED:
             return {}
-        image = _get(model_cfg, "image_size", 224)
+        siglip2 = model_cfg["model_type"] in hf_siglip2.MODEL_TYPES
+        image = hf_siglip2.image_size(model_cfg) if siglip2 else _get(model_cfg, "image_size", 224)
         cfg, where = published_processor(model_cfg["model_type"], int(image[0] if isinstance(image, list) else image))
         return dict(_processor_keys(cfg), preprocess_from=f"{folder} has no {PREPROCESSOR}: the preprocessing "
                     f"published for model_type {model_cfg['model_type']} ({where})")
-    return dict(_processor_keys(read_json_object(path)), preprocess_from=str(path))
+    processor = read_json_object(path)
+    return dict(_processor_keys(processor), **hf_siglip2.processor_keys(processor), preprocess_from=str(path))
 
 
 def _processor_keys(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -373,6 +381,8 @@ def convert_state_dict(state: dict[str, torch.Tensor], cfg: dict[str, Any]) -> d
         return hf_beit.convert_state_dict(state, model_type, bool(cfg.get("use_mean_pooling", True)))
     if model_type == hf_dinov3.MODEL_TYPE:
         return hf_dinov3.convert_state_dict(state, cfg)
+    if model_type in hf_siglip2.MODEL_TYPES:
+        return hf_siglip2.convert_state_dict(state, cfg)
     distilled = HF_ARCHITECTURES[arch] == "distilled"
     prefix = HF_MODEL_TYPES[model_type][1] + "."
     layer_keys = (_LAYER_KEYS if model_type in PLAIN_VIT_TYPES else
