@@ -141,6 +141,17 @@ SIGLIP2 = {
 SIGLIP2_TEXT = dict(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
                     max_position_embeddings=8, bos_token_id=1, eos_token_id=2, pad_token_id=0)
 NAFLEX_PATCHES = 20
+# timm's NaFlex ViTs: any input size (io_dynamic at a second one) and naflex.safetensors, a batch of NAFLEX_IMAGES
+# cut by timm's Patchify and padded by its NaFlexCollator (patches, patch_coord, patch_valid)
+NAFLEX_TINY = dict(TINY, img_size=16, patch_size=4, pos_embed_grid_size=(4, 4))
+TIMM_NAFLEX = {
+    "timm_naflexvit_siglip": ("naflexvit_base_patch16_siglip", dict(NAFLEX_TINY, num_classes=5), (20, 28)),
+    "timm_naflexvit_gap": ("naflexvit_base_patch16_gap", dict(NAFLEX_TINY, num_classes=5), (28, 12)),
+    "timm_naflexvit_par_gap": ("naflexvit_base_patch16_par_gap", dict(NAFLEX_TINY, num_classes=5), (12, 32)),
+    "timm_naflexvit_parfac_gap": ("naflexvit_base_patch16_parfac_gap", dict(NAFLEX_TINY, num_classes=5), (32, 20)),
+    "timm_naflexvit_so150m2_map": ("naflexvit_so150m2_patch16_reg1_map", dict(NAFLEX_TINY, num_classes=0,
+                                                                              mlp_ratio=34 / 13), (24, 20)),
+}
 NAFLEX_IMAGES = ((30, 70), (64, 20), (33, 33), (12, 40))  # (height, width) in pixels
 
 
@@ -277,17 +288,40 @@ def siglip2_folder(name: str, cls: str, vision: dict[str, Any], second: tuple[in
                    "features": features}, folder / "naflex.safetensors")
 
 
+def timm_naflex_folder(name: str, arch: str, args: dict[str, Any], second: tuple[int, int]) -> None:
+    from timm.data.naflex_dataset import NaFlexCollator
+    from timm.data.naflex_transforms import Patchify
+
+    folder = OUT / name
+    ref = perturb(timm.create_model(arch, pretrained=False, **args))
+    save_for_hf(ref, folder, model_args=args, safe_serialization=True)
+    back = timm.create_model(f"local-dir:{folder}", pretrained=True).eval()
+    with torch.no_grad():
+        for file, size in (("io.safetensors", (args["img_size"],) * 2), ("io_dynamic.safetensors", second)):
+            x = torch.randn(BATCH, 3, *size)
+            assert torch.equal(back(x), ref(x)), f"{name}: timm does not read back its own folder"
+            write_io(folder / file, x, ref(x), ref.forward_features(x))
+        patchify = Patchify(args["patch_size"])
+        samples = [(patchify(torch.randn(3, h // 2, w // 2)), 0) for h, w in NAFLEX_IMAGES]  # edges zero-padded
+        batch, _ = NaFlexCollator(max_seq_len=max(len(p["patches"]) for p, _ in samples) + 3)(samples)
+        batch = {k: batch[k] for k in ("patches", "patch_coord", "patch_valid")}
+        features = ref.forward_features(**batch)
+        save_file({**batch, "logits": ref(batch), "features": features["patches"]}, folder / "naflex.safetensors")
+
+
 def main() -> int:
     logging.getLogger("timm").setLevel(logging.ERROR)
     transformers.utils.logging.disable_progress_bar()
     torch.set_num_threads(1)
     only = sys.argv[1:]
-    for seed, (name, spec) in enumerate({**TIMM, **HF, **SIGLIP2}.items()):
+    writers = {**dict.fromkeys(TIMM, timm_folder), **dict.fromkeys(HF, hf_folder),
+               **dict.fromkeys(SIGLIP2, siglip2_folder), **dict.fromkeys(TIMM_NAFLEX, timm_naflex_folder)}
+    for seed, (name, spec) in enumerate({**TIMM, **HF, **SIGLIP2, **TIMM_NAFLEX}.items()):
         if only and name not in only:
             continue
         torch.manual_seed(seed)
         shutil.rmtree(OUT / name, ignore_errors=True)
-        (timm_folder if name in TIMM else hf_folder if name in HF else siglip2_folder)(name, *spec)
+        writers[name](name, *spec)
         size = sum(p.stat().st_size for p in (OUT / name).iterdir())
         print(f"{name:<28} {size / 1024:6.1f} KiB")
     return 0

@@ -26,7 +26,8 @@ EXPECTED = {"timm_deit3", "timm_dinov2", "timm_dinov2_reg4", "timm_vit_reg4_gap"
             "timm_vit_rope_axial", "timm_vit_rope_mixed_ape", "timm_vit_rope_reg_gap", "hf_vit_msn", "hf_vit_mae",
             "timm_vit_parallel", "timm_vit_pwee", "timm_vit_pwee_qk_norm", "timm_dinov3", "timm_dinov3_plus_qkvb",
             "timm_dinov3_token", "hf_dinov3", "hf_dinov3_gated", "timm_eva02_clip", "timm_eva_giant_clip",
-            "hf_siglip2_vision", "hf_siglip2"}
+            "hf_siglip2_vision", "hf_siglip2", "timm_naflexvit_siglip", "timm_naflexvit_gap", "timm_naflexvit_par_gap",
+            "timm_naflexvit_parfac_gap", "timm_naflexvit_so150m2_map"}
 DYNAMIC = sorted(p.parent.name for p in BACKBONES.glob("*/io_dynamic.safetensors"))
 TOL = 1e-4
 
@@ -166,7 +167,7 @@ def test_hf_vit_hybrid_is_refused_in_one_line(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["timm_siglip", "timm_dinov2_reg4", "hf_clip_vision_projection", "timm_vit_pwee",
-                                  "hf_siglip2_vision"])
+                                  "hf_siglip2_vision", "timm_naflexvit_parfac_gap"])
 def test_inspect_reads_the_backbones(tmp_path, name):
     """The attention analyses (heads, rollout, relevance, ...) run on attention-pool, register and pre-norm towers."""
     from PIL import Image

@@ -15,6 +15,8 @@ from vitlab.models.naflex import NaFlexVit, naflex_batch, naflex_size
 
 PARITY = Path(__file__).parent / "fixtures" / "parity"
 SIGLIP2 = ["hf_siglip2_vision", "hf_siglip2"]
+TIMM_NAFLEX = ["timm_naflexvit_siglip", "timm_naflexvit_gap", "timm_naflexvit_par_gap", "timm_naflexvit_parfac_gap",
+               "timm_naflexvit_so150m2_map"]
 HF_KEYS = ("pixel_values", "pixel_attention_mask", "spatial_shapes")
 TOL = 1e-4
 
@@ -40,6 +42,41 @@ def test_a_naflex_batch_of_four_aspect_ratios_matches_transformers(name):
     assert (pooled - io["logits"]).abs().max() <= TOL
     with torch.no_grad():
         assert torch.equal(model(batch), pooled)
+
+
+@pytest.mark.parametrize("name", TIMM_NAFLEX)
+def test_timms_naflex_batch_matches_timm(name):
+    """timm's Patchify and NaFlexCollator: four aspect ratios, zero-padded edges, padded to the longest plus three;
+    timm masks every pair with a padded end and gives the padding no position entry, as vitlab does by default.
+    The tables: learned, bilinear (SigLIP) or bicubic, aspect-preserving (par), factorized (parfac)."""
+    model = vitlab.load(PARITY / name)
+    io = load_file(PARITY / name / "naflex.safetensors")
+    batch = {k: io[k] for k in ("patches", "patch_coord", "patch_valid")}
+    assert not io["patch_valid"].all() and not model.use_key_only_attn_mask and not model.pos_embed_pad_first
+    with torch.no_grad():
+        out = model.forward_features(batch)
+        assert (out["patches"] - io["features"]).abs().max() <= TOL
+        assert (model.forward_head(out) - io["logits"]).abs().max() <= TOL
+
+
+def test_a_siglip2_tower_exported_to_timm_keeps_its_outputs(tmp_path):
+    """timm's NaFlexVit holds SigLIP 2 but for the padding's own position entry and mask, which no real token and
+    no pooled output reads."""
+    from vitlab.export import export
+
+    model = vitlab.load(PARITY / "hf_siglip2_vision")
+    folder = export(model, "timm", tmp_path / "t")
+    cfg = json.loads((folder / "config.json").read_text())
+    assert cfg["architecture"] == "naflexvit_base_patch16_siglip" and "pos_embed_pad_first" not in cfg["model_args"]
+    back = vitlab.load(folder)
+    io, batch = naflex_io("hf_siglip2_vision")
+    x = load_file(PARITY / "hf_siglip2_vision" / "io_dynamic.safetensors")["input"]
+    real = batch["pixel_attention_mask"].bool()
+    with torch.no_grad():
+        torch.testing.assert_close(back(x), model(x), rtol=0, atol=1e-6)
+        out = back.forward_features(batch)
+        torch.testing.assert_close(out["patches"][real], io["features"][real], rtol=0, atol=TOL)
+        torch.testing.assert_close(back.forward_head(out), io["logits"], rtol=0, atol=TOL)
 
 
 def test_the_siglip2_folders_are_read_as_naflex_towers():
