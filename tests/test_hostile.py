@@ -277,18 +277,20 @@ def test_an_image_beyond_the_decompression_bomb_limit_is_named_with_its_size(tmp
 
 def test_pretrain_help_lists_only_the_options_pretraining_uses(capsys):
     from vitlab.cli.options import flag
-    from vitlab.train.recipe import SUPERVISED_ONLY
+    from vitlab.train.recipe import PRETRAIN_TAKES, SUPERVISED_ONLY
     helps = {command: run_cli(capsys, [command, "--help"]).out for command in ("pretrain", "train")}
     listed = lambda text, name: f"{flag(name)} " in text or f"{flag(name)}\n" in text  # noqa: E731
     assert all(listed(helps["train"], name) for name in SUPERVISED_ONLY)
-    assert not [name for name in SUPERVISED_ONLY if listed(helps["pretrain"], name)]
+    taken = PRETRAIN_TAKES["distill"]  # the frozen backbone of pretrain distill
+    assert taken == ("teacher",) and all(listed(helps["pretrain"], name) for name in taken)
+    assert not [name for name in SUPERVISED_ONLY if name not in taken and listed(helps["pretrain"], name)]
     assert all(listed(helps["pretrain"], name) for name in ("epochs", "lr", "crop", "hflip", "val_fraction"))
 
 
 @pytest.mark.parametrize("argv, named", [
     (["--mixup", "0.8"], "--mixup"), (["--tta"], "--tta"),
     (["--label-smoothing", "0.1", "--cutmix", "1"], "--cutmix, --label-smoothing"),
-    (["--teacher", "t", "--alpha", "0.3"], "--teacher, --alpha"), (["--layer-decay", "0.7"], "--layer-decay"),
+    (["--tau", "2", "--alpha", "0.3"], "--tau, --alpha"), (["--layer-decay", "0.7"], "--layer-decay"),
 ])
 def test_supervised_options_given_to_pretrain_are_refused_naming_them(tmp_path, capsys, argv, named):
     line = error_line(capsys, ["pretrain", "--method", "mae", *argv, "--out", str(tmp_path / "r")])

@@ -148,7 +148,8 @@ def test_a_family_masking_does_not_apply_to_is_refused_before_any_data(tmp_path,
     (["--pretrain-arg", "colour=red"], "unknown mae option(s) colour in pretrain_args; accepted: mask_ratio"),
     (["--pretrain-arg", "mask_ratio=lots"], "pretrain_args mask_ratio='lots' is not valid; accepted: a number"),
     (["--pretrain-arg", "mask_ratio"], "--pretrain-arg 'mask_ratio' is not KEY=VALUE"),
-    (["--teacher", "somewhere"], "--teacher: supervised training's, which pre-training does not use"),
+    (["--teacher", "somewhere"], "teacher='somewhere' is not valid with pretrain='mae', which learns without a "
+                                 "teacher; accepted: pretrain distill with --teacher"),
 ])
 def test_bad_pretraining_options_are_one_line(tmp_path, capsys, args, message):
     code = main(["pretrain", "--method", "mae", *args, "--out", str(tmp_path / "r")])

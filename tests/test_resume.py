@@ -35,12 +35,13 @@ TASKS = {
     "mae": {"pretrain": "mae", "pretrain_args": {"decoder_depth": 1}},
     "mpp": {"pretrain": "mpp"},
     "dino": {"pretrain": "dino", "pretrain_args": {"out_dim": 64, "local_crops": 2}},
+    "distill": {"pretrain": "distill"},
 }
 
 
 def recipe(values: dict, teacher, out) -> object:
     values = dict(values)
-    if values.get("distill") in ("hard", "soft"):
+    if values.get("distill") in ("hard", "soft") or values.get("pretrain") == "distill":
         values["teacher"] = str(teacher)
     return load_recipe(None, **TINY, **values, out=str(out))
 
@@ -109,13 +110,17 @@ def replace_model(folder, seed: int) -> None:
     vitlab.save(model, folder)
 
 
-@pytest.mark.parametrize("role", ["teacher", "init"])
-def test_a_resume_refuses_a_teacher_or_init_model_changed_since_the_run_started(role, teacher, tmp_path, cache_dir,
+BUILT_FROM = {"teacher": {"distill": "soft", "teacher_once": True, "mixup": 0.0, "cutmix": 0.0},
+              "pretrain-teacher": {"pretrain": "distill"}, "init": {}}
+
+
+@pytest.mark.parametrize("case", list(BUILT_FROM))
+def test_a_resume_refuses_a_teacher_or_init_model_changed_since_the_run_started(case, teacher, tmp_path, cache_dir,
                                                                               monkeypatch):
     source = tmp_path / "source"
     replace_model(source, seed=2)
-    values = ({"distill": "soft", "teacher": str(source), "teacher_once": True, "mixup": 0.0, "cutmix": 0.0}
-              if role == "teacher" else {"init": str(source)})
+    role = "init" if case == "init" else "teacher"
+    values = {**BUILT_FROM[case], role: str(source)}
     r = load_recipe(None, **TINY, **values, out=str(tmp_path / "run"))
     with monkeypatch.context() as m:
         stop_after_epoch(m, 1)

@@ -9,6 +9,7 @@ import vitlab
 from vitlab.train import load_recipe, train
 from vitlab.train.tasks import TASKS, task_for
 from vitlab.train.tasks.distillation import Distillation
+from vitlab.train.tasks.feature_distillation import FeatureDistillationPretraining
 from vitlab.train.tasks.masked import MaskedPretraining
 from vitlab.train.tasks.self_distillation import TEACHER_DECAY, SelfDistillation
 from vitlab.train.tasks.supervised import Supervised
@@ -17,7 +18,8 @@ from vitlab.train.tasks.supervised import Supervised
 def test_the_recipe_picks_the_task(tmp_path):
     teacher = vitlab.save(vitlab.create_model("resnet10_32", num_classes=10), tmp_path / "teacher")
     cases = [({}, Supervised), ({"pretrain": "mae"}, MaskedPretraining), ({"teacher": str(teacher)}, Distillation),
-             ({"distill": "self"}, SelfDistillation)]
+             ({"distill": "self"}, SelfDistillation),
+             ({"pretrain": "distill", "teacher": str(teacher)}, FeatureDistillationPretraining)]
     for values, cls in cases:
         assert type(task_for(load_recipe(None, **values), print)) is cls
     assert TASKS[-1] is Supervised and Supervised.wanted(load_recipe(None))  # the last takes any recipe

@@ -1,37 +1,42 @@
-"""``vitlab pretrain --method mae|mpp|dino``: ``vitlab train`` with a self-supervised objective, labels unused.
+"""``vitlab pretrain --method mae|mpp|dino|distill``: ``vitlab train`` with a self-supervised objective, labels unused.
 
 The options are train's (the recipe's fields) less those only supervised training uses (``recipe.SUPERVISED_ONLY``,
-refused by name when given), with pre-training defaults (``recipe.PRETRAIN_DEFAULTS``: MAE's
-augmentation, no label mixing, lr = 1.5e-4 x batch_size / 256) that options given explicitly override, and
-``--pretrain-arg KEY=VALUE`` for the objective's own options.
+refused by name when given, but for ``--teacher``, which ``--method distill`` takes), with pre-training defaults
+(``recipe.PRETRAIN_DEFAULTS``: MAE's augmentation, no label mixing, lr = 1.5e-4 x batch_size / 256) that options
+given explicitly override, and ``--pretrain-arg KEY=VALUE`` for the objective's own options.
 """
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from ..train.recipe import AUGMENT_FIELDS, FIELDS, SUPERVISED_ONLY
+from ..train.recipe import AUGMENT_FIELDS, FIELDS, PRETRAIN_TAKES, SUPERVISED_ONLY
 from . import train as train_cli
 from .options import add_recipe_option, flag
 
 OWN = ("pretrain", "pretrain_args")  # given here as --method and --pretrain-arg
+TAKEN = tuple(sorted({name for names in PRETRAIN_TAKES.values() for name in names}))  # listed: a method takes them
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     from ..pretrain import OBJECTIVES, objective_options
-    p = sub.add_parser("pretrain", help="self-supervised pre-training (MAE, masked patch prediction or DINO) of a ViT "
-                       "encoder on images, labelled or not; writes a run folder",
+    p = sub.add_parser("pretrain", help="self-supervised pre-training (MAE, masked patch prediction, DINO or "
+                       "distillation from a frozen backbone) of a ViT encoder on images, labelled or not; writes a run "
+                       "folder",
                        description="Pre-train a ViT/DeiT encoder without labels on any data vitlab reads, or a flat "
                        "folder of images; then fine-tune it with `vitlab train --init RUN`.")
     p.add_argument("--method", choices=list(OBJECTIVES), help="mae: masked autoencoder (He et al. 2022); mpp: masked "
                    "patch prediction (Dosovitskiy et al. 2021, appendix B.1.2); dino: self-distillation with an EMA "
-                   "teacher on multi-crop views (Caron et al. 2021) [required, except with --resume]")
+                   "teacher on multi-crop views (Caron et al. 2021); distill: the pooled and patch features of a "
+                   "frozen --teacher [required, except with --resume]")
     p.add_argument("--pretrain-arg", action="append", metavar="KEY=VALUE", default=None,
                    help="objective option, repeatable; mae: " + ", ".join(objective_options("mae"))
                    + "; mpp: " + ", ".join(objective_options("mpp"))
-                   + "; dino: " + ", ".join(objective_options("dino")))
-    train_cli.add_run_options(p, skip=(*OWN, *SUPERVISED_ONLY))
-    for name in SUPERVISED_ONLY:  # parsed, to be refused by name in one line, but not listed
+                   + "; dino: " + ", ".join(objective_options("dino"))
+                   + "; distill: " + ", ".join(objective_options("distill")))
+    refused = [n for n in SUPERVISED_ONLY if n not in TAKEN]
+    train_cli.add_run_options(p, skip=(*OWN, *refused))
+    for name in refused:  # parsed, to be refused by name in one line, but not listed
         add_recipe_option(p, name)
         p._actions[-1].help = argparse.SUPPRESS
     p.set_defaults(func=run)
@@ -39,7 +44,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..runs.format import read_config
-    supervised = [flag(name) for name in SUPERVISED_ONLY if getattr(args, name) is not None]
+    supervised = [flag(name) for name in SUPERVISED_ONLY if name not in TAKEN and getattr(args, name) is not None]
     if supervised:
         raise ValueError(f"{', '.join(supervised)}: supervised training's, which pre-training does not use (it learns "
                          "without labels, a classifier head or a teacher); accepted: the options `vitlab pretrain "

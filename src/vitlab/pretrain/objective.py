@@ -25,20 +25,24 @@ from ..atomic import atomic_path
 from ..runs.format import PRETRAIN_WEIGHTS
 from ..settings import describe
 from .dino import DINO
+from .distill import FeatureDistillation
 from .encoder import load_decoder_state, split_pretrained
 from .mae import MaskedAutoencoder
 from .mpp import MaskedPatchPrediction
 
-OBJECTIVES: dict[str, type[nn.Module]] = {"mae": MaskedAutoencoder, "mpp": MaskedPatchPrediction, "dino": DINO}
+OBJECTIVES: dict[str, type[nn.Module]] = {"mae": MaskedAutoencoder, "mpp": MaskedPatchPrediction, "dino": DINO,
+                                          "distill": FeatureDistillation}
 
 
 DATA_OPTIONS = ("mean", "std")  # set from the data by the trainer, not by the user
 
 
 def objective_options(method: str) -> tuple[str, ...]:
-    """The options a user may give the objective ``method`` (its keywords, less the encoder and the data's)."""
-    params = inspect.signature(OBJECTIVES[method].__init__).parameters
-    return tuple(n for n in params if n not in ("self", "encoder", *DATA_OPTIONS))
+    """The options a user may give the objective ``method`` (its keywords, less the encoder, the data's and those the
+    run sets from its teacher)."""
+    cls = OBJECTIVES[method]
+    params = inspect.signature(cls.__init__).parameters
+    return tuple(n for n in params if n not in ("self", "encoder", *DATA_OPTIONS, *getattr(cls, "run_options", ())))
 
 
 def check_options(method: str, options: dict[str, Any]) -> dict[str, Any]:
@@ -61,7 +65,7 @@ def check_options(method: str, options: dict[str, Any]) -> dict[str, Any]:
 
 
 def create_objective(method: str, encoder: nn.Module, **options: Any) -> nn.Module:
-    """The pre-training objective ``method`` ('mae', 'mpp' or 'dino') wrapped around ``encoder``."""
+    """The pre-training objective ``method`` ('mae', 'mpp', 'dino' or 'distill') wrapped around ``encoder``."""
     if method not in OBJECTIVES:
         raise ValueError(f"unknown pre-training method {method!r}; accepted: {', '.join(OBJECTIVES)}")
     return OBJECTIVES[method](encoder, **options)

@@ -19,7 +19,8 @@ from .format import EpochRow
 # what a run's train_loss is, by its --pretrain
 LOSS_NAMES = {"none": "cross-entropy loss", "mae": "MAE loss (squared error, hidden patches)",
               "mpp": "MPP loss (cross-entropy, corrupted patches)",
-              "dino": "DINO loss (cross-entropy, teacher to student views)"}
+              "dino": "DINO loss (cross-entropy, teacher to student views)",
+              "distill": "distillation loss (pooled + patch features)"}
 
 
 class ShownFigure(Figure):

@@ -24,7 +24,7 @@ Device = Literal["auto", "cpu", "cuda"]
 DistillType = Literal["none", "hard", "soft", "self"]
 Log = Literal["none", "tensorboard"]
 HeadInit = Literal["auto", "zero", "trunc_normal", "keep"]
-Pretrain = Literal["none", "mae", "mpp", "dino"]
+Pretrain = Literal["none", "mae", "mpp", "dino", "distill"]
 Optimizer = Literal["adamw", "sgd"]
 AUGMENT_FIELDS = dict(AugmentConfig.model_fields)
 
@@ -55,7 +55,7 @@ class Recipe(Settings):
     model_args: dict[str, Any] = Field(default_factory=dict, description="model argument overrides, e.g. {depth: 6}")
     pretrain: Pretrain = Field("none", description="self-supervised pre-training, labels unused: mae (masked "
                                "autoencoder), mpp (the ViT paper's masked patch prediction), dino (self-distillation, "
-                               "multi-crop); none: supervised")
+                               "multi-crop), distill (features of a frozen --teacher); none: supervised")
     pretrain_args: dict[str, Any] = Field(default_factory=dict, description="pre-training objective options, e.g. "
                                           "{mask_ratio: 0.75, decoder_depth: 2}")
     img_size: int | None = Field(None, ge=1, description="input size (model and data); default: the model's")
@@ -118,7 +118,8 @@ class Recipe(Settings):
                                "down-right (reflected borders), weighted as airbench (1: its level 2)")
     augment: AugmentConfig = Field(default_factory=AugmentConfig, description="batched augmentation")
     # distillation
-    teacher: str | None = Field(None, description="teacher model folder for distillation")
+    teacher: str | None = Field(None, description="teacher model folder for distillation (and for pretrain distill: "
+                                "the frozen backbone, anything vitlab.load reads)")
     distill: DistillType = Field("none", description="distillation type: hard or soft (with --teacher); self: soft, "
                                  "from an EMA copy of the student (no --teacher)")
     tau: float = Field(1.0, gt=0, description="soft distillation temperature")
@@ -163,7 +164,7 @@ class Recipe(Settings):
                              "--distill hard or soft with --teacher")
         if self.distill in ("hard", "soft") and not self.teacher:
             raise ValueError(f"distill={self.distill!r} needs a teacher: --teacher MODEL_FOLDER")
-        if self.teacher and self.distill == "none":
+        if self.teacher and self.distill == "none" and self.pretrain == "none":
             object.__setattr__(self, "distill", "hard")  # DeiT's default; no re-validation loop
         if self.teacher_once:
             check_teacher_once(self)
@@ -250,16 +251,22 @@ def check_pretrain(recipe: Recipe) -> None:
     """Pre-training options: the objective's, checked and coerced; supervised-only options refused in one line."""
     if recipe.pretrain == "none":
         if recipe.pretrain_args:
-            raise ValueError(f"pretrain_args {recipe.pretrain_args} need a pre-training objective: pretrain mae, mpp "
-                             "or dino")
+            raise ValueError(f"pretrain_args {recipe.pretrain_args} need a pre-training objective: pretrain mae, mpp, "
+                             "dino or distill")
         if recipe.val_fraction == 0:
             raise ValueError("val_fraction=0 holds no image out, and a supervised run needs test images to score; "
-                             "accepted: a number in (0, 1), or 0 with pretrain mae, mpp or dino")
+                             "accepted: a number in (0, 1), or 0 with a pretrain method")
         return
     object.__setattr__(recipe, "pretrain_args", check_options(recipe.pretrain, recipe.pretrain_args))
+    if recipe.pretrain == "distill" and not recipe.teacher:
+        raise ValueError("pretrain distill needs a teacher to distil: --teacher MODEL (anything vitlab.load reads: a "
+                         "model or run folder, a timm or Hugging Face folder)")
+    if recipe.teacher and recipe.pretrain != "distill":
+        raise ValueError(f"teacher={recipe.teacher!r} is not valid with pretrain={recipe.pretrain!r}, which learns "
+                         "without a teacher; accepted: pretrain distill with --teacher, or this method without it")
     values = {**recipe.model_dump(exclude={"augment"}), **recipe.augment.model_dump()}
     supervised = [name for name in SUPERVISED_ONLY if name not in ("mix_prob", "switch_prob")  # inert without mixing
-                  and values[name] != field_default(name)]
+                  and name not in PRETRAIN_TAKES.get(recipe.pretrain, ()) and values[name] != field_default(name)]
     if supervised:
         raise ValueError(f"{', '.join(supervised)}: not valid with pretrain={recipe.pretrain!r}, which uses no labels; "
                          "accepted: these options with pretrain none")
@@ -270,6 +277,10 @@ def check_pretrain(recipe: Recipe) -> None:
 SUPERVISED_ONLY = ("head_init", "freeze_backbone", "freeze_blocks", "layer_decay", "tta", "tta_translate", "teacher",
                    "distill", "tau", "alpha", "teacher_once", "mixup", "cutmix", "mix_prob", "switch_prob",
                    "label_smoothing", "lora", "lora_alpha", "lora_targets")
+
+
+# The options of SUPERVISED_ONLY that one pre-training method takes (distillation's frozen backbone).
+PRETRAIN_TAKES: dict[str, tuple[str, ...]] = {"distill": ("teacher",)}
 
 
 def field_default(name: str) -> Any:

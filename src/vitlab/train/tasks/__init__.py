@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from .base import EvalSplit, Task
 from .distillation import Distillation
+from .feature_distillation import FeatureDistillationPretraining
 from .masked import MaskedPretraining
 from .self_distillation import SelfDistillation
 from .supervised import Supervised
@@ -14,7 +15,8 @@ from .supervised import Supervised
 if TYPE_CHECKING:
     from ..recipe import Recipe
 
-TASKS: tuple[type[Task], ...] = (MaskedPretraining, SelfDistillation, Distillation, Supervised)
+TASKS: tuple[type[Task], ...] = (FeatureDistillationPretraining, MaskedPretraining, SelfDistillation, Distillation,
+                                 Supervised)
 
 
 def task_for(recipe: Recipe, log: Callable[[str], None]) -> Task:

@@ -4,6 +4,7 @@ a fixed seed, the same at every evaluation) is what an evaluation reports in pla
 holds the encoder as its model and the rest of the objective beside it."""
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -13,7 +14,7 @@ import torch.nn as nn
 
 from ...data.augment import normalize
 from ...devices import to_device
-from ...pretrain import check_encoder, create_objective, save_objective
+from ...pretrain import OBJECTIVES, check_encoder, create_objective, save_objective
 from ...runs.figures import LOSS_NAMES, plot_curves
 from ...runs.format import CURVES_PNG, EpochRow
 from ..step import autocast
@@ -26,9 +27,10 @@ EVAL_SEED = 20_220_000  # the held-out masks of image i come from seed EVAL_SEED
 
 
 def objective_arguments(recipe: Recipe, mean: Sequence[float], std: Sequence[float]) -> dict[str, Any]:
-    """The objective's options: the recipe's pretrain_args, and for MPP the data's normalisation (its targets are
-    the colours of the un-normalised pixels)."""
-    extra = {"mean": list(mean), "std": list(std)} if recipe.pretrain == "mpp" else {}
+    """The objective's options: the recipe's pretrain_args, and for the objectives that read pixels (MPP's colour
+    targets, a distillation teacher's view) the data's normalisation."""
+    takes = inspect.signature(OBJECTIVES[recipe.pretrain].__init__).parameters
+    extra = {"mean": list(mean), "std": list(std)} if "mean" in takes else {}
     return {**recipe.pretrain_args, **extra}
 
 
@@ -70,8 +72,8 @@ def loss_metrics(loss: float) -> dict[str, Any]:
 
 
 class MaskedPretraining(Task):
-    """--pretrain mae|mpp|dino: the objective around an encoder without a head; AdamW's betas (0.9, 0.95), as MAE
-    pre-trains."""
+    """--pretrain mae|mpp|dino|distill: the objective around an encoder without a head; AdamW's betas (0.9, 0.95), as
+    MAE pre-trains."""
 
     name = "masked"
     labels = False
@@ -96,13 +98,17 @@ class MaskedPretraining(Task):
     def wrap(self, model: nn.Module, mean: Sequence[float], std: Sequence[float]) -> nn.Module:
         """The recipe's pre-training objective around ``model`` (on the model's device), said in one line."""
         recipe = self.recipe
-        objective = create_objective(recipe.pretrain, model, **objective_arguments(recipe, mean, std))
+        objective = create_objective(recipe.pretrain, model, **self.arguments(mean, std))
         objective.to(next(model.parameters()).device)
         n_rest = sum(p.numel() for n, p in objective.named_parameters() if not n.startswith("encoder."))
         options = ", ".join(f"{k}={v}" for k, v in recipe.pretrain_args.items())
         self.log(f"pre-training objective {recipe.pretrain} ({type(objective).__name__}: {n_rest / 1e6:.2f}M "
                  f"parameters besides the encoder{', ' + options if options else ''}); the labels are not used")
         return objective
+
+    def arguments(self, mean: Sequence[float], std: Sequence[float]) -> dict[str, Any]:
+        """The options that build the objective (and rebuild it from the run folder)."""
+        return objective_arguments(self.recipe, mean, std)
 
     def make_loss(self, device: torch.device, classes: Sequence[str], mean: tuple, std: tuple) -> nn.Module:
         self.loss = ObjectiveLoss()
@@ -120,7 +126,7 @@ class MaskedPretraining(Task):
 
     def save(self, model: nn.Module, out: Path, mean: tuple, std: tuple) -> None:
         """The encoder as the run's model, the rest of the objective beside it."""
-        save_objective(model, out, self.recipe.pretrain, objective_arguments(self.recipe, mean, std))
+        save_objective(model, out, self.recipe.pretrain, self.arguments(mean, std))
 
     def draw(self, out: Path, history: list[EpochRow], m: dict, title: str, classes: Sequence[str]) -> list[str]:
         plot_curves(history, out / CURVES_PNG, title=f"{self.recipe.pretrain.upper()} pre-training of {title}",
