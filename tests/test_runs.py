@@ -6,6 +6,7 @@ import json
 import pytest
 import torch
 
+import vitlab
 from vitlab.runs.compare import read_run
 from vitlab.runs.format import EpochRow, Summary, read_history, read_summary
 from vitlab.studies.report import aggregate
@@ -18,8 +19,9 @@ def _fields(cls) -> set[str]:
 
 @pytest.fixture(scope="module")
 def real_runs(tmp_path_factory):
-    """Two short runs on the digits that between them write every field: a ViT with an EMA copy and progressive
-    resizing, and a distilled DeiT (two heads). The first also checks that train() restores torch's globals."""
+    """Three short runs on the digits that between them write every field: a ViT with an EMA copy and progressive
+    resizing, a distilled DeiT (two heads) and an MAE pre-training (its encoder's k-NN). The first also checks that
+    train() restores torch's globals."""
     root = tmp_path_factory.mktemp("runs")
     threads = torch.get_num_threads()
     torch.set_num_threads(3)
@@ -36,6 +38,8 @@ def real_runs(tmp_path_factory):
         torch.set_num_threads(threads)
     train(load_recipe(None, model="deit_nano_distilled_patch4_32", img_size=16, train_fraction=0.2, epochs=1,
                       batch_size=32, precision="fp32", threads=1, out=str(root / "deit")), log=lambda s: None)
+    vitlab.pretrain("vit_micro_patch2_8", "digits", method="mae", out=root / "pre", epochs=1, train_fraction=0.1,
+                    precision="fp32", threads=1)  # and its encoder's k-NN
     return root / "vit", root / "deit", kept
 
 
@@ -46,7 +50,7 @@ def test_train_restores_the_torch_globals_it_sets(real_runs):
 
 def test_every_field_is_written_by_a_real_run(real_runs):
     vit, deit, _ = real_runs
-    summaries = [json.loads((run / "summary.json").read_text()) for run in (vit, deit)]
+    summaries = [json.loads((run / "summary.json").read_text()) for run in (vit, deit, vit.parent / "pre")]
     rows = [json.loads(line) for run in (vit, deit) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert set().union(*summaries) == _fields(Summary)  # nothing declared that no run writes, nothing undeclared
     assert set().union(*rows) == _fields(EpochRow)

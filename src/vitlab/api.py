@@ -341,4 +341,7 @@ def train_recipe(recipe: Recipe, resume: bool) -> FitResult:
         say(f"interrupted: {recipe.out} keeps its last finished epoch; continue it with "
             f"vitlab.fit(resume={recipe.out!r})")
         raise
+    if recipe.pretrain != "none":
+        from .probe.pretraining import judge_pretraining
+        judge_pretraining(recipe.out, log=say)
     return FitResult.read(recipe.out)

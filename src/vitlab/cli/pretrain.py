@@ -69,7 +69,5 @@ def run(args: argparse.Namespace) -> int:
     recipe = train_cli.in_folder(load_recipe(args.config, out=args.out, pretrain=args.method,
                                              pretrain_args=options or None, **given))
     args.out = recipe.out  # as train's: the 'interrupted' line names the run folder
-    summary = train(recipe)
-    if summary:
-        print(train_cli.result_line(summary, recipe.out))
+    train_cli.finished(train(recipe), recipe.out)
     return 0

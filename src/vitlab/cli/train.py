@@ -74,9 +74,19 @@ def run(args: argparse.Namespace) -> int:
     recipe = in_folder(resumed(args) if args.resume else recipe_of(args))
     args.out = recipe.out  # the run folder, named by --out or by the config: the 'interrupted' line names it
     summary = train(recipe, resume=bool(args.resume))
-    if summary:
-        print(result_line(summary, recipe.out))
+    finished(summary, recipe.out)
     return 0
+
+
+def finished(summary: dict, out: str) -> None:
+    """A finished run's result line (rank 0 only: the others get no summary); a pre-training run's encoder judged by
+    its k-NN against an untrained one's first, where the data has labels."""
+    if not summary:
+        return
+    if summary["pretrain"] != "none":
+        from ..probe.pretraining import judge_pretraining
+        judge_pretraining(out)
+    print(result_line(summary, out))
 
 
 def in_folder(recipe):

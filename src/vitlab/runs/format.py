@@ -159,11 +159,17 @@ class Summary:
     teacher: str | None
     time_budget_minutes: float | None
     heads: dict[str, float] | None = field(default=None, metadata=OMIT)  # distilled models: cls, dist and mean top-1
-    pretrain: str = "none"        # the self-supervised method of a pre-training run (mae, mpp); none: supervised
+    pretrain: str = "none"        # a pre-training run's method (mae, mpp, dino, distill); none: supervised
     wall_seconds: float = 0.0     # the whole call, set-up and the final save included
     unreadable: list[str] = field(default_factory=list)  # the data's files that could not be read, left out
     images: int | None = field(default=None, metadata=OMIT)  # training images its steps took (an image twice: twice)
     steps_budget: int | None = None  # the steps the recipe asked for (--steps); null without, as time_budget_minutes
+    # pre-training on data with a labelled test split: the encoder's weighted k-NN top-1 (of knn_test test images among
+    # knn_train labelled training images) beside an untrained encoder's of the same architecture and seed
+    knn_top1: float | None = field(default=None, metadata=OMIT)
+    knn_untrained_top1: float | None = field(default=None, metadata=OMIT)
+    knn_train: int | None = field(default=None, metadata=OMIT)
+    knn_test: int | None = field(default=None, metadata=OMIT)
 
     def to_dict(self) -> dict[str, Any]:
         return _to_dict(self)

@@ -15,12 +15,14 @@ import torch.nn as nn
 from ...data.augment import normalize
 from ...devices import to_device
 from ...pretrain import OBJECTIVES, check_encoder, create_objective, save_objective
+from ...pretrain.guidance import guidance
 from ...runs.figures import LOSS_NAMES, plot_curves
 from ...runs.format import CURVES_PNG, EpochRow
 from ..step import autocast
 from .base import EvalSplit, Task
 
 if TYPE_CHECKING:
+    from ...data.sources import ImageSet
     from ..recipe import Recipe
 
 EVAL_SEED = 20_220_000  # the held-out masks of image i come from seed EVAL_SEED + i (MAE's year, for a number)
@@ -113,6 +115,16 @@ class MaskedPretraining(Task):
     def make_loss(self, device: torch.device, classes: Sequence[str], mean: tuple, std: tuple) -> nn.Module:
         self.loss = ObjectiveLoss()
         return self.loss
+
+    def prepare(self, train: ImageSet, view: Callable | None, batch_size: int,
+                now: Callable[[], float]) -> float:
+        """Say, from vitlab's measurements, about how long this data size needs before the encoder beats an untrained
+        one (nothing is computed: no seconds)."""
+        recipe, n = self.recipe, len(train.images)
+        planned = None if recipe.time_budget else (recipe.steps * recipe.batch_size if recipe.steps
+                                                   else recipe.epochs * n)
+        self.log(guidance(recipe.pretrain, n, planned))
+        return 0.0
 
     def evaluate(self, model: nn.Module, split: EvalSplit) -> dict[str, dict]:
         """The objective's loss on the held-out images, over every rank."""
