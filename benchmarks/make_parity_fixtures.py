@@ -151,6 +151,11 @@ TIMM_NAFLEX = {
     "timm_naflexvit_parfac_gap": ("naflexvit_base_patch16_parfac_gap", dict(NAFLEX_TINY, num_classes=5), (32, 20)),
     "timm_naflexvit_so150m2_map": ("naflexvit_so150m2_patch16_reg1_map", dict(NAFLEX_TINY, num_classes=0,
                                                                               mlp_ratio=34 / 13), (24, 20)),
+    # C-RADIO: class token out, registers, the table without antialiasing, corners aligned in v3's base
+    "timm_naflexvit_radio_v3": ("naflexvit_base_patch16_radio_v3", dict(NAFLEX_TINY, pos_embed_grid_size=(6, 6)),
+                                (36, 20)),
+    "timm_naflexvit_radio_v4": ("naflexvit_so400m_patch16_radio_v4", dict(NAFLEX_TINY, pos_embed_grid_size=(6, 6),
+                                                                           mlp_ratio=2.5), (12, 32)),
 }
 NAFLEX_IMAGES = ((30, 70), (64, 20), (33, 33), (12, 40))  # (height, width) in pixels
 
@@ -306,7 +311,8 @@ def timm_naflex_folder(name: str, arch: str, args: dict[str, Any], second: tuple
         batch, _ = NaFlexCollator(max_seq_len=max(len(p["patches"]) for p, _ in samples) + 3)(samples)
         batch = {k: batch[k] for k in ("patches", "patch_coord", "patch_valid")}
         features = ref.forward_features(**batch)
-        save_file({**batch, "logits": ref(batch), "features": features["patches"]}, folder / "naflex.safetensors")
+        save_file({**batch, "logits": ref(batch).contiguous(), "features": features["patches"]},
+                  folder / "naflex.safetensors")
 
 
 def main() -> int:

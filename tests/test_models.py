@@ -47,7 +47,8 @@ def _small_input_args(name):
         stride *= 2 ** (2 + max(len(args["backbone_layers"]) - 1, 0))
     # today's backbones, and any model wider and deeper than ViT-L (a 7B DINOv3 would take tens of GB): their
     # options at two blocks of 8 channels per head
-    if name in TIMM_PRESETS or args.get("embed_dim", 0) * args.get("depth", 0) > 1024 * 24:
+    big = args.get("embed_dim", 0) * args.get("depth", 0) > 1024 * 24
+    if name in TIMM_PRESETS or name.startswith("naflexvit_") or big:
         return {"img_size": 2 * stride, "num_classes": 7, "depth": 2, "embed_dim": 8 * args["num_heads"]}
     return {"img_size": 2 * stride, "num_classes": 7}
 

@@ -27,7 +27,8 @@ EXPECTED = {"timm_deit3", "timm_dinov2", "timm_dinov2_reg4", "timm_vit_reg4_gap"
             "timm_vit_parallel", "timm_vit_pwee", "timm_vit_pwee_qk_norm", "timm_dinov3", "timm_dinov3_plus_qkvb",
             "timm_dinov3_token", "hf_dinov3", "hf_dinov3_gated", "timm_eva02_clip", "timm_eva_giant_clip",
             "hf_siglip2_vision", "hf_siglip2", "timm_naflexvit_siglip", "timm_naflexvit_gap", "timm_naflexvit_par_gap",
-            "timm_naflexvit_parfac_gap", "timm_naflexvit_so150m2_map"}
+            "timm_naflexvit_parfac_gap", "timm_naflexvit_so150m2_map", "timm_naflexvit_radio_v3",
+            "timm_naflexvit_radio_v4"}
 DYNAMIC = sorted(p.parent.name for p in BACKBONES.glob("*/io_dynamic.safetensors"))
 TOL = 1e-4
 

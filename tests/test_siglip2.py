@@ -16,7 +16,7 @@ from vitlab.models.naflex import NaFlexVit, naflex_batch, naflex_size
 PARITY = Path(__file__).parent / "fixtures" / "parity"
 SIGLIP2 = ["hf_siglip2_vision", "hf_siglip2"]
 TIMM_NAFLEX = ["timm_naflexvit_siglip", "timm_naflexvit_gap", "timm_naflexvit_par_gap", "timm_naflexvit_parfac_gap",
-               "timm_naflexvit_so150m2_map"]
+               "timm_naflexvit_so150m2_map", "timm_naflexvit_radio_v3", "timm_naflexvit_radio_v4"]
 HF_KEYS = ("pixel_values", "pixel_attention_mask", "spatial_shapes")
 TOL = 1e-4
 

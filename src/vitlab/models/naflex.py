@@ -38,8 +38,8 @@ NORM_EPS = 1e-6  # timm's LayerNorm and transformers' SigLIP 2 default
 TIMM_ARGS = ("img_size", "patch_size", "in_chans", "num_classes", "global_pool", "embed_dim", "depth", "num_heads",
              "mlp_ratio", "qkv_bias", "qk_norm", "proj_bias", "init_values", "class_token", "reg_tokens", "pos_embed",
              "pos_embed_grid_size", "pos_embed_interp_mode", "pos_embed_ar_preserving", "pos_embed_antialias",
-             "final_norm", "fc_norm", "act_layer", "use_key_only_attn_mask", "drop_rate", "pos_drop_rate",
-             "proj_drop_rate", "attn_drop_rate", "drop_path_rate")
+             "pos_embed_align_corners", "final_norm", "fc_norm", "act_layer", "use_key_only_attn_mask", "drop_rate",
+             "pos_drop_rate", "proj_drop_rate", "attn_drop_rate", "drop_path_rate")
 NAFLEX_KEYS = {"hf": ("pixel_values", "pixel_attention_mask", "spatial_shapes"),
                "timm": ("patches", "patch_valid", "patch_coord")}
 
@@ -162,7 +162,8 @@ class NaFlexVit(Model):
     valid} as timm does, which ``forward_head`` pools with the padding left out.
 
     ``pos_embed_interp_mode`` (bilinear for SigLIP 2, with ``pos_embed_antialias``) resizes the table to each grid;
-    ``pos_embed_ar_preserving`` resizes it to a square of the longer side and crops. ``use_key_only_attn_mask``
+    ``pos_embed_ar_preserving`` resizes it to a square of the longer side and crops (RADIO: a 128 x 128 table,
+    without antialiasing, some with ``pos_embed_align_corners``). ``use_key_only_attn_mask``
     masks padded keys only (transformers' SigLIP 2), else every pair with a padded end (timm's default);
     ``pos_embed_pad_first`` gives padded tokens the first patch's position entry (transformers') instead of none.
     Neither changes a real token's output or the pooled one.
@@ -175,7 +176,9 @@ class NaFlexVit(Model):
                    "embedding of flattened patches is not wired into them")
     timm_names = frozenset(
         [f"naflexvit_base_patch16_{k}" for k in ("gap", "par_gap", "parfac_gap", "map", "siglip")]
-        + [f"naflexvit_so150m2_patch16_reg1_{k}" for k in ("gap", "map")] + ["naflexvit_so400m_patch16_siglip"])
+        + [f"naflexvit_so150m2_patch16_reg1_{k}" for k in ("gap", "map")] + ["naflexvit_so400m_patch16_siglip"]
+        + [f"naflexvit_{s}_patch16_radio_v3" for s in ("base", "large", "huge", "giant")]
+        + [f"naflexvit_{s}_patch16_radio_v4" for s in ("so400m", "huge")])
 
     @property
     def family(self) -> str:
@@ -193,9 +196,9 @@ class NaFlexVit(Model):
                  depth=12, num_heads=12, mlp_ratio=4.0, qkv_bias=True, qk_norm=False, proj_bias=True, init_values=None,
                  class_token=False, reg_tokens=0, pos_embed="learned", pos_embed_grid_size=(16, 16),
                  pos_embed_interp_mode="bicubic", pos_embed_ar_preserving=False, pos_embed_antialias=True,
-                 final_norm=True, fc_norm=None, act_layer="gelu", norm_eps=NORM_EPS, use_key_only_attn_mask=False,
-                 pos_embed_pad_first=False, dynamic_img_size=True, drop_rate=0.0, pos_drop_rate=0.0,
-                 proj_drop_rate=0.0, attn_drop_rate=0.0, drop_path_rate=0.0):
+                 pos_embed_align_corners=False, final_norm=True, fc_norm=None, act_layer="gelu", norm_eps=NORM_EPS,
+                 use_key_only_attn_mask=False, pos_embed_pad_first=False, dynamic_img_size=True, drop_rate=0.0,
+                 pos_drop_rate=0.0, proj_drop_rate=0.0, attn_drop_rate=0.0, drop_path_rate=0.0):
         super().__init__()
         for name, value, accepted in (("global_pool", global_pool, GLOBAL_POOLS), ("pos_embed", pos_embed, POS_EMBEDS),
                                       ("pos_embed_interp_mode", pos_embed_interp_mode, INTERPOLATIONS)):
@@ -211,7 +214,7 @@ class NaFlexVit(Model):
         self.num_features = self.embed_dim = embed_dim
         self.num_prefix_tokens = int(class_token) + reg_tokens
         self.pos_embed_interp_mode, self.pos_embed_antialias = pos_embed_interp_mode, pos_embed_antialias
-        self.pos_embed_ar_preserving = pos_embed_ar_preserving
+        self.pos_embed_ar_preserving, self.pos_embed_align_corners = pos_embed_ar_preserving, pos_embed_align_corners
         self.use_key_only_attn_mask, self.pos_embed_pad_first = use_key_only_attn_mask, pos_embed_pad_first
         self.dynamic_img_size = True
         self.embeds = NaFlexEmbeds(img_size, patch_size, in_chans, embed_dim, pos_embed, pos_embed_grid_size,
@@ -250,8 +253,9 @@ class NaFlexVit(Model):
         """(1, L, D) or (1, gh, gw, D) table -> the same at ``size`` along its grid axes (channels last)."""
         grid = table.float().movedim(-1, 1)
         if tuple(grid.shape[2:]) != tuple(size):
-            antialias = self.pos_embed_antialias and mode != "linear"  # timm's factorized tables: plain linear
-            grid = F.interpolate(grid, size=size, mode=mode, align_corners=False, antialias=antialias)
+            plain = mode == "linear"  # timm's factorized tables: plain linear, corners not aligned
+            grid = F.interpolate(grid, size=size, mode=mode, align_corners=self.pos_embed_align_corners and not plain,
+                                 antialias=self.pos_embed_antialias and not plain)
         return grid.movedim(1, -1)
 
     def grid_pos_embed(self, size: tuple[int, int]) -> torch.Tensor | None:

@@ -156,6 +156,23 @@ for _pool, _args in (("gap", dict(global_pool="avg", fc_norm=True)), ("map", dic
 register("naflexvit_so400m_patch16_siglip", NaFlexVit, INCEPTION_MEAN, INCEPTION_STD, **_NAFLEX, embed_dim=1152,
          depth=27, num_heads=16, mlp_ratio=3.7362, act_layer="gelu_tanh", global_pool="map",
          pos_embed_interp_mode="bilinear")
+# C-RADIO v3 and v4 backbones (timm's names): NaFlex ViTs with a class token read as the output, the other teachers'
+# summary tokens as registers, a 128x128 table resized to a square of the longer side and cropped, no final norm
+_RADIO = dict(img_size=512, patch_size=16, class_token=True, global_pool="token", final_norm=False,
+              pos_embed_grid_size=(128, 128), pos_embed_interp_mode="bilinear", pos_embed_ar_preserving=True,
+              pos_embed_antialias=False)
+for _name, _args in {
+        "naflexvit_base_patch16_radio_v3": dict(embed_dim=768, depth=12, num_heads=12, init_values=1e-5, reg_tokens=7,
+                                                pos_embed_align_corners=True),
+        "naflexvit_large_patch16_radio_v3": dict(embed_dim=1024, depth=24, num_heads=16, init_values=1e-5,
+                                                 reg_tokens=7),
+        "naflexvit_huge_patch16_radio_v3": dict(embed_dim=1280, depth=32, num_heads=16, reg_tokens=7,
+                                                pos_embed_align_corners=True),
+        "naflexvit_giant_patch16_radio_v3": dict(embed_dim=1536, depth=40, num_heads=24, reg_tokens=7),
+        "naflexvit_so400m_patch16_radio_v4": dict(embed_dim=1152, depth=27, num_heads=16, mlp_ratio=4304 / 1152,
+                                                  reg_tokens=9),
+        "naflexvit_huge_patch16_radio_v4": dict(embed_dim=1280, depth=32, num_heads=16, reg_tokens=9)}.items():
+    register(_name, NaFlexVit, CLIP_MEAN, CLIP_STD, **_RADIO, **_args)
 # ConViT (embed_dim is per head)
 for _name, _heads in (("tiny", 4), ("small", 9), ("base", 16)):
     register(f"convit_{_name}", ConVit, local_up_to_layer=10, locality_strength=1.0, embed_dim=48, num_heads=_heads)
