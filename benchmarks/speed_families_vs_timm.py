@@ -41,6 +41,8 @@ CASES = {  # label -> (timm name, model arguments, batch)
     "ViT-22B parallel block": ("vit_pwee_patch16_reg1_gap_256", SMALL, 32),
     "DINOv3": ("vit_small_patch16_dinov3", SMALL, 32),
     "DINOv3 S/16 at 224": ("vit_small_patch16_dinov3", dict(img_size=224, num_classes=10), 8),
+    "NaFlex ViT, SigLIP 2": ("naflexvit_base_patch16_siglip", SMALL, 32),
+    "NaFlex ViT, GAP + registers": ("naflexvit_base_patch16_gap", SMALL, 32),
     "R+ViT-Ti/16 hybrid": ("vit_tiny_r_s16_p8_224", dict(num_classes=10), 16),
     "R26+ViT-S/32 hybrid, at 128": ("vit_small_r26_s32_224", dict(img_size=128, num_classes=10), 8),
     "R50+ViT-B/16 hybrid, 4 blocks, at 128": ("vit_base_r50_s16_224", dict(img_size=128, depth=4, num_classes=10), 4),
