@@ -414,7 +414,7 @@ def test_second_load_comes_from_the_cache(tmp_path, monkeypatch):
 
     with monkeypatch.context() as m:
         m.setattr(sources, "scan_folder", no_decoding)
-        m.setattr(decode, "_decode_image", no_decoding)
+        m.setattr(decode, "decode_image", no_decoding)
         second, logs2 = quiet_load(str(root), cache_dir=tmp_path / "c")
     assert "from cache" in logs2[-1]
     assert_same(first, second)

@@ -285,7 +285,7 @@ def test_a_dying_decoder_is_one_line_and_the_build_resumes(tmp_path, monkeypatch
     expected, _ = quiet_load(root, cache_dir=tmp_path / "ref", workers=1)
     monkeypatch.setattr(decode, "_POOL_MIN", 1)
     monkeypatch.setattr(decode, "_CHUNK", 4)
-    real = decode._decode_image
+    real = decode.decode_image
     parent = os.getpid()
 
     def dies_in_a_worker(payload, *a):
@@ -293,7 +293,7 @@ def test_a_dying_decoder_is_one_line_and_the_build_resumes(tmp_path, monkeypatch
             os._exit(1)
         return real(payload, *a)
 
-    monkeypatch.setattr(decode, "_decode_image", dies_in_a_worker)
+    monkeypatch.setattr(decode, "decode_image", dies_in_a_worker)
     with pytest.raises(ValueError, match=r"^a process decoding .* died .*resumes when run again$"):
         quiet_load(root, cache_dir=tmp_path / "c", workers=2)
     monkeypatch.undo()

@@ -107,7 +107,7 @@ def fit_image(img: Image.Image, size: tuple[int, int], fit: str = "squash") -> I
     return img
 
 
-def _decode_image(payload: Payload, size: tuple[int, int] | None, chans: int, fit: str = "squash") -> np.ndarray | None:
+def decode_image(payload: Payload, size: tuple[int, int] | None, chans: int, fit: str = "squash") -> np.ndarray | None:
     """One image file as a uint8 (H, W, C) array, or None when it cannot be read."""
     try:
         return _decode(payload, size, chans, fit)
@@ -189,7 +189,7 @@ def _decode_rows(job: tuple) -> list[int]:
     size = shape[2:]
     bad = []
     for i, p in enumerate(payloads):
-        a = _decode_image(p, size, chans, fit)
+        a = decode_image(p, size, chans, fit)
         if a is None or a.shape[:2] != size:
             bad.append(start + i)
             rows[start + i] = 0

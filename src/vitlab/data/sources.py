@@ -32,13 +32,31 @@ import torch.nn.functional as F
 
 from ..atomic import DiskFullError
 from ..progress import progress_bar
-from .cache import CACHE_VERSION, cache_key, default_cache_dir, identity_digest, settle, source_identity
+from .cache import (
+    CACHE_VERSION,
+    cache_key,
+    default_cache_dir,
+    files_fingerprint,
+    identity_digest,
+    settle,
+    source_identity,
+)
 from .cifar import CIFAR_REMOTES, cifar_variant, find_or_fetch_cifar, load_cifar
-from .decode import Payload, decode_into, default_workers, image_size, read_image, too_large
+from .decode import Payload, decode_image, decode_into, default_workers, image_size, read_image, too_large
 from .disk import DISK_FULL, check_writable, disk_usage, format_size, free_bytes, space_message
 from .download import ARCHIVE_SUFFIXES, Log, archive_stem, download_url, is_archive
 from .scan import UNLABELLED, cifar_in_tree, read_archive, scan_folder, tree_items
-from .store import Store, build_store, is_store, open_store, store_needs
+from .shards import (
+    Piece,
+    ShardSet,
+    first_images,
+    folder_patterns,
+    image_bytes,
+    is_shard_source,
+    open_shards,
+    read_piece,
+)
+from .store import Store, build_store, is_store, mean_std, open_store, store_needs
 from .tables import TABLE_SUFFIXES, Listing, list_parquet, list_table, parquet_files
 from .views import eval_view, parse_fit
 
@@ -76,6 +94,12 @@ class DataBundle:
     store: Path | None = None  # the store folder the images are mapped from
     identity: dict[str, Any] | None = None  # what the data is and how it is split (``data_identity``)
     unreadable: list[str] = field(default_factory=list)  # the source's files that could not be read (skipped)
+    shards: ShardSet | None = None  # training shards streamed while training: ``train`` then holds their first images
+
+    @property
+    def num_train(self) -> int:
+        """The training images an epoch goes through (all of them, also where they are streamed from shards)."""
+        return self.shards.count if self.shards is not None else len(self.train.images)
 
     def __post_init__(self) -> None:
         if self.img_size is None:
@@ -239,17 +263,28 @@ def _resolve(source: str, cache: Path, download: bool, log: Log) -> _Source:
 def load_data(source: str | os.PathLike = "digits", *, img_size: int | tuple[int, int] | None = None,
               in_chans: int | None = None, cache_dir: str | os.PathLike | None = None, download: bool = False,
               val_fraction: float = 0.2, seed: int = 0, log: Log = print, store_size: int | None = None,
-              workers: int | None = None, fit: str | None = None) -> DataBundle:
+              workers: int | None = None, fit: str | None = None, test_data: str | None = None) -> DataBundle:
     """A data set as uint8 tensors mapped from its store (built on first use): a built-in name (see DATASETS),
     an image folder, a tar archive of one, Parquet files, a CSV/TSV list, or a store folder.
 
     ``img_size`` is the size to train at; the images are stored at that size, or with ``store_size``
     at that side (shorter side resized, centre square kept). ``workers`` processes decode images. ``fit`` (a
     ``views.Preprocess.fit``) brings images to ``img_size`` by a model's own rule instead of squashing them.
+    WebDataset shards (``shards.is_shard_source``) are streamed while training: their test split (``test_data``, or
+    a ``wds:`` folder's test shards) is decoded into a store, their training images are not.
     """
     size = _check_args(img_size, in_chans, val_fraction, seed)
     _check_more(store_size, workers, size)
     cache = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    if is_shard_source(os.fspath(source)):
+        fit = "crop" if store_size else fit or "squash"
+        stored = (store_size, store_size) if store_size else size
+        return _load_shards(os.fspath(source), test_data, _Decoding(stored, in_chans or 3, fit, size, workers),
+                            cache, log)
+    if test_data is not None:
+        raise ValueError(f"--test-data {test_data} goes with a shard source (a pattern such as "
+                         f"DIR/train-{{000000..000009}}.tar); {source} holds its own test split or is split by "
+                         "val_fraction")
     src = _resolve(os.fspath(source), cache, download, log)
     t0 = time.perf_counter()
     if src.kind == "store":
@@ -513,3 +548,107 @@ def _common_size(listing: Listing, log: Log) -> tuple[int, int]:
         log(f"images come in {len(counts)} sizes: resized {n_off} of them to the most common, "
             f"{size[0]}x{size[1]} (pass img_size to choose)")
     return size
+
+
+# ----------------------------------------------------------------------------------------------
+# WebDataset shards: the training images streamed, the test images stored
+
+PEEK = 512  # the first training images decoded before training: the shapes, the first batch, the statistics
+
+
+@dataclass
+class _Decoding:
+    stored: tuple[int, int] | None  # the size images are decoded at (None: the first image's)
+    chans: int
+    fit: str
+    train_size: tuple[int, int] | None
+    workers: int | None
+
+
+def _load_shards(source: str, test_data: str | None, how: _Decoding, cache: Path, log: Log) -> DataBundle:
+    """A bundle over shards: ``train`` the first PEEK training images, ``shards`` all of them, the test split a store
+    built from the test shards."""
+    t0 = time.perf_counter()
+    train_pattern, test_pattern = folder_patterns(source) if source.startswith("wds:") else (source, None)
+    test_pattern = test_data or test_pattern
+    if test_pattern is None:
+        raise ValueError(f"the shard source {source} has no test split; accepted: --test-data PATTERN (shards of "
+                         "test images) or wds:DIR with test-*.tar beside train-*.tar")
+    shards = open_shards(train_pattern)
+    peek = list(first_images(shards, min(PEEK, shards.count)))
+    first = read_image_bytes(peek[0][0], how)
+    stored = tuple(first.shape[-2:])
+    shards.decoding = (stored, how.chans, how.fit)
+    x = torch.stack([first] + [read_image_bytes(b, how, stored) for b, _ in peek[1:]])
+    y = torch.tensor([label for _, label in peek], dtype=torch.int64)
+    test = open_shards(test_pattern, labels=True)
+    if len(test.classes) != len(shards.classes) and len(test.labels) and test.labels.max() >= len(shards.classes):
+        raise ValueError(f"the test shards {test_pattern} hold label {int(test.labels.max())}, out of range for the "
+                         f"{len(shards.classes)} classes of {train_pattern}; accepted: shards of the same classes")
+    store = _test_store(test, shards.classes, (len(test.labels), how.chans, *stored), how, cache, log)
+    mean, std = shards.info.get("mean"), shards.info.get("std")
+    if not (isinstance(mean, list) and isinstance(std, list) and len(mean) == len(std) == how.chans):
+        mean, std = mean_std(x)
+        log(f"channel mean and std estimated from the first {len(x)} training images ({INFO_NAME} records none)")
+    ident = {"source": source, "fingerprint": identity_digest([shard_identity(shards.urls),
+                                                                shard_identity(test.urls)]),
+             "classes": list(shards.classes), "num_train": shards.count, "num_test": len(test.labels),
+             "labels_sha256": hashlib.sha256(np.asarray(shards.counts, np.int64).tobytes()
+                                             + store.labels.tobytes()).hexdigest()}
+    bundle = DataBundle(Path(train_pattern.split("::")[0].removeprefix("wds:")).parent.name or "shards",
+                        ImageSet(x, y), ImageSet(*store.split("test")), [printable(c) for c in shards.classes],
+                        tuple(float(v) for v in mean), _usable_std(list(std), log), 0, source,
+                        how.train_size if how.stored else None, store.path, ident, shards=shards)
+    log(f"{bundle.name}: {shards.count} train images in {len(shards.urls)} shards (streamed) / {len(test.labels)} "
+        f"test images (stored in {store.path}), {how.chans}x{stored[0]}x{stored[1]}, {len(bundle.classes)} classes "
+        f"({time.perf_counter() - t0:.1f} s)")
+    return bundle
+
+
+INFO_NAME = "_info.json"
+
+
+def read_image_bytes(data: bytes, how: _Decoding, size: tuple[int, int] | None = None) -> torch.Tensor:
+    """An encoded training image as uint8 (C, H, W) by the store's rule; an unreadable one is one line."""
+    arr = decode_image(data, size or how.stored, how.chans, how.fit)
+    if arr is None:
+        raise ValueError("a training image of the shards cannot be read by Pillow; accepted: jpg|png|webp images")
+    return torch.from_numpy(np.ascontiguousarray(arr.transpose(2, 0, 1)))
+
+
+def shard_identity(urls: list[str]) -> list:
+    """What identifies shards: their names and, for local ones, each file's size, times and inode."""
+    return [[u, *(files_fingerprint([u])[0] or [])] if not u.startswith(("pipe:", "http")) else [u] for u in urls]
+
+
+def _test_store(test: ShardSet, classes: list[str], shape: tuple[int, ...], how: _Decoding, cache: Path,
+                log: Log) -> Store:
+    """The test shards decoded into a store (found again in the cache while they are unchanged)."""
+    ident = shard_identity(test.urls)
+    key = cache_key("shards", ident, list(shape[2:]), how.fit, how.chans)
+    path = cache / f"{_safe_name(Path(test.urls[0]).parent.name or 'shards')}-test-{key}"
+    if is_store(path):
+        with contextlib.suppress(ValueError):
+            return open_store(path, key)
+    labels, offsets = test.labels, test.offsets
+    names = [f"{u} sample {k}" for u, n in zip(test.urls, test.counts) for k in range(n)]
+
+    def payloads(start: int) -> Iterator[bytes]:
+        for s, (url, n) in enumerate(zip(test.urls, test.counts)):
+            if offsets[s] + n > start:
+                lo = max(0, start - int(offsets[s]))
+                yield from (image_bytes(sample) for _, sample in read_piece(url, Piece(s, lo, n)))
+
+    def fill(rows_file: Path, start: int, done) -> None:
+        decode_into(rows_file, shape, payloads(start), start, how.fit, how.workers or default_workers(),
+                    "decoding the test shards", done)
+
+    header = {"name": path.name, "source": test.pattern, "kind": "shards", "fit": how.fit, "key": key,
+              "fingerprint": identity_digest(ident), "fingerprint_of": test.pattern, "cache_version": CACHE_VERSION,
+              "classes": list(classes)}
+    check_writable(cache)
+    store, bad = build_store(path, header, shape, labels, fill,
+                             lambda keep: (np.empty(0, np.int64), np.flatnonzero(keep)), log, names.__getitem__)
+    if bad:
+        log(f"skipped {len(bad)} unreadable test images, e.g.: {', '.join(names[r] for r in bad[:5])}")
+    return store

@@ -35,7 +35,8 @@ from .format import (
 
 # what `--resume` may change: how long the run goes on, how it reports, where it computes; the recipe's other
 # values made the run what it is
-ON_RESUME = ("epochs", "time_budget", "eval_every", "log", "threads", "device", "cache_dir", "download", "workers")
+ON_RESUME = ("epochs", "time_budget", "eval_every", "log", "threads", "device", "cache_dir", "download", "workers",
+             "checkpoint_every")
 
 
 def recipe_record(config: dict[str, Any]) -> dict[str, Any]:

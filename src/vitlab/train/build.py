@@ -33,12 +33,14 @@ def build_model_and_data(recipe: Recipe, dist: Dist, task: Task,
         if dist.is_main:
             data = load_data(recipe.data, img_size=img_size, in_chans=in_chans, cache_dir=recipe.cache_dir,
                              download=recipe.download, val_fraction=recipe.val_fraction, seed=recipe.seed, log=log,
-                             store_size=recipe.store_size, workers=recipe.workers, fit=fit)
+                             store_size=recipe.store_size, workers=recipe.workers, fit=fit, test_data=recipe.test_data)
         barrier(dist)  # rank 0 decodes and fills the cache; the others then read it
         if not dist.is_main:
             data = load_data(recipe.data, img_size=img_size, in_chans=in_chans, cache_dir=recipe.cache_dir,
                              download=False, val_fraction=recipe.val_fraction, seed=recipe.seed, log=lambda s: None,
-                             store_size=recipe.store_size, workers=recipe.workers, fit=fit)
+                             store_size=recipe.store_size, workers=recipe.workers, fit=fit, test_data=recipe.test_data)
+        if data.shards is not None:
+            check_streamable(recipe)
         if recipe.train_fraction < 1:
             keep = stratified_subset(data.train.labels, recipe.train_fraction)
             log(f"training on {len(keep)} of {len(data.train.labels)} images ({100 * recipe.train_fraction:g}% of "
@@ -68,6 +70,17 @@ def build_model_and_data(recipe: Recipe, dist: Dist, task: Task,
         overrides.setdefault("drop_path_rate", recipe.drop_path)
     model = create_model(name, **overrides)
     return model, data, Preprocess(tuple(data.img_size), mean=tuple(data.mean), std=tuple(data.std))
+
+
+def check_streamable(recipe: Recipe) -> None:
+    """Refuse (one line) what needs every training image at hand, which a run streaming shards does not have."""
+    asked = [flag for flag, on in (("--train-fraction", recipe.train_fraction < 1),
+                                   ("--teacher-once", recipe.teacher_once),
+                                   ("--repeated-aug", recipe.augment.repeated_aug > 1)) if on]
+    if asked:
+        raise ValueError(f"{', '.join(asked)} needs the training images in a store; a run from shards streams them "
+                         f"({recipe.data}); accepted: a run without {' and '.join(asked)}, or --data naming a "
+                         "folder or a store (vitlab data pack writes shards from one, and back)")
 
 
 def _from_init(recipe: Recipe, task: Task, get_data: Callable,

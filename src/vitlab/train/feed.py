@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import torch
 
@@ -18,6 +19,34 @@ def fits_on_device(nbytes: int, device: torch.device, share: float = 0.5) -> boo
     return nbytes <= share * free
 
 
+@dataclass(frozen=True)
+class EpochPlan:
+    """An epoch of ``n`` training images in ``steps`` batches of near-equal size, in an order drawn from ``seed``
+    (each image ``repeats`` times in a row: repeated augmentation), ``rank``'s share of every batch."""
+
+    n: int
+    steps: int
+    seed: int
+    rank: int = 0
+    world: int = 1
+    repeats: int = 1
+
+    def order(self) -> list[torch.Tensor]:
+        """This rank's share of every batch: the rows of the set, in an order that depends on the seed only."""
+        g = torch.Generator().manual_seed(self.seed)
+        if self.repeats > 1:
+            order = repeated_aug_indices(self.n, self.repeats, g)
+        else:
+            order = torch.randperm(self.n, generator=g)
+        return [batch[self.rank::self.world] for batch in order.tensor_split(self.steps)]
+
+    def rank_sizes(self, rank: int) -> list[int]:
+        """The batch sizes of ``rank`` when it takes its own contiguous share ``n * rank // world`` ..
+        ``n * (rank + 1) // world - 1`` of the images (a shard reader's)."""
+        mine = self.n * (rank + 1) // self.world - self.n * rank // self.world
+        return [len(b) for b in torch.arange(mine).tensor_split(self.steps)]
+
+
 class BatchFeeder:
     """Gathers batches of (uint8 images, labels) by index and delivers them on ``device``.
 
@@ -25,6 +54,8 @@ class BatchFeeder:
     the fastest CIFAR trainers do). Otherwise each batch is gathered on the host straight into pinned
     memory and copied with ``non_blocking``, one batch ahead, so the copy overlaps the step before.
     """
+
+    workers = 0  # the batches are gathered in this process
 
     def __init__(self, images: torch.Tensor, labels: torch.Tensor, device: torch.device, on_device: bool = True):
         self.device = device
@@ -49,6 +80,17 @@ class BatchFeeder:
         torch.index_select(self.images, 0, idx, out=x)
         torch.index_select(self.labels, 0, idx, out=y)
         return x.to(self.device, non_blocking=pin), y.to(self.device, non_blocking=pin)
+
+    def sizes(self, plan: EpochPlan) -> list[int]:
+        """The size of every whole batch of the epoch (all ranks together)."""
+        return [len(b) for b in torch.arange(plan.n).tensor_split(plan.steps)]
+
+    def epoch(self, plan: EpochPlan, done: int = 0,
+              workers: int | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """This rank's batches of the epoch after its first ``done`` steps: (images, labels, their rows)."""
+        order = plan.order()[done:]
+        for (images, labels), index in zip(self.batches(order), order):
+            yield images, labels, index
 
     def batches(self, batch_indices: list[torch.Tensor]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Yield the batches in order, the next one already on its way while the caller works on this one."""
@@ -78,3 +120,41 @@ def repeated_aug_indices(
     if total > order.numel():  # wrap around so every rank gets the same count
         order = torch.cat([order, order[: total - order.numel()]])
     return order[rank:total:num_replicas][: n // num_replicas]
+
+
+class ShardFeeder:
+    """Batches of (uint8 images, labels, listing indices) streamed from a rank's shards (``data.shards.ShardReader``),
+    decoded by ``workers`` DataLoader processes (0: this one) and stacked here in the epoch's batch sizes."""
+
+    def __init__(self, reader, device: torch.device, workers: int):
+        self.reader, self.device, self.workers = reader, device, workers
+        self.on_device = False
+
+    def loader(self, workers: int):
+        from torch.utils.data import DataLoader
+
+        self.reader.workers = max(workers, 1)
+        return DataLoader(self.reader, batch_size=None, num_workers=workers, pin_memory=self.device.type == "cuda",
+                          prefetch_factor=64 if workers else None, in_order=True,
+                          generator=torch.Generator())  # its own: the steps' draws stay the same on a resume
+
+    def sizes(self, plan: EpochPlan) -> list[int]:
+        """The size of every whole batch of the epoch: the sum of the ranks' batches of their own shares."""
+        return [sum(s) for s in zip(*(plan.rank_sizes(r) for r in range(plan.world)))]
+
+    def epoch(self, plan: EpochPlan, done: int = 0,
+              workers: int | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """This rank's batches of the epoch after its first ``done`` steps (a resumed epoch's, read by ``workers``
+        processes as its first steps were; else the feeder's own count)."""
+        sizes = plan.rank_sizes(plan.rank)
+        self.reader.start(plan.seed, sum(sizes[:done]))
+        samples = iter(self.loader(self.workers if workers is None else workers))
+        pin = self.device.type == "cuda"
+        for size in sizes[done:]:
+            taken = [next(samples) for _ in range(size)]
+            x = torch.stack([t[0] for t in taken])
+            y = torch.tensor([t[1] for t in taken], dtype=torch.int64)
+            index = torch.tensor([t[2] for t in taken], dtype=torch.int64)
+            yield x.to(self.device, non_blocking=pin), y.to(self.device, non_blocking=pin), index
+        for _ in samples:  # the reader's end (nothing is left: the sizes add up to the rank's share)
+            raise ValueError("the shards held more training images than counted; accepted: shards as listed")

@@ -61,7 +61,10 @@ class Recipe(Settings):
     img_size: int | None = Field(None, ge=1, description="input size (model and data); default: the model's")
     drop_path: float = Field(0.1, ge=0, lt=1, description="stochastic depth rate of the last block")
     # data
-    data: str = Field("digits", description="digits (embedded), cifar10, cifar100, an image folder or a .tar.gz")
+    data: str = Field("digits", description="digits (embedded), cifar10, cifar100, an image folder or a .tar.gz; "
+                      "WebDataset shards (streamed): DIR/train-{000000..000099}.tar or wds:DIR")
+    test_data: str | None = Field(None, description="the test shards of a shard --data, e.g. "
+                                  "DIR/test-{000000..000003}.tar")
     download: bool = Field(False, description="download CIFAR if missing (checksums verified)")
     val_fraction: float = Field(0.2, ge=0, lt=1, description="held-out share when the data has no test split (0, "
                                 "pre-training only: none held out, the loss evaluated on the training images)")
@@ -73,7 +76,8 @@ class Recipe(Settings):
                                    "resizes and centre-crops (crop_pct)")
     crop_pct: float = Field(0.875, gt=0, le=1, description="evaluation of stored photos: centre crop share "
                             "(timm/DeiT); a pretrained model's own crop_pct wins")
-    workers: int | None = Field(None, ge=1, description="processes that decode images into the store")
+    workers: int | None = Field(None, ge=1, description="processes that decode images into the store, or "
+                                "from shards while training (each rank's)")
     # schedule
     epochs: int = Field(30, ge=1, description="epochs to train")
     steps: int | None = Field(None, ge=1, description="optimiser steps to train instead of epochs (the schedule laid "
@@ -141,6 +145,9 @@ class Recipe(Settings):
     log: Log = Field("none", description="extra logger besides metrics.jsonl")
     threads: int | None = Field(None, ge=1, description="CPU threads")
     seed: int = Field(0, ge=0, description="random seed")
+    checkpoint_every: int | None = Field(None, ge=1, description="also checkpoint every this many steps within an "
+                                         "epoch (epochs mode): a run killed midway resumes at that step (long epochs "
+                                         "of shards)")
     out: str | None = Field(None, description="run folder to write")
 
     @model_validator(mode="before")
@@ -193,7 +200,8 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "what to train": ("model", "model_args", "img_size", "drop_path", "pretrain", "pretrain_args"),
     "fine-tuning": ("init", "head_init", "freeze_backbone", "freeze_blocks", "layer_decay", "lora", "lora_alpha",
                     "lora_targets", "grad_checkpointing"),
-    "data": ("data", "download", "val_fraction", "train_fraction", "cache_dir", "store_size", "crop_pct", "workers"),
+    "data": ("data", "test_data", "download", "val_fraction", "train_fraction", "cache_dir", "store_size", "crop_pct",
+             "workers"),
     "schedule": ("epochs", "steps", "time_budget", "budget_counts", "batch_size", "accum_steps", "warmup",
                  "early_stop", "plateau_patience", "plateau_factor", "progressive_scale", "progressive_until"),
     "optimiser": ("optimizer", "lr", "min_lr", "weight_decay", "momentum", "bn_bias_lr_scale", "clip_grad",
@@ -202,7 +210,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "evaluation": ("eval_every", "tta", "tta_translate"),
     "distillation": ("teacher", "distill", "tau", "alpha", "teacher_once"),
     "execution": ("device", "precision", "compile", "channels_last", "data_on_device", "max_nonfinite", "log",
-                  "threads", "seed", "out"),
+                  "threads", "seed", "checkpoint_every", "out"),
 }
 
 

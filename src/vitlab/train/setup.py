@@ -17,12 +17,14 @@ import torch.nn as nn
 import yaml
 
 from ..data.augment import BatchAugment
+from ..data.decode import default_workers
+from ..data.shards import ShardReader
 from ..data.sources import DataBundle, ImageSet
 from ..data.views import Preprocess, eval_view
-from ..devices import auto_precision, set_cpu_threads
+from ..devices import auto_precision, set_cpu_threads, to_device
 from ..models.summary import matmul_flops, matmul_macs
 from ..progress import Progress, progress_bar
-from ..runs.folder import check_model_written, claim_folder, written_by_this_launch
+from ..runs.folder import check_claimed, check_model_written, claim_folder, written_by_this_launch
 from ..runs.format import CHECKPOINT, config_values, has_config, read_config
 from ..runs.identity import (
     check_threads,
@@ -34,13 +36,13 @@ from ..runs.identity import (
 )
 from .build import build_model_and_data, describe_plan, epoch_plan, freeze, prepare_model
 from .clock import RunClock
-from .distributed import Dist, broadcast_flag, broadcast_state, on_rank0
-from .feed import BatchFeeder, fits_on_device
+from .distributed import Dist, barrier, broadcast_flag, broadcast_state, on_rank0
+from .feed import BatchFeeder, ShardFeeder, fits_on_device
 from .optim import Lookahead, describe_groups, recipe_optimizer
 from .progressive import ProgressiveResize
 from .recipe import Recipe
 from .schedule import Plateau, describe_warmup
-from .state import TrainState
+from .state import TrainState, place_in_epoch, save_checkpoint
 from .step import Stepper, channels_last_helps
 from .tasks import EvalSplit, Task, task_for
 from .tensorboard import TensorBoardLog
@@ -109,6 +111,21 @@ class Run:
                           precision=self.precision, view=self.view, dist=dist)
         return self.task.evaluate(model, split)
 
+    def save_within_epoch(self, steps: int, images: int) -> None:
+        """After ``steps`` of the epoch (``images`` of it, all ranks): the checkpoint that --checkpoint-every asks
+        for within an epoch, with the epoch's place (the sample offset, the shard readers of each rank and rank 0's
+        random state), from which a resumed run goes on as the run that never stopped."""
+        every, state, dist = self.recipe.checkpoint_every, self.state, self.dist
+        if not every or self.budget is not None or state.step % every or steps >= self.per_epoch:
+            return
+        state.resume_at = place_in_epoch(images, self.feeder.workers, dist.device)
+        state.seconds, state.reserve = self.clock.seconds(), self.clock.reserve
+        if dist.is_main:
+            check_claimed(self.out)
+            save_checkpoint(self.out, state, arch=model_name(self.model), **self.marks)
+        state.resume_at = None
+        barrier(dist)
+
     def stepper(self) -> Stepper:
         """What every step uses, as the run now stands (``net`` is made again when a stem freezes)."""
         recipe, state = self.recipe, self.state
@@ -151,16 +168,14 @@ def set_up(recipe: Recipe, dist: Dist, resume: bool, log: Callable[[str], None],
     classes, img_size = list(data.classes), tuple(data.img_size)  # stored photos may be larger: see ``view``
     channels_last = place_model(recipe, dist, model, task, data, prep, fresh=ckpt is None and not recipe.init, log=log)
     n_params = sum(p.numel() for p in model.parameters())
-    batch_size, per_epoch = plan_epoch(recipe, dist, len(data.train.images), log)
-    on_device = recipe.data_on_device if recipe.data_on_device is not None else fits_on_device(
-        data.train.images.nbytes, dist.device)
-    feeder = BatchFeeder(data.train.images, data.train.labels, dist.device, on_device)
+    batch_size, per_epoch = plan_epoch(recipe, dist, data.num_train, log)
+    feeder = make_feeder(recipe, dist, data)
     augment = BatchAugment(recipe.augment, img_size, prep.mean, prep.std, len(classes)).to(dist.device)
     view = eval_view_of(prep) if tuple(data.train.images.shape[-2:]) != img_size else None
     config = config_values(recipe, getattr(model, "arch", None))
     model = task.wrap(model, prep.mean, prep.std)  # what trains, checkpoints and resumes
     task.make_loss(dist.device, classes, prep.mean, prep.std)
-    state = build_state(recipe, dist, task, model, feeder, augment, batch_size, ckpt, log)
+    state = build_state(recipe, dist, task, model, data.train, augment, batch_size, ckpt, log)
     restore(state, ckpt, model, out, resume, log)
     spent = task.prepare(data.train, view, eval_batch_size(batch_size, dist), now)
     if ckpt is None:  # a resumed run counted them in its first session
@@ -248,6 +263,21 @@ def place_model(recipe: Recipe, dist: Dist, model: nn.Module, task: Task, data: 
     return channels_last
 
 
+def make_feeder(recipe: Recipe, dist: Dist, data: DataBundle) -> BatchFeeder | ShardFeeder:
+    """Where the training batches come from: the store's rows (on the device when they fit), or the shards, read by
+    this rank's DataLoader workers (--workers, else up to SHARD_WORKERS)."""
+    if data.shards is not None:
+        workers = recipe.workers or min(SHARD_WORKERS, default_workers())
+        reader = ShardReader(data.shards, dist.rank, dist.world, workers)
+        return ShardFeeder(reader, dist.device, reader.workers)
+    on_device = recipe.data_on_device if recipe.data_on_device is not None else fits_on_device(
+        data.train.images.nbytes, dist.device)
+    return BatchFeeder(data.train.images, data.train.labels, dist.device, on_device)
+
+
+SHARD_WORKERS = 4  # DataLoader processes decoding shards on each rank, at most (one per CPU below that)
+
+
 def plan_epoch(recipe: Recipe, dist: Dist, n_train: int, log: Callable[[str], None]) -> tuple[int, int]:
     """(largest batch, steps per epoch): no image left out."""
     batch_size, per_epoch = epoch_plan(n_train, recipe.batch_size, dist.world * recipe.accum_steps)
@@ -256,13 +286,14 @@ def plan_epoch(recipe: Recipe, dist: Dist, n_train: int, log: Callable[[str], No
     return batch_size, per_epoch
 
 
-def build_state(recipe: Recipe, dist: Dist, task: Task, model: nn.Module, feeder: BatchFeeder, augment: BatchAugment,
+def build_state(recipe: Recipe, dist: Dist, task: Task, model: nn.Module, train: ImageSet, augment: BatchAugment,
                 batch_size: int, ckpt: dict | None, log: Callable[[str], None]) -> TrainState:
     """The state a run advances and checkpoints: the model, its optimiser (the task's betas), the plateau schedule,
     the EMA copy and the precision, decided here only (a resumed run's own)."""
-    n_first = min(len(feeder.images), batch_size // dist.world)
+    n_first = min(len(train.images), batch_size // dist.world)
     precision = ckpt["precision"] if ckpt is not None else choose_precision(
-        recipe, model, augment, *feeder.gather(torch.arange(n_first)), dist, log)
+        recipe, model, augment, to_device(train.images[:n_first], dist.device),
+        to_device(train.labels[:n_first], dist.device), dist, log)
     state = TrainState(
         model=model,
         optimizer=recipe_optimizer(model, recipe, batch_size, dist.device, task.betas),
@@ -290,7 +321,9 @@ def restore(state: TrainState, ckpt: dict[str, Any] | None, model: nn.Module, ou
         saved, first = ckpt.get("arch") or "another model", str(e).strip().splitlines()[-1].strip()
         raise ValueError(f"{out / CHECKPOINT} holds the weights of {saved}, not of {model_name(model)} that the run "
                          f"trains ({first[:100].rstrip('.')}); accepted: a checkpoint of this run") from None
-    log(f"resuming {out} after epoch {state.epoch}")
+    at = state.resume_at
+    log(f"resuming {out} after epoch {state.epoch}"
+        + (f", at image {at['images']} of epoch {state.epoch + 1} (step {state.step})" if at else ""))
 
 
 def model_name(model: nn.Module) -> str:
@@ -304,7 +337,8 @@ def describe(run: Run) -> str:
     recipe, dist = run.recipe, run.dist
     train_images = run.data.train.images
     return (f"model {model_name(run.model)} ({run.n_params / 1e6:.2f}M parameters) on "
-            f"{dist.device}, {len(train_images)} training images {tuple(train_images.shape[1:])}"
+            f"{dist.device}, {run.data.num_train} training images {tuple(train_images.shape[1:])}"
+            f"{' streamed from shards' if run.data.shards is not None else ''}"
             f"{f' trained at {run.img_size[0]}x{run.img_size[1]}' if run.view is not None else ''}"
             f"{' (on the device)' if dist.device.type == 'cuda' and run.feeder.on_device else ''}, "
             f"{run.task.describe(run.classes)}, "

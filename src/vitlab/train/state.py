@@ -38,6 +38,9 @@ class TrainState:
     nonfinite: int = 0               # steps whose loss was not finite (fp16 skips them)
     history: list[dict] = field(default_factory=list)  # the metrics.jsonl rows
     task: Any = None                 # the task (tasks.Task): what it learns besides the model (an EMA teacher)
+    # an unfinished epoch's place (a checkpoint within an epoch): {"images": its images trained, all ranks together
+    # (the sample offset), "workers": the shard readers of each rank, "rng": rank 0's random state}; None between
+    resume_at: dict | None = None
 
     def state_dict(self) -> dict[str, Any]:
         out = {}
@@ -47,7 +50,7 @@ class TrainState:
         return out
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        state = {"task": {}, **state}
+        state = {"task": {}, "resume_at": None, **state}
         missing = [f.name for f in fields(self) if f.name not in state]
         if missing:
             raise ValueError(f"the checkpoint lacks {', '.join(missing)}: it was written by another vitlab version")
@@ -57,7 +60,8 @@ class TrainState:
                 if saved is None:
                     raise ValueError(f"the checkpoint has no {f.name} state but this run uses one")
                 current.load_state_dict(saved)
-            elif current is None and isinstance(saved, dict) and saved:  # an empty one is a task that keeps none
+            elif current is None and isinstance(saved, dict) and saved and f.name != "resume_at":  # an empty
+                # one is a task that keeps none; resume_at is a plain value
                 raise ValueError(f"the checkpoint has {f.name} state but this run uses none")
             else:
                 setattr(self, f.name, saved)
@@ -68,3 +72,30 @@ def save_checkpoint(folder: Path, state: TrainState, **extra: Any) -> None:
     temporary file and an atomic rename."""
     with atomic_path(folder / CHECKPOINT) as tmp:
         torch.save({**state.state_dict(), **extra}, tmp)
+
+
+def place_in_epoch(images: int, workers: int, device: torch.device) -> dict[str, Any]:
+    """``TrainState.resume_at`` for a checkpoint within an epoch: ``images`` of it trained (all ranks), ``workers``
+    shard readers a rank, and this process's random state (CUDA's too on a GPU)."""
+    return {"images": images, "workers": workers, "rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}
+
+
+def take_place(state: TrainState, per_epoch: int, sizes: list[int], by_epochs: bool, dist) -> tuple[int, int | None]:
+    """(steps of the current epoch already taken, the shard readers that took them): (0, None) at an epoch's start.
+    A run resumed within an epoch (``by_epochs``: not under a time budget) gets rank 0's random state back from
+    the checkpoint; its sample offset must be the images ``sizes`` put before that step."""
+    at, state.resume_at = state.resume_at, None
+    done = max(0, state.step - state.epoch * per_epoch) if by_epochs else 0
+    if not done:
+        return 0, None
+    images = sum(sizes[:done])
+    if at is None or at.get("images") != images:
+        raise ValueError(f"the checkpoint stands at step {done} of epoch {state.epoch + 1}, but its sample offset "
+                         f"is {None if at is None else at.get('images')} where {images} images precede that step; "
+                         "accepted: a checkpoint of this run, resumed with its batch size")
+    if dist.is_main:
+        torch.set_rng_state(at["rng"])
+        if at.get("cuda_rng") is not None and dist.device.type == "cuda":
+            torch.cuda.set_rng_state(at["cuda_rng"], dist.device)
+    return done, at.get("workers")

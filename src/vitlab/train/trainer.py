@@ -30,12 +30,12 @@ from .distributed import (
     init_distributed,
     replicas_agree,
 )
-from .feed import repeated_aug_indices
+from .feed import EpochPlan
 from .lora import finish_lora
 from .recipe import Recipe
 from .schedule import set_lr, step_share, warmup_cosine
 from .setup import Run, check_sources_outside, claim_out, epoch_seed, model_name, run_net, set_up, torch_globals_kept
-from .state import save_checkpoint
+from .state import save_checkpoint, take_place
 from .step import Batch, EpochMeter, check_finite, ema_decay_at, figures_every, train_step
 
 
@@ -90,21 +90,16 @@ def _train(recipe: Recipe, dist: Dist, resume: bool, log: Callable[[str], None],
     return finish(run, final_metrics, stopped_early, t_start)
 
 
-def epoch_batches(run: Run, epoch: int) -> list[torch.Tensor]:
-    """This rank's share of every batch of the epoch, in an order that depends on (seed, epoch) only (the whole
-    batches' sizes: ``batch_sizes``)."""
-    recipe, dist, n_train = run.recipe, run.dist, len(run.data.train.images)
-    g = torch.Generator().manual_seed(epoch_seed(recipe.seed, epoch, 0))
-    if recipe.augment.repeated_aug > 1:
-        order = repeated_aug_indices(n_train, recipe.augment.repeated_aug, g)
-    else:
-        order = torch.randperm(n_train, generator=g)
-    return [batch[dist.rank::dist.world] for batch in order.tensor_split(run.per_epoch)]  # near-equal batches
+def epoch_plan_of(run: Run, epoch: int) -> EpochPlan:
+    """The epoch's batches on this rank: their order depends on (seed, epoch) only."""
+    recipe, dist = run.recipe, run.dist
+    return EpochPlan(run.data.num_train, run.per_epoch, epoch_seed(recipe.seed, epoch, 0), dist.rank, dist.world,
+                     recipe.augment.repeated_aug)
 
 
 def batch_sizes(run: Run) -> list[int]:
-    """The size of every whole batch of an epoch (all ranks together), as ``epoch_batches`` splits it."""
-    return [len(b) for b in torch.arange(len(run.data.train.images)).tensor_split(run.per_epoch)]
+    """The size of every whole batch of an epoch (all ranks together)."""
+    return run.feeder.sizes(epoch_plan_of(run, 0))
 
 
 def train_epoch(run: Run) -> tuple[EpochRow | None, bool]:
@@ -113,7 +108,7 @@ def train_epoch(run: Run) -> tuple[EpochRow | None, bool]:
     recipe, dist, state = run.recipe, run.dist, run.state
     epoch = state.epoch
     torch.manual_seed(epoch_seed(recipe.seed, epoch, dist.rank))
-    batches = epoch_batches(run, epoch)
+    done, workers = take_place(state, run.per_epoch, batch_sizes(run), run.budget is None, dist)
     run.model.train()
     run.task.loss.train()
     meter = EpochMeter(dist.device)
@@ -124,7 +119,7 @@ def train_epoch(run: Run) -> tuple[EpochRow | None, bool]:
     run.clock.start()
     lr, steps_before, cut, every, stepper = recipe.lr, state.step, False, figures_every(dist.device), run.stepper()
     sizes = batch_sizes(run)
-    for i, (images, labels) in enumerate(run.feeder.batches(batches)):
+    for i, (images, labels, index) in enumerate(run.feeder.epoch(epoch_plan_of(run, epoch), done, workers), start=done):
         p = run.clock.progress(state.step)
         if (run.budget is not None or recipe.steps) and p >= 1:
             cut = True
@@ -134,14 +129,15 @@ def train_epoch(run: Run) -> tuple[EpochRow | None, bool]:
         size = run.resize.size_at(p)
         set_lr(state.optimizer, lr)  # times each group's lr_scale (layer decay, BatchNorm biases, SGD)
         stepper.ema_decay = ema_decay_at(p, recipe.ema_decay, recipe.ema_start)
-        images = run.augment.alternate(images, batches[i], epoch, recipe.seed)
+        images = run.augment.alternate(images, index, epoch, recipe.seed)
         loss, hits = train_step(stepper, Batch(images, labels, size, share=len(images) * dist.world / sizes[i],
-                                               index=batches[i]))
+                                               index=index))
         state.step += 1
         run.task.after_step(run.model)
         if run.lookahead is not None:
             run.lookahead.step(run.model, state.step, run.clock.progress(state.step))
         meter.add(loss, hits, len(images))
+        run.save_within_epoch(i + 1, sum(sizes[:i + 1]))
         if i % every == 0 or i == run.per_epoch - 1:
             show_running(run, meter, epoch, epoch_t0)
         if run.budget:
@@ -164,7 +160,7 @@ def images_trained(run: Run) -> int:
     """The training images the run's steps took: every image of each whole epoch, then the first batches of the
     last one (all ranks together)."""
     whole, part = divmod(run.state.step, run.per_epoch)
-    return whole * len(run.data.train.images) + sum(batch_sizes(run)[:part])
+    return whole * run.data.num_train + sum(batch_sizes(run)[:part])
 
 
 def show_running(run: Run, meter: EpochMeter, epoch: int, epoch_t0: float) -> None:
@@ -291,7 +287,7 @@ def run_summary(run: Run, final_metrics: dict[str, dict], history: list[EpochRow
         images_per_second=run_images_per_second(history),
         train_seconds=state.seconds, epochs=len(history), steps=state.step, stopped_early=stopped_early,
         model=model_name(run.model), parameters=run.n_params, precision=run.precision, device=str(dist.device),
-        data=data.name, num_train=len(data.train.images), num_test=len(data.test.images),
+        data=data.name, num_train=data.num_train, num_test=len(data.test.images),
         classes=run.classes, ema=ema, tta=recipe.tta, processes=dist.world, replicas_in_sync=in_sync,
         nonfinite_steps=state.nonfinite, distill=recipe.distill, teacher=recipe.teacher,
         time_budget_minutes=recipe.time_budget,
