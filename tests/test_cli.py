@@ -20,7 +20,7 @@ def option(command: str, flag: str) -> argparse.Action:
 
 def test_every_command_of_before_is_there():
     assert list(commands()) == ["models", "train", "pretrain", "eval", "predict", "probe", "export", "compare",
-                                "study", "inspect", "cache"]
+                                "study", "inspect", "data", "cache"]
 
 
 @pytest.mark.parametrize("command, flag, default", [

@@ -27,7 +27,7 @@ from ..text import clip_quotes
 # names a command imports its module alone, so `vitlab models` starts without torch
 COMMANDS = {"models": "models", "train": "train", "pretrain": "pretrain", "eval": "infer", "predict": "infer",
             "probe": "probe", "export": "export", "compare": "runs", "study": "runs", "inspect": "inspect",
-            "cache": "cache"}
+            "data": "data", "cache": "cache"}
 
 
 class Parser(argparse.ArgumentParser):
@@ -161,7 +161,8 @@ def unrecognized(sub: argparse.ArgumentParser, command: str | None, extra: list[
 
 # import names whose package is installed under another name or through vitlab's extras
 PACKAGES = {"onnx": "'vitlab[onnx]'", "onnxruntime": "'vitlab[onnx]'", "onnxscript": "onnxscript",
-            "tensorboard": "tensorboard", "yaml": "pyyaml", "PIL": "pillow"}
+            "tensorboard": "tensorboard", "yaml": "pyyaml", "PIL": "pillow",
+            "webdataset": "'vitlab[shards]'", "braceexpand": "'vitlab[shards]'"}
 ADVICE = {errno.ENOSPC: "free some space and run again", errno.EDQUOT: "free some space and run again",
           errno.EROFS: "choose a place on a writable file system", errno.EACCES: "check the permissions"}
 

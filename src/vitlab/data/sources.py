@@ -482,13 +482,7 @@ def _build(src: _Source, header: dict[str, Any], keys: list[str], cache: Path, s
     labels = listing.labels
 
     def arrange(keep: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        if listing.has_test:
-            train = np.flatnonzero(keep[:listing.n_train])
-            test = listing.n_train + np.flatnonzero(keep[listing.n_train:])
-        else:
-            kept = np.flatnonzero(keep)
-            tr, te = _stratified_split(torch.from_numpy(labels[kept]), val_fraction, seed)
-            train, test = kept[tr.numpy()], kept[te.numpy()]
+        train, test = _split_rows(labels, listing.n_train, listing.has_test, keep, val_fraction, seed)
         if len(train) == 0:
             raise ValueError(f"none of the {listing.n_train} training images in {listing.where} could be read")
         return train, test
@@ -652,3 +646,79 @@ def _test_store(test: ShardSet, classes: list[str], shape: tuple[int, ...], how:
     if bad:
         log(f"skipped {len(bad)} unreadable test images, e.g.: {', '.join(names[r] for r in bad[:5])}")
     return store
+
+
+# ----------------------------------------------------------------------------------------------
+# a source's files as they are, split as load_data splits it (what vitlab data pack writes)
+
+
+@dataclass
+class SourceFiles:
+    """A source's images before any decoding: its classes, every row's label, the train and test rows (the split
+    load_data makes), and ``read(rows)``: (row, encoded image bytes or a uint8 (C, H, W) array) for those rows, in
+    that order where the source reads out of order cheaply (``random_access``), else in row order."""
+
+    name: str
+    classes: list[str]
+    labels: np.ndarray
+    train: np.ndarray
+    test: np.ndarray
+    read: Callable[[np.ndarray], Iterator[tuple[int, bytes | np.ndarray]]]
+    random_access: bool
+    names: Callable[[int], str]
+
+
+def _payload_bytes(payload: Payload) -> bytes:
+    if isinstance(payload, bytes):
+        return payload
+    with open(payload, "rb") as f:
+        return f.read()
+
+
+def source_files(source: str | os.PathLike, *, val_fraction: float = 0.2, seed: int = 0,
+                 cache_dir: str | os.PathLike | None = None, download: bool = False, log: Log = print) -> SourceFiles:
+    """What a source holds, file by file (see SourceFiles): a built-in set, folder, archive, Parquet files, CSV/TSV
+    list or store; shards are read by ``shards`` itself."""
+    _check_args(None, None, val_fraction, seed)
+    cache = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    src = _resolve(os.fspath(source), cache, download, log)
+    if src.kind == "store":
+        store = open_store(src.path)
+        x, y = store.images, store.labels
+        tensors = (x, y, list(store.header["classes"]), store.n_train, True)
+        listing = None
+    else:
+        tensors, listing, _ = _read_source(src, log, list_table(src.path, log) if src.kind == "table" else None)
+    if tensors is not None:
+        x, y, classes, n_train, has_test = tensors
+        y = np.asarray(y, dtype=np.int64)
+        arrays = np.asarray(x)
+
+        def read(rows: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
+            return ((int(r), arrays[r]) for r in rows)
+        train, test = _split_rows(y, n_train, has_test, np.ones(len(y), bool), val_fraction, seed)
+        return SourceFiles(src.name, [str(c) for c in classes], y, train, test, read, True, lambda r: f"row {r}")
+    readable = np.array([image_size(p) is not None for p in listing.payloads(0)], dtype=bool)
+    train, test = _split_rows(listing.labels, listing.n_train, listing.has_test, readable, val_fraction, seed)
+    if not readable.all():
+        bad = np.flatnonzero(~readable)
+        log(f"skipped {len(bad)} unreadable files, e.g.: {', '.join(listing.names(int(r)) for r in bad[:5])}")
+
+    def read_files(rows: np.ndarray) -> Iterator[tuple[int, bytes]]:
+        if listing.payload_at is not None:
+            return ((int(r), _payload_bytes(listing.payload_at(int(r)))) for r in rows)
+        wanted = set(rows.tolist())
+        return ((r, _payload_bytes(p)) for r, p in enumerate(listing.payloads(0)) if r in wanted)
+    return SourceFiles(src.name, list(listing.classes), listing.labels, train, test, read_files,
+                       listing.payload_at is not None, listing.names)
+
+
+def _split_rows(labels: np.ndarray, n_train: int, has_test: bool, keep: np.ndarray, val_fraction: float,
+                seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(train rows, test rows) of the readable rows ``keep``: the source's own split, else load_data's stratified
+    one."""
+    if has_test:
+        return np.flatnonzero(keep[:n_train]), n_train + np.flatnonzero(keep[n_train:])
+    kept = np.flatnonzero(keep)
+    tr, te = _stratified_split(torch.from_numpy(np.asarray(labels)[kept]), val_fraction, seed)
+    return kept[tr.numpy()], kept[te.numpy()]
