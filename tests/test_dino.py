@@ -74,8 +74,9 @@ def test_a_training_step_moves_the_centre_and_then_the_teacher_by_their_momenta(
     assert not any(p.requires_grad for p in dino.teacher_encoder.parameters())
 
 
-def test_evaluation_changes_nothing_and_is_the_same_for_the_same_generator():
-    dino = create_objective("dino", encoder(), out_dim=8).eval()
+@pytest.mark.parametrize("method", ["dino", "ibot"])
+def test_evaluation_changes_nothing_and_is_the_same_for_the_same_generator(method):
+    dino = create_objective(method, encoder(), out_dim=8).eval()
     x = torch.randn(2, 1, 8, 8)
     state = {k: v.clone() for k, v in dino.state_dict().items()}
     a, b = (dino(x, generator=torch.Generator().manual_seed(3)).loss for _ in range(2))

@@ -33,7 +33,8 @@ def encoder(**kw):
 
 @pytest.mark.parametrize("method,options", [("mae", {"mask_ratio": 0.5, "decoder_depth": 1}),
                                             ("mpp", {"mean": [0.3], "std": [0.2]}),
-                                            ("dino", {"out_dim": 16, "local_crops": 2})])
+                                            ("dino", {"out_dim": 16, "local_crops": 2}),
+                                            ("ibot", {"out_dim": 16, "local_crops": 1, "mask_ratio": 0.5})])
 def test_a_saved_objective_loads_back_whole_in_eval_mode(tmp_path, method, options):
     objective = create_objective(method, encoder(), **options)
     save_objective(objective, tmp_path, method, options)
@@ -172,7 +173,7 @@ def test_pretraining_defaults_are_maes_and_given_options_win():
     assert load_recipe(None, data="cifar10", pretrain="dino", crop="rrc").augment.crop == "rrc"
 
 
-@pytest.mark.parametrize("method", ["mae", "dino"])
+@pytest.mark.parametrize("method", ["mae", "dino", "ibot"])
 def test_init_from_a_pretraining_run_loads_every_encoder_tensor(tmp_path, cache_dir, method):
     run = tmp_path / "pre"
     train(tiny_pretrain("digits", run, method, epochs=1, train_fraction=0.1), log=lambda s: None)
@@ -197,11 +198,13 @@ def test_init_from_a_pretraining_run_loads_every_encoder_tensor(tmp_path, cache_
 PRE = ["--model", "vit_micro_patch2_8", "--batch-size", "32", "--precision", "fp32", "--threads", "1",
        "--train-fraction", "0.15"]
 LIGHT = {"mae": ["--pretrain-arg", "decoder_depth=1"], "mpp": ["--pretrain-arg", "corrupt_ratio=0.5"],
-         "dino": ["--pretrain-arg", "out_dim=64", "--pretrain-arg", "momentum_steps=20"]}
+         "dino": ["--pretrain-arg", "out_dim=64", "--pretrain-arg", "momentum_steps=20"],
+         "ibot": ["--pretrain-arg", "out_dim=64", "--pretrain-arg", "momentum_steps=20", "--pretrain-arg",
+                  "local_crops=1"]}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["mae", "mpp", "dino"])
+@pytest.mark.parametrize("method", ["mae", "mpp", "dino", "ibot"])
 def test_pretraining_resumed_after_kill_matches_uninterrupted(tmp_path, cache_dir, method):
     common = ["--method", method, *PRE, *LIGHT[method], "--epochs", "6", "--ema-decay", "0.9", "--cache-dir", cache_dir]
     run_cli("pretrain", *common, "--out", tmp_path / "full")
@@ -218,19 +221,21 @@ def test_pretraining_resumed_after_kill_matches_uninterrupted(tmp_path, cache_di
 
 
 @pytest.mark.slow
-def test_two_torchrun_processes_pretrain_in_sync(tmp_path, cache_dir):
-    """DistributedDataParallel over the objective: both replicas (encoder and decoder) end identical."""
+@pytest.mark.parametrize("method,port", [("mae", 29541), ("ibot", 29542)])
+def test_two_torchrun_processes_pretrain_in_sync(tmp_path, cache_dir, method, port):
+    """DistributedDataParallel over the objective: both replicas (encoder and decoder, or student, teacher and
+    centres) end identical."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    args = ["pretrain", "--method", "mae", *PRE, *LIGHT["mae"], "--epochs", "2", "--cache-dir", cache_dir,
+    args = ["pretrain", "--method", method, *PRE, *LIGHT[method], "--epochs", "2", "--cache-dir", cache_dir,
             "--out", tmp_path / "two"]
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-                           "29541", "-m", "vitlab", *map(str, args)], capture_output=True, text=True, env=env,
+                           str(port), "-m", "vitlab", *map(str, args)], capture_output=True, text=True, env=env,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((tmp_path / "two" / "summary.json").read_text())
-    assert summary["processes"] == 2 and summary["replicas_in_sync"] is True and summary["pretrain"] == "mae"
+    assert summary["processes"] == 2 and summary["replicas_in_sync"] is True and summary["pretrain"] == method
     assert [r["epoch"] for r in metrics(tmp_path / "two")] == [1, 2] and np.isfinite(summary["test_loss"])
-    assert load_objective(tmp_path / "two").method == "mae"
+    assert load_objective(tmp_path / "two").method == method
 
 
 def test_pretraining_takes_maes_adamw_betas(tmp_path, cache_dir):

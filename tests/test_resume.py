@@ -35,6 +35,7 @@ TASKS = {
     "mae": {"pretrain": "mae", "pretrain_args": {"decoder_depth": 1}},
     "mpp": {"pretrain": "mpp"},
     "dino": {"pretrain": "dino", "pretrain_args": {"out_dim": 64, "local_crops": 2}},
+    "ibot": {"pretrain": "ibot", "pretrain_args": {"out_dim": 64, "local_crops": 2}},
     "distill": {"pretrain": "distill"},
 }
 

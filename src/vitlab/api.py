@@ -109,8 +109,8 @@ def pretrain(model: ModelLike | None = None, data: Any = None, *, method: str = 
              out: str | os.PathLike | None = None, resume: str | os.PathLike | None = None,
              **options: Any) -> FitResult:
     """Self-supervised pre-training as ``vitlab pretrain --method METHOD``: ``fit`` with the objective ``method``
-    (mae, mpp, dino, or distill with ``teacher=MODEL``) and pre-training's defaults; labels, where the data has them,
-    are not used.
+    (mae, mpp, dino, ibot, or distill with ``teacher=MODEL``) and pre-training's defaults; labels, where the data
+    has them, are not used.
 
     Example::
 

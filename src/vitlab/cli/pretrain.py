@@ -1,4 +1,5 @@
-"""``vitlab pretrain --method mae|mpp|dino|distill``: ``vitlab train`` with a self-supervised objective, labels unused.
+"""``vitlab pretrain --method mae|mpp|dino|ibot|distill``: ``vitlab train`` with a self-supervised objective, labels
+unused.
 
 The options are train's (the recipe's fields) less those only supervised training uses (``recipe.SUPERVISED_ONLY``,
 refused by name when given, but for ``--teacher``, which ``--method distill`` takes), with pre-training defaults
@@ -20,19 +21,22 @@ TAKEN = tuple(sorted({name for names in PRETRAIN_TAKES.values() for name in name
 
 def register(sub: argparse._SubParsersAction) -> None:
     from ..pretrain import OBJECTIVES, objective_options
-    p = sub.add_parser("pretrain", help="self-supervised pre-training (MAE, masked patch prediction, DINO or "
-                       "distillation from a frozen backbone) of a ViT encoder on images, labelled or not; writes a run "
-                       "folder",
+    p = sub.add_parser("pretrain", help="self-supervised pre-training (MAE, masked patch prediction, DINO, iBOT "
+                       "or distillation from a frozen backbone) of a ViT encoder on images, labelled or not; writes a "
+                       "run folder",
                        description="Pre-train a ViT/DeiT encoder without labels on any data vitlab reads, or a flat "
                        "folder of images; then fine-tune it with `vitlab train --init RUN`.")
     p.add_argument("--method", choices=list(OBJECTIVES), help="mae: masked autoencoder (He et al. 2022); mpp: masked "
                    "patch prediction (Dosovitskiy et al. 2021, appendix B.1.2); dino: self-distillation with an EMA "
-                   "teacher on multi-crop views (Caron et al. 2021); distill: the pooled and patch features of a "
-                   "frozen --teacher [required, except with --resume]")
+                   "teacher on multi-crop views (Caron et al. 2021); ibot: dino plus a masked-patch token loss "
+                   "(Zhou et al. 2022); distill: the pooled and patch features of a frozen --teacher [required, "
+                   "except with --resume]")
     p.add_argument("--pretrain-arg", action="append", metavar="KEY=VALUE", default=None,
                    help="objective option, repeatable; mae: " + ", ".join(objective_options("mae"))
                    + "; mpp: " + ", ".join(objective_options("mpp"))
                    + "; dino: " + ", ".join(objective_options("dino"))
+                   + "; ibot: dino's and " + ", ".join(o for o in objective_options("ibot")
+                                                       if o not in objective_options("dino"))
                    + "; distill: " + ", ".join(objective_options("distill")))
     refused = [n for n in SUPERVISED_ONLY if n not in TAKEN]
     train_cli.add_run_options(p, skip=(*OWN, *refused))

@@ -98,8 +98,18 @@ def random_crops(x: torch.Tensor, size: tuple[int, int], scale: tuple[float, flo
 def pooled_features(encoder: VisionTransformer, x: torch.Tensor) -> torch.Tensor:
     """(B, C, H, W) images of any whole number of patches -> (B, D) the encoder's pooled features (the position
     embedding resampled to the grid)."""
+    return encoder.pool(encoded_tokens(encoder, x))
+
+
+def encoded_tokens(encoder: VisionTransformer, x: torch.Tensor, mask: torch.Tensor | None = None,
+                   mask_token: torch.Tensor | None = None) -> torch.Tensor:
+    """(B, C, H, W) images of any whole number of patches -> (B, prefix + h w, D) output tokens; with a (B, h w)
+    ``mask`` (1 = masked) the masked patches' embeddings are ``mask_token`` (1, 1, D) before the position embedding."""
     grid = encoder.patch_embed.proj(x).permute(0, 2, 3, 1)  # (B, h, w, D)
-    return encoder.pool(run_blocks(encoder, encoder._pos_embed(grid)))
+    if mask is not None:
+        hidden = mask.reshape(grid.shape[:3])[..., None].to(grid.dtype)
+        grid = grid * (1 - hidden) + mask_token.to(grid.dtype).reshape(1, 1, 1, -1) * hidden
+    return run_blocks(encoder, encoder._pos_embed(grid))
 
 
 class ProjectionHead(nn.Module):
@@ -174,14 +184,16 @@ class DINO(nn.Module):
                 pt.mul_(m).add_(ps.detach(), alpha=1 - m)
 
     @torch.no_grad()
-    def update_center(self, teacher: torch.Tensor) -> None:
-        """center = c_m center + (1 - c_m) batch mean of the teacher's logits (over every process)."""
+    def update_center(self, teacher: torch.Tensor, center: torch.Tensor | None = None) -> None:
+        """center = c_m center + (1 - c_m) batch mean of the teacher's (V, B, K) logits (over every process);
+        ``center``: another centre than the class token's (iBOT's patch tokens')."""
+        center = self.center if center is None else center
         mean = teacher.float().sum(dim=(0, 1))
         count = torch.tensor(float(teacher.shape[0] * teacher.shape[1]), device=mean.device)
         if dist.is_available() and dist.is_initialized():
             dist.all_reduce(mean)
             dist.all_reduce(count)
-        self.center.mul_(self.center_momentum).add_(mean / count, alpha=1 - self.center_momentum)
+        center.mul_(self.center_momentum).add_(mean / count, alpha=1 - self.center_momentum)
 
     def crops(self, imgs: torch.Tensor, generator: torch.Generator | None = None) -> tuple[list, list]:
         """(global crops, local crops) of a batch."""
@@ -191,12 +203,18 @@ class DINO(nn.Module):
         g = [random_crops(imgs, (H, W), GLOBAL_SCALE, generator) for _ in range(2)]
         return g, [random_crops(imgs, local, LOCAL_SCALE, generator) for _ in range(self.local_crops)]
 
-    def forward(self, imgs: torch.Tensor, generator: torch.Generator | None = None) -> DINOOutput:
+    def advance(self) -> int:
+        """The steps taken before this one; in training, the teacher's update that follows the previous step's
+        optimiser step, and one more step counted."""
         step = int(self.steps)
         if self.training:
-            if step > 0:  # the update that follows the previous step's optimiser step
+            if step > 0:
                 self.update_teacher(cosine_momentum(step - 1, self.momentum_steps, self.momentum))
             self.steps += 1
+        return step
+
+    def forward(self, imgs: torch.Tensor, generator: torch.Generator | None = None) -> DINOOutput:
+        step = self.advance()
         global_crops, local_crops = self.crops(imgs, generator)
         B = imgs.shape[0]
         with torch.no_grad():

@@ -27,11 +27,12 @@ from ..settings import describe
 from .dino import DINO
 from .distill import FeatureDistillation
 from .encoder import load_decoder_state, split_pretrained
+from .ibot import IBOT
 from .mae import MaskedAutoencoder
 from .mpp import MaskedPatchPrediction
 
 OBJECTIVES: dict[str, type[nn.Module]] = {"mae": MaskedAutoencoder, "mpp": MaskedPatchPrediction, "dino": DINO,
-                                          "distill": FeatureDistillation}
+                                          "ibot": IBOT, "distill": FeatureDistillation}
 
 
 DATA_OPTIONS = ("mean", "std")  # set from the data by the trainer, not by the user
@@ -65,7 +66,7 @@ def check_options(method: str, options: dict[str, Any]) -> dict[str, Any]:
 
 
 def create_objective(method: str, encoder: nn.Module, **options: Any) -> nn.Module:
-    """The pre-training objective ``method`` ('mae', 'mpp', 'dino' or 'distill') wrapped around ``encoder``."""
+    """The pre-training objective ``method`` ('mae', 'mpp', 'dino', 'ibot' or 'distill') wrapped around ``encoder``."""
     if method not in OBJECTIVES:
         raise ValueError(f"unknown pre-training method {method!r}; accepted: {', '.join(OBJECTIVES)}")
     return OBJECTIVES[method](encoder, **options)

@@ -20,6 +20,7 @@ from .format import EpochRow
 LOSS_NAMES = {"none": "cross-entropy loss", "mae": "MAE loss (squared error, hidden patches)",
               "mpp": "MPP loss (cross-entropy, corrupted patches)",
               "dino": "DINO loss (cross-entropy, teacher to student views)",
+              "ibot": "iBOT loss (DINO's + masked patch tokens)",
               "distill": "distillation loss (pooled + patch features)"}
 
 

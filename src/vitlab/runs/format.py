@@ -159,7 +159,7 @@ class Summary:
     teacher: str | None
     time_budget_minutes: float | None
     heads: dict[str, float] | None = field(default=None, metadata=OMIT)  # distilled models: cls, dist and mean top-1
-    pretrain: str = "none"        # a pre-training run's method (mae, mpp, dino, distill); none: supervised
+    pretrain: str = "none"        # a pre-training run's method (mae, mpp, dino, ibot, distill); none: supervised
     wall_seconds: float = 0.0     # the whole call, set-up and the final save included
     unreadable: list[str] = field(default_factory=list)  # the data's files that could not be read, left out
     images: int | None = field(default=None, metadata=OMIT)  # training images its steps took (an image twice: twice)

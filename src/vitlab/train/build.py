@@ -49,7 +49,7 @@ def build_model_and_data(recipe: Recipe, dist: Dist, task: Task,
         if data.unlabelled and task.labels:
             raise ValueError(f"{recipe.data} is a folder of unlabelled images (no class folders): supervised training "
                              "needs <root>/<class>/<image>; accepted without labels: vitlab pretrain --method "
-                             "mae|mpp|dino|distill")
+                             "mae|mpp|dino|ibot|distill")
         return data
 
     if recipe.init:

@@ -24,7 +24,7 @@ Device = Literal["auto", "cpu", "cuda"]
 DistillType = Literal["none", "hard", "soft", "self"]
 Log = Literal["none", "tensorboard"]
 HeadInit = Literal["auto", "zero", "trunc_normal", "keep"]
-Pretrain = Literal["none", "mae", "mpp", "dino", "distill"]
+Pretrain = Literal["none", "mae", "mpp", "dino", "ibot", "distill"]
 Optimizer = Literal["adamw", "sgd"]
 AUGMENT_FIELDS = dict(AugmentConfig.model_fields)
 
@@ -55,7 +55,8 @@ class Recipe(Settings):
     model_args: dict[str, Any] = Field(default_factory=dict, description="model argument overrides, e.g. {depth: 6}")
     pretrain: Pretrain = Field("none", description="self-supervised pre-training, labels unused: mae (masked "
                                "autoencoder), mpp (the ViT paper's masked patch prediction), dino (self-distillation, "
-                               "multi-crop), distill (features of a frozen --teacher); none: supervised")
+                               "multi-crop), ibot (dino + masked patch tokens), distill (features of a frozen "
+                               "--teacher); none: supervised")
     pretrain_args: dict[str, Any] = Field(default_factory=dict, description="pre-training objective options, e.g. "
                                           "{mask_ratio: 0.75, decoder_depth: 2}")
     img_size: int | None = Field(None, ge=1, description="input size (model and data); default: the model's")
@@ -260,7 +261,7 @@ def check_pretrain(recipe: Recipe) -> None:
     if recipe.pretrain == "none":
         if recipe.pretrain_args:
             raise ValueError(f"pretrain_args {recipe.pretrain_args} need a pre-training objective: pretrain mae, mpp, "
-                             "dino or distill")
+                             "dino, ibot or distill")
         if recipe.val_fraction == 0:
             raise ValueError("val_fraction=0 holds no image out, and a supervised run needs test images to score; "
                              "accepted: a number in (0, 1), or 0 with a pretrain method")
@@ -305,14 +306,14 @@ PRETRAIN_DEFAULTS: dict[str, Any] = {
     "augment": {"crop": "rrc", "rrc_scale": (0.2, 1.0), "hflip": True, "auto_augment": "none", "random_erasing": 0.0,
                 "mixup": 0.0, "cutmix": 0.0, "label_smoothing": 0.0, "repeated_aug": 1}}
 PRETRAIN_BASE_LR = 1.5e-4  # per 256 images of batch
-# DINO's own: lr 5e-4 per 256 images (Caron et al. 2021), and no crop of the batch, whose objective cuts its own
-# global and local crops from the whole image.
+# DINO's own (and iBOT's, which keeps them): lr 5e-4 per 256 images (Caron et al. 2021), and no crop of the batch,
+# whose objective cuts its own global and local crops from the whole image.
 DINO_BASE_LR = 5e-4
 
 
 def pretrain_defaults(values: dict[str, Any]) -> None:
     """Fill in PRETRAIN_DEFAULTS where ``values`` leave an option unset, and the lr from the batch size."""
-    dino = values.get("pretrain") == "dino"
+    dino = values.get("pretrain") in ("dino", "ibot")
     if dino:
         values["augment"] = {"crop": "none", **values["augment"]}
     for key, value in PRETRAIN_DEFAULTS.items():

@@ -74,8 +74,8 @@ def loss_metrics(loss: float) -> dict[str, Any]:
 
 
 class MaskedPretraining(Task):
-    """--pretrain mae|mpp|dino|distill: the objective around an encoder without a head; AdamW's betas (0.9, 0.95), as
-    MAE pre-trains."""
+    """--pretrain mae|mpp|dino|ibot|distill: the objective around an encoder without a head; AdamW's betas
+    (0.9, 0.95), as MAE pre-trains."""
 
     name = "masked"
     labels = False
