@@ -1,6 +1,12 @@
 """WebDataset shards: listed and counted as webdataset writes them, every training image read once an epoch by
 exactly one reader whatever the ranks and workers, a run trained from a shard pattern."""
 import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -190,3 +196,78 @@ def test_a_run_stopped_within_an_epoch_resumes_there_as_if_never_stopped(source,
 def same_weights(a: Path, b: Path) -> bool:
     x, y = load_file(a), load_file(b)
     return x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x)
+
+
+READERS = """
+import json, sys
+import torch.distributed as dist
+from vitlab.data.shards import ShardReader
+from vitlab.data.sources import load_data
+from vitlab.train.feed import EpochPlan, ShardFeeder
+import torch
+
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+data = load_data(sys.argv[1], test_data=sys.argv[2], img_size=8, log=lambda m: None)
+feeder = ShardFeeder(ShardReader(data.shards, rank, world, 2), torch.device("cpu"), 2)
+seen = {}
+for epoch in range(2):
+    plan = EpochPlan(data.num_train, 4, 100 + epoch, rank, world)
+    seen[epoch] = [i for _, _, index in feeder.epoch(plan) for i in index.tolist()]
+with open(f"{sys.argv[3]}/rank{rank}.json", "w") as f:
+    json.dump(seen, f)
+"""
+
+
+def torchrun(*args, port: int) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                           str(port), *map(str, args)], capture_output=True, text=True, env=env, timeout=300)
+
+
+@pytest.mark.slow
+def test_two_processes_of_two_readers_each_see_every_image_once(shard_dir, cache_dir, tmp_path):
+    _, train_pattern, test_pattern = shard_dir  # 5 shards for 2 ranks x 2 workers: one shard is split by index
+    script = tmp_path / "readers.py"
+    script.write_text(READERS)
+    proc = torchrun(script, train_pattern, test_pattern, tmp_path, port=29547)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    for epoch in ("0", "1"):
+        keys = ranks[0][epoch] + ranks[1][epoch]
+        assert sorted(keys) == list(range(90)), epoch  # none twice, none missing
+        assert abs(len(ranks[0][epoch]) - len(ranks[1][epoch])) <= 1
+    assert ranks[0]["0"] != ranks[0]["1"]
+    run = tmp_path / "run"  # and a whole run under torchrun, from the shards
+    proc = torchrun("-m", "vitlab", "train", "--data", train_pattern, "--test-data", test_pattern, "--model",
+                    "vit_micro_patch2_8", "--model-arg", "in_chans=3", "--batch-size", "16", "--precision", "fp32",
+                    "--threads", "1", "--epochs", "2", "--workers", "2", "--out", run, port=29548)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = read_summary(run)
+    assert summary.processes == 2 and summary.replicas_in_sync and summary.num_train == 90
+    assert summary.images == 180
+
+
+@pytest.mark.slow
+def test_a_run_killed_within_an_epoch_resumes_as_if_never_stopped(shard_dir, cache_dir, tmp_path):
+    _, train_pattern, test_pattern = shard_dir
+    common = ["train", "--data", train_pattern, "--test-data", test_pattern, "--model", "vit_micro_patch2_8",
+              "--model-arg", "in_chans=3", "--batch-size", "8", "--precision", "fp32", "--threads", "1",
+              "--epochs", "2", "--workers", "2", "--checkpoint-every", "1"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    subprocess.run([sys.executable, "-m", "vitlab", *common, "--out", tmp_path / "whole"], env=env, check=True,
+                   capture_output=True, timeout=300)
+    stopped = tmp_path / "stopped"
+    proc = subprocess.Popen([sys.executable, "-m", "vitlab", *common, "--out", stopped], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    while not (stopped / "checkpoint.pt").exists() and proc.poll() is None:
+        time.sleep(0.005)
+    os.kill(proc.pid, signal.SIGKILL)  # right after its first checkpoint, written after step 1 of 12
+    proc.wait()
+    at = torch.load(stopped / "checkpoint.pt", weights_only=True)["resume_at"]
+    assert at is not None and at["workers"] == 2, "killed between epochs, not within one"
+    resumed = subprocess.run([sys.executable, "-m", "vitlab", "train", "--resume", stopped], env=env,
+                             capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"at image {at['images']} of epoch 1" in resumed.stderr
+    assert same_weights(stopped / "model.safetensors", tmp_path / "whole" / "model.safetensors")
