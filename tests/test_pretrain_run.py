@@ -221,12 +221,17 @@ def test_pretraining_resumed_after_kill_matches_uninterrupted(tmp_path, cache_di
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method,port", [("mae", 29541), ("ibot", 29542)])
+@pytest.mark.parametrize("method,port", [("mae", 29541), ("ibot", 29542), ("distill", 29543)])
 def test_two_torchrun_processes_pretrain_in_sync(tmp_path, cache_dir, method, port):
     """DistributedDataParallel over the objective: both replicas (encoder and decoder, or student, teacher and
-    centres) end identical."""
+    centres, or student and heads beside a frozen teacher on each process) end identical."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    args = ["pretrain", "--method", method, *PRE, *LIGHT[method], "--epochs", "2", "--cache-dir", cache_dir,
+    light = LIGHT.get(method, [])
+    if method == "distill":
+        teacher = vitlab.create_model("deit_tiny_patch16_224", num_classes=10, img_size=16, patch_size=8,
+                                      embed_dim=32, depth=1, num_heads=2)
+        light = ["--teacher", vitlab.save(teacher, tmp_path / "teacher")]
+    args = ["pretrain", "--method", method, *PRE, *light, "--epochs", "2", "--cache-dir", cache_dir,
             "--out", tmp_path / "two"]
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
                            str(port), "-m", "vitlab", *map(str, args)], capture_output=True, text=True, env=env,
