@@ -179,3 +179,30 @@ def test_a_siglip2_config_vitlab_cannot_read_is_one_line(tmp_path):
     (folder / "config.json").write_text(json.dumps({k: v for k, v in full.items() if k != "vision_config"}))
     with pytest.raises(ValueError, match="vision_config"):
         vitlab.load(folder)
+
+
+def test_hf_export_writes_what_transformers_wrote(tmp_path):
+    """Siglip2VisionModel's keys, config and processor back from a loaded folder, the same tensors; a timm NaFlex
+    ViT with a head, or registers, is refused in one line naming what transformers' class lacks."""
+    from vitlab.export import export
+
+    model = vitlab.load(PARITY / "hf_siglip2_vision")
+    folder = export(model, "hf", tmp_path / "h")
+    ours = load_file(folder / "model.safetensors")
+    theirs = load_file(PARITY / "hf_siglip2_vision" / "model.safetensors")
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in theirs)
+    cfg, ref = (json.loads((f / "config.json").read_text()) for f in (folder, PARITY / "hf_siglip2_vision"))
+    assert {k: cfg[k] for k in ref if k in cfg and k != "transformers_version"} == \
+        {k: ref[k] for k in cfg if k in ref and k != "transformers_version"}
+    processor = json.loads((folder / "preprocessor_config.json").read_text())
+    assert processor["image_processor_type"] == "Siglip2ImageProcessor" and processor["max_num_patches"] == 16
+    _, batch = naflex_io("hf_siglip2_vision")
+    with torch.no_grad():
+        assert torch.equal(vitlab.load(folder)(batch), model(batch))
+    for name, named in (("naflexvit_base_patch16_siglip", "classifier head"), ("naflexvit_base_patch16_map",
+                                                                               "prefix tokens")):
+        other = vitlab.create_model(name, embed_dim=16, depth=1, num_heads=2)
+        with pytest.raises(ValueError) as e:
+            export(other, "hf", tmp_path / name)
+        assert named in str(e.value) and "--to timm" in str(e.value) and "\n" not in str(e.value)
+        assert not (tmp_path / name).exists()

@@ -58,7 +58,7 @@ def export_hf(model: nn.Module, folder: str | os.PathLike) -> Path:
     """A transformers folder: ViTForImageClassification or DeiTForImageClassificationWithTeacher, id2label."""
     cfg = hf.export_config(model, full_args(model))
     folder = _write_folder(Path(folder), cfg, hf.export_state_dict(_state(model), cfg))
-    atomic_write_json(folder / hf.PREPROCESSOR, hf.image_processor(model.pretrained_cfg))
+    atomic_write_json(folder / hf.PREPROCESSOR, hf.image_processor(model.pretrained_cfg, cfg))
     return folder
 
 

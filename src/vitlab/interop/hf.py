@@ -264,13 +264,15 @@ def _processor_keys(cfg: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def image_processor(model_cfg: dict[str, Any]) -> dict[str, Any]:
+def image_processor(model_cfg: dict[str, Any], cfg: dict[str, Any] | None = None) -> dict[str, Any]:
     """A preprocessor_config.json that does what ``views.Preprocess.from_cfg(model_cfg)`` does: transformers'
     ViTImageProcessor for an exact resize, its CLIPImageProcessor (resize, then centre crop) otherwise.
 
     transformers places a centre crop at floor((H - h) / 2): a rule of crop_offset round (timm's) lands one pixel
     lower or further right where H - h is 3 mod 4 (e.g. 35 - 32), which no processor option expresses.
     """
+    if cfg is not None and cfg["model_type"] in hf_siglip2.MODEL_TYPES:  # SigLIP 2 (``cfg``: its config.json)
+        return hf_siglip2.image_processor(model_cfg, cfg)
     prep = Preprocess.from_cfg(model_cfg)
     (h, w), (sh, sw) = prep.size, scale_size(prep.size, prep.crop_pct)
     resample = {v: k for k, v in PIL_RESAMPLE.items()}[prep.interpolation]
@@ -457,6 +459,8 @@ def export_config(model: torch.nn.Module, args: dict[str, Any]) -> dict[str, Any
         raise ValueError(f"transformers' ViT-family classes cannot express {model.no_hf}; export it with {other}")
     if model.hf_model_type == hf_dinov3.MODEL_TYPE:
         return hf_dinov3.export_config(model, args, _HF_ACT_NAMES)
+    if model.hf_model_type in hf_siglip2.MODEL_TYPES:
+        return hf_siglip2.export_config(model, args, _HF_ACT_NAMES)
     a = {"class_token": True, "reg_tokens": 0, "no_embed_class": False, "pos_embed": "learn", "init_values": None,
          "global_pool": "token", "fc_norm": None, "act_layer": "gelu", "mlp_ratio": 4.0, "qkv_bias": True,
          "norm_eps": 1e-6, "in_chans": 3, "distilled": False, **args}
@@ -506,6 +510,8 @@ def export_state_dict(state: dict[str, torch.Tensor], cfg: dict[str, Any]) -> di
         return hf_beit.export_state_dict(state)
     if cfg["model_type"] == hf_dinov3.MODEL_TYPE:
         return hf_dinov3.export_state_dict(state, cfg)
+    if cfg["model_type"] in hf_siglip2.MODEL_TYPES:
+        return hf_siglip2.export_state_dict(state, cfg)
     distilled = cfg["model_type"] == "deit"
     base = "deit" if distilled else "vit"
     heads = {"head": "cls_classifier" if distilled else "classifier", "head_dist": "distillation_classifier"}

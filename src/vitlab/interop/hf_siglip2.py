@@ -129,3 +129,64 @@ def processor_keys(cfg: dict[str, Any]) -> dict[str, Any]:
     view: the image squashed to the model's size (the processor keeps each image's aspect ratio instead: give the
     model a NaFlex batch, ``models.naflex.naflex_batch``, for that)."""
     return {"crop_mode": "squash", "crop_pct": 1.0} if "max_num_patches" in cfg and "size" not in cfg else {}
+
+
+# --- writing: a NaFlex ViT as transformers' Siglip2VisionModel ---------------------------------------------------
+
+
+def export_config(model: torch.nn.Module, a: dict[str, Any], act_names: dict[str, str]) -> dict[str, Any]:
+    """transformers' config.json for Siglip2VisionModel (``a``: the model's complete arguments)."""
+    missing = [] if model.num_classes <= 0 else ["a classifier head (Siglip2VisionModel has none: "
+                                                 "reset_classifier(0) first)"]
+    if a["act_layer"] not in act_names:
+        missing.append(f"act_layer {a['act_layer']!r}")
+    missing += [f"{k}={a[k]}" for k in ("pos_drop_rate", "proj_drop_rate") if a[k]]  # it has attention dropout only
+    if missing:
+        raise ValueError(f"transformers' SigLIP 2 cannot express {', '.join(missing)}; export with --to timm or onnx")
+    blk, table = model.blocks[0], model.embeds.pos_embed
+    return {
+        "architectures": ["Siglip2VisionModel"], "model_type": "siglip2_vision_model",
+        "hidden_size": model.embed_dim, "intermediate_size": blk.mlp.fc1.out_features,
+        "num_hidden_layers": len(model.blocks), "num_attention_heads": blk.attn.num_heads,
+        "num_channels": model.embeds.proj.in_features // model.embeds.patch_size[0] ** 2,
+        "patch_size": model.embeds.patch_size[0], "num_patches": table.shape[1] * table.shape[2],
+        "hidden_act": act_names[a["act_layer"]], "layer_norm_eps": float(a["norm_eps"]),
+        "attention_dropout": float(a["attn_drop_rate"]), "vision_use_head": True, "dtype": "float32",
+    }
+
+
+_TO_HF_LAYER = {v: k for k, v in _LAYER_KEYS.items()}
+_TO_HF_PREFIXES = {v: k for k, v in _TOP_PREFIXES.items()}
+
+
+def export_state_dict(state: dict[str, torch.Tensor], cfg: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """NaFlexVit's keys -> the names Siglip2VisionModel.save_pretrained writes; qkv split into q, k and v, the pool's
+    q and kv joined into nn.MultiheadAttention's in_proj."""
+    out: dict[str, torch.Tensor] = {}
+    for key, v in state.items():
+        m = re.match(r"^blocks\.(\d+)\.(.+)\.(weight|bias)$", key)
+        if m and m.group(2) == "attn.qkv":
+            for name, part in zip(("q_proj", "k_proj", "v_proj"), v.chunk(3, dim=0)):
+                out[f"encoder.layers.{m.group(1)}.self_attn.{name}.{m.group(3)}"] = part.contiguous()
+        elif m:
+            out[f"encoder.layers.{m.group(1)}.{_TO_HF_LAYER[m.group(2)]}.{m.group(3)}"] = v
+        elif key == "embeds.pos_embed":
+            out["embeddings.position_embedding.weight"] = v.reshape(-1, v.shape[-1])
+        elif key == "attn_pool.latent":
+            out["head.probe"] = v
+        elif key.startswith("attn_pool.q."):
+            param = key.rsplit(".", 1)[1]
+            out[f"head.attention.in_proj_{param}"] = torch.cat([v, state[f"attn_pool.kv.{param}"]])
+        elif not key.startswith("attn_pool.kv."):
+            prefix = next(p for p in _TO_HF_PREFIXES if key.startswith(p))
+            out[_TO_HF_PREFIXES[prefix] + key[len(prefix):]] = v
+    return out
+
+
+def image_processor(model_cfg: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    """The Siglip2ImageProcessor config of a model (``model_cfg``: its pretrained_cfg, ``cfg``: its config.json):
+    each image resized to at most the table's patch count, the model's mean and std."""
+    return {"image_processor_type": "Siglip2ImageProcessor", "patch_size": cfg["patch_size"],
+            "max_num_patches": cfg["num_patches"], "do_resize": True, "resample": 2, "do_rescale": True,
+            "rescale_factor": 1 / 255, "do_normalize": True, "image_mean": list(model_cfg["mean"]),
+            "image_std": list(model_cfg["std"])}

@@ -171,7 +171,6 @@ class NaFlexVit(Model):
 
     no_weight_decay_names = ("embeds.pos_embed", "embeds.pos_embed_y", "embeds.pos_embed_x", "embeds.cls_token",
                              "embeds.reg_token", "pos_embed", "cls_token", "reg_token")
-    no_hf = "vitlab writes no transformers SigLIP 2 folder (it reads them)"
     no_pretrain = ("MAE and MPP embed patches with a convolution over a fixed grid; the NaFlex ViT's linear "
                    "embedding of flattened patches is not wired into them")
     timm_names = frozenset(
@@ -183,6 +182,32 @@ class NaFlexVit(Model):
     @property
     def family(self) -> str:
         return "NaFlex ViT (linear patch embedding, variable aspect ratio)"
+
+    @property
+    def hf_model_type(self) -> str | None:
+        return "siglip2_vision_model" if not self.hf_missing() else None
+
+    @property
+    def no_hf(self) -> str:
+        return f"a NaFlex ViT with {', '.join(self.hf_missing())} (SigLIP 2's Siglip2VisionModel has none)"
+
+    def hf_missing(self) -> list[str]:
+        """What of this model transformers' Siglip2VisionModel cannot express (its head checked on export)."""
+        e, blk = self.embeds, self.blocks[0]
+        table = e.pos_embed
+        checks = (("prefix tokens", self.num_prefix_tokens > 0),
+                  ("a factorized or no position table", table is None),
+                  ("a non-square position table", table is not None and table.shape[1] != table.shape[2]),
+                  ("non-square patches", e.patch_size[0] != e.patch_size[1]),
+                  ("a table resized other than bilinear with antialiasing, corners not aligned",
+                   (self.pos_embed_interp_mode, self.pos_embed_antialias, self.pos_embed_align_corners,
+                    self.pos_embed_ar_preserving) != ("bilinear", True, False, False)),
+                  ("pooling other than the attention pool", self.global_pool != "map"),
+                  ("LayerScale", not isinstance(blk.ls1, nn.Identity)),
+                  ("qk_norm", not isinstance(blk.attn.q_norm, nn.Identity)),
+                  ("layers without biases", blk.attn.qkv.bias is None or blk.attn.proj.bias is None),
+                  ("no final norm", isinstance(self.norm, nn.Identity)))
+        return [what for what, present in checks if present]
 
     @property
     def timm_spec(self) -> TimmSpec:
