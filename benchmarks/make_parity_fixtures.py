@@ -88,6 +88,13 @@ TIMM = {
                                                                           num_classes=0, mlp_ratio=2.25), (20, 28)),
     "timm_dinov3_token": ("vit_base_patch16_dinov3", dict(TINY, img_size=(16, 20), patch_size=4, num_classes=5,
                                                           global_pool="token"), (28, 24)),
+    # Perception Encoder: a position table and axial RoPE from 1 in (x, y) order, rescaled to the name's grid; Core's
+    # attention pool (8 heads, over the class token too) and projection; Spatial and Lang without a final norm
+    "timm_pe_core": ("vit_pe_core_tiny_patch16_384", dict(TINY, img_size=16, patch_size=4, num_classes=6), (24, 20)),
+    "timm_pe_core_gigantic": ("vit_pe_core_gigantic_patch14_448", dict(TINY, img_size=16, patch_size=4,
+                                                                       num_classes=6), (20, 28)),
+    "timm_pe_spatial": ("vit_pe_spatial_small_patch16_512", dict(TINY, img_size=16, patch_size=4), (24, 20)),
+    "timm_pe_lang": ("vit_pe_lang_large_patch14_448", dict(TINY, img_size=(16, 20), patch_size=4), (28, 24)),
 }
 # the size only in pretrained_cfg.input_size, as older timm exports write it
 SIZE_IN_PRETRAINED_CFG = {"timm_dinov2"}

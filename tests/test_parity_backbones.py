@@ -28,7 +28,8 @@ EXPECTED = {"timm_deit3", "timm_dinov2", "timm_dinov2_reg4", "timm_vit_reg4_gap"
             "timm_dinov3_token", "hf_dinov3", "hf_dinov3_gated", "timm_eva02_clip", "timm_eva_giant_clip",
             "hf_siglip2_vision", "hf_siglip2", "timm_naflexvit_siglip", "timm_naflexvit_gap", "timm_naflexvit_par_gap",
             "timm_naflexvit_parfac_gap", "timm_naflexvit_so150m2_map", "timm_naflexvit_radio_v3",
-            "timm_naflexvit_radio_v4"}
+            "timm_naflexvit_radio_v4",
+            "timm_pe_core", "timm_pe_core_gigantic", "timm_pe_spatial", "timm_pe_lang"}
 DYNAMIC = sorted(p.parent.name for p in BACKBONES.glob("*/io_dynamic.safetensors"))
 TOL = 1e-4
 

@@ -409,12 +409,13 @@ def plot_head_importance(importance: torch.Tensor, names: Sequence[str], distanc
     fig = new_figure(0.5 * H * panels + 5.0, 0.42 * L + 2.6)
     axes = fig.subplots(1, panels, squeeze=False)[0]
     imp = importance.float().cpu().numpy()
-    lim = float(np.abs(imp).max()) or 1.0
+    lim = float(np.nanmax(np.abs(imp))) or 1.0  # NaN: past a block's own heads, left blank
     im = axes[0].imshow(imp, cmap="RdBu_r", vmin=-lim, vmax=lim, aspect="auto")
     if L * H <= 200:
         for r in range(L):
             for h in range(H):
-                axes[0].text(h, r, f"{imp[r, h]:.2f}", ha="center", va="center", fontsize=6)
+                if not np.isnan(imp[r, h]):
+                    axes[0].text(h, r, f"{imp[r, h]:.2f}", ha="center", va="center", fontsize=6)
     axes[0].set_xticks(range(H))
     axes[0].set_yticks(range(L), list(names), fontsize=7)
     axes[0].set_xlabel("head")

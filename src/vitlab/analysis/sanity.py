@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .capture import attention_modules, capture_attention
@@ -108,8 +109,9 @@ def parameter_randomisation(model: nn.Module, images: torch.Tensor, methods: Seq
 @torch.no_grad()
 def head_importance(model: nn.Module, images: torch.Tensor, target_class: Sequence[int] | torch.Tensor | None = None,
                     batch_size: int = 64) -> tuple[torch.Tensor, list[str]]:
-    """(blocks, heads) drop of the target logit when each head's attention is zeroed, mean over images; and the
-    block names. target_class: one class per image (default: the class predicted on the intact image)."""
+    """(blocks, heads) drop of the target logit when each head's attention is zeroed, mean over images (NaN past a
+    block's own heads, where blocks differ: PE's attention pool has 8 over blocks of fewer); and the block names.
+    target_class: one class per image (default: the class predicted on the intact image)."""
     modules = attention_modules(model)
     model.eval()
     drops = None
@@ -133,6 +135,7 @@ def head_importance(model: nn.Module, images: torch.Tensor, target_class: Sequen
                     finally:
                         handle.remove()
             rows.append(torch.stack(row))
-        batch = torch.stack(rows)
+        width = max(len(row) for row in rows)
+        batch = torch.stack([F.pad(row, (0, width - len(row)), value=float("nan")) for row in rows])
         drops = batch if drops is None else drops + batch
     return (drops / len(images)).float(), [name for name, _, _ in modules]

@@ -290,7 +290,7 @@ def importance(r: Inspection) -> None:
         return
     shown = r.distance_set[:r.importance_images]
     scores, block_names = head_importance(r.model, shown, batch_size=r.batch_size)
-    r.summary["head_importance"] = {n: s.tolist() for n, s in zip(block_names, scores)}
+    r.summary["head_importance"] = {n: s[~s.isnan()].tolist() for n, s in zip(block_names, scores)}
     r.figure(plots.plot_head_importance(scores, block_names, r.distances, [n for n, _ in r.distance_layers]),
              "head_importance.png", "Head importance", HEAD_IMPORTANCE.format(images=len(shown)))
 

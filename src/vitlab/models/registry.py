@@ -20,6 +20,7 @@ from .eva import DINOV3_NORM_EPS, DINOV3_OTHERS, DINOV3_SIZES, Eva
 from .hybrid import HybridVisionTransformer
 from .mixer import MlpMixer
 from .naflex import NaFlexVit
+from .pe import PE_IMAGES, PE_LANG_DEPTH, PE_NORM_EPS, PE_PROJ, PE_SIZES, PerceptionEncoder
 from .resnet import ResNet
 from .resnetv2 import ResNetV2VisionTransformer
 from .vit import TIMM_PRESETS, VisionTransformer
@@ -173,6 +174,23 @@ for _name, _args in {
                                                   reg_tokens=9),
         "naflexvit_huge_patch16_radio_v4": dict(embed_dim=1280, depth=32, num_heads=16, reg_tokens=9)}.items():
     register(_name, NaFlexVit, CLIP_MEAN, CLIP_STD, **_RADIO, **_args)
+# Perception Encoder (timm's names): CLIP's pre-norm ViT with a position table and axial RoPE counted from 1 in (x, y)
+# order, rescaled to the weights' grid; Core reads out through an attention pool and its projection, Spatial and Lang
+# the mean patch token without a final norm (timm's weights have no head: a folder's num_classes 0 is read as such);
+# the gigantic sizes have no class token and no grid offset
+for _kind, _sizes in PE_IMAGES.items():
+    for _size, _img in _sizes.items():
+        _patch, _dim, _depth, _heads, _ratio = PE_SIZES[_size]
+        _big = _size == "gigantic"
+        _readout = (dict(global_pool="map", attn_pool_num_heads=8, attn_pool_mlp_ratio=4.0, num_classes=PE_PROJ[_size])
+                    if _kind == "core" else dict(global_pool="avg", use_post_transformer_norm=False, use_fc_norm=False))
+        register(f"vit_pe_{_kind}_{_size}_patch{_patch}_{_img}", PerceptionEncoder, INCEPTION_MEAN, INCEPTION_STD,
+                 img_size=_img, patch_size=_patch, embed_dim=_dim, depth=PE_LANG_DEPTH.get(_size, _depth)
+                 if _kind == "lang" else _depth, num_heads=_heads, mlp_ratio=_ratio, attn_type="rope",
+                 class_token=not _big, use_pre_transformer_norm=True, use_rot_pos_emb=True,
+                 ref_feat_shape=(_img // _patch,) * 2, rope_grid_offset=0.0 if _big else 1.0, rope_grid_indexing="xy",
+                 norm_eps=PE_NORM_EPS, **_readout,
+                 **(dict(init_values=0.1) if _kind == "lang" or (_kind, _big) == ("spatial", True) else {}))
 # ConViT (embed_dim is per head)
 for _name, _heads in (("tiny", 4), ("small", 9), ("base", 16)):
     register(f"convit_{_name}", ConVit, local_up_to_layer=10, locality_strength=1.0, embed_dim=48, num_heads=_heads)
