@@ -87,6 +87,15 @@ def test_head_importance_leaves_blank_the_heads_a_block_lacks():
     assert scores[0, 2:].isnan().all() and not scores[0, :2].isnan().any() and not scores[1].isnan().any()
 
 
+def test_a_layernorm_eps_timms_pe_names_cannot_take_is_refused_in_one_line(tmp_path):
+    model = vitlab.create_model("vit_pe_core_tiny_patch16_384", img_size=16, patch_size=4, embed_dim=16, depth=1,
+                                num_heads=2, norm_eps=1e-6)
+    with pytest.raises(ValueError) as e:
+        export(model, "timm", tmp_path / "t")
+    assert "norm_eps=1e-06" in str(e.value) and "1e-05" in str(e.value) and "\n" not in str(e.value)
+    assert not (tmp_path / "t").exists()
+
+
 @pytest.mark.slow
 def test_inspect_draws_the_position_table_and_the_rotation(tmp_path):
     from PIL import Image

@@ -67,10 +67,10 @@ class PerceptionEncoder(Eva):
 
     @property
     def timm_spec(self) -> TimmSpec:
-        """timm's Eva, with the attention pool's arguments; exported under its PE name (LayerNorm eps 1e-5)."""
+        """timm's Eva, with the attention pool's arguments, under a PE name: timm's PE names fix LayerNorm eps 1e-5."""
         spec = super().timm_spec
         return replace(spec, args=EVA_ARGS + ("attn_pool_num_heads", "attn_pool_mlp_ratio"),
-                       base_arch="vit_pe_core_base_patch16_224" if self.norm_eps == PE_NORM_EPS else spec.base_arch)
+                       base_arch="vit_pe_core_base_patch16_224", fixed={**spec.fixed, "norm_eps": PE_NORM_EPS})
 
     def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
         """timm's rule: another pooling drops the attention pool; 'map' needs the one built with the model."""
