@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -15,12 +14,13 @@ import torch
 from PIL import Image
 from safetensors.torch import load_file
 
+from vitlab.data import sources
 from vitlab.data.shards import ShardReader, epoch_pieces, open_shards, worker_skips
 from vitlab.data.sources import load_data
 from vitlab.runs.format import read_summary
 from vitlab.train import load_recipe, train
 from vitlab.train import setup as run_setup
-from vitlab.train.feed import ShardFeeder
+from vitlab.train.feed import EpochPlan, ShardFeeder
 
 wds = pytest.importorskip("webdataset")
 
@@ -64,11 +64,13 @@ def shard_dir(tmp_path):
 def test_shards_are_counted_with_their_labels_and_the_test_split_stored(shard_dir, cache_dir):
     folder, train_pattern, test_pattern = shard_dir
     (folder / "classes.txt").write_text("red\ngreen\nblue\n")
+    (folder / "_info.json").write_text(json.dumps({"mean": [0.25, 0.5, 0.75], "std": [0.1, 0.2, 0.3]}))
     s = open_shards(train_pattern)
     assert s.counts == [20, 20, 20, 20, 10] and s.classes == ["red", "green", "blue"]
     assert list(s.labels) == [i % 3 for i in range(90)]
     data = load_data(train_pattern, test_data=test_pattern, img_size=8, log=lambda m: None)
     assert data.num_train == 90 and len(data.test.labels) == 30 and data.classes == ["red", "green", "blue"]
+    assert data.mean == (0.25, 0.5, 0.75) and data.std == (0.1, 0.2, 0.3)  # as _info.json records them
     assert data.test.labels.tolist() == [i % 3 for i in range(30)]
     first = np.array(Image.open(io.BytesIO(_png(_images(30, 3, 1)[0][0])))).transpose(2, 0, 1)
     assert torch.equal(data.test.images[0], torch.from_numpy(np.ascontiguousarray(first)))
@@ -118,6 +120,25 @@ def test_a_reader_gives_every_image_once_and_a_resumed_reader_the_rest(shard_dir
     assert [i for _, _, i in whole] != list(range(90))  # shuffled
     reader.start(seed=5, done=37)
     assert [i for _, _, i in reader] == [i for _, _, i in whole][37:]
+
+
+@pytest.mark.parametrize("workers", [0, pytest.param(1, marks=pytest.mark.slow)])
+def test_an_unreadable_training_image_stops_the_epoch_with_one_line(workers, tmp_path, shard_dir, cache_dir,
+                                                                    monkeypatch):
+    _, train_pattern, test_pattern = shard_dir
+    with wds.TarWriter(str(tmp_path / "bad-000000.tar")) as sink:
+        for i in range(10):
+            image = _png(np.full((8, 8, 3), i, np.uint8)) if i != 6 else b"not an image"
+            sink.write({"__key__": f"k{i}", "png": image, "cls": str(i % 3)})
+    bad = str(tmp_path / "bad-{000000..000000}.tar")
+    with pytest.raises(ValueError, match="sample k6 cannot be read by Pillow"):  # among the first images, read ahead
+        load_data(bad, test_data=test_pattern, img_size=8, log=lambda m: None)
+    monkeypatch.setattr(sources, "PEEK", 4)  # beyond them: met while training
+    data = load_data(bad, test_data=test_pattern, img_size=8, log=lambda m: None)
+    feeder = ShardFeeder(ShardReader(data.shards, workers=workers), torch.device("cpu"), workers)
+    with pytest.raises(ValueError) as e:
+        list(feeder.epoch(EpochPlan(10, 2, 0)))
+    assert str(e.value).splitlines() == [str(e.value)] and "sample k6 cannot be read by Pillow" in str(e.value)
 
 
 def test_missing_label_and_bad_pattern_are_one_line(tmp_path, shard_dir, cache_dir):
@@ -202,6 +223,7 @@ READERS = """
 import json, sys
 import torch.distributed as dist
 from vitlab.data.shards import ShardReader
+from vitlab.data import sources
 from vitlab.data.sources import load_data
 from vitlab.train.feed import EpochPlan, ShardFeeder
 import torch
@@ -216,6 +238,24 @@ for epoch in range(2):
     seen[epoch] = [i for _, _, index in feeder.epoch(plan) for i in index.tolist()]
 with open(f"{sys.argv[3]}/rank{rank}.json", "w") as f:
     json.dump(seen, f)
+"""
+
+
+KILLED = """
+import os, signal, sys
+from vitlab.cli import main
+from vitlab.train import setup
+
+real, saved = setup.save_checkpoint, []
+
+def save_then_die(*args, **kwargs):
+    real(*args, **kwargs)
+    saved.append(1)
+    if len(saved) == 3:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+setup.save_checkpoint = save_then_die
+sys.exit(main(sys.argv[1:]))
 """
 
 
@@ -257,17 +297,15 @@ def test_a_run_killed_within_an_epoch_resumes_as_if_never_stopped(shard_dir, cac
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     subprocess.run([sys.executable, "-m", "vitlab", *common, "--out", tmp_path / "whole"], env=env, check=True,
                    capture_output=True, timeout=300)
-    stopped = tmp_path / "stopped"
-    proc = subprocess.Popen([sys.executable, "-m", "vitlab", *common, "--out", stopped], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    while not (stopped / "checkpoint.pt").exists() and proc.poll() is None:
-        time.sleep(0.005)
-    os.kill(proc.pid, signal.SIGKILL)  # right after its first checkpoint, written after step 1 of 12
-    proc.wait()
+    stopped, script = tmp_path / "stopped", tmp_path / "killed.py"
+    script.write_text(KILLED)  # vitlab train, killed with -9 right after its third checkpoint within an epoch
+    proc = subprocess.run([sys.executable, script, *common, "--out", stopped], env=env, capture_output=True,
+                          timeout=300)
+    assert proc.returncode == -signal.SIGKILL and not (stopped / "summary.json").exists()
     at = torch.load(stopped / "checkpoint.pt", weights_only=True)["resume_at"]
-    assert at is not None and at["workers"] == 2, "killed between epochs, not within one"
+    assert at is not None and at["workers"] == 2 and at["images"] == 24  # after step 3 of 12
     resumed = subprocess.run([sys.executable, "-m", "vitlab", "train", "--resume", stopped], env=env,
                              capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert f"at image {at['images']} of epoch 1" in resumed.stderr
+    assert "at image 24 of epoch 1 (step 3)" in resumed.stderr
     assert same_weights(stopped / "model.safetensors", tmp_path / "whole" / "model.safetensors")

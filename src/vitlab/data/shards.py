@@ -69,7 +69,7 @@ def expand(pattern: str) -> list[str]:
     _webdataset()
     urls = []
     for part in pattern.split("::"):
-        urls.extend(braceexpand(part) if not part.startswith("pipe:") else [part])
+        urls.extend(braceexpand(part))  # pipe: commands too, as webdataset expands them
     if not urls:
         raise ValueError(f"the shard pattern {pattern!r} names no shard; accepted: e.g. DIR/train-{{000000..000009}}"
                          ".tar, pipe:COMMAND, an http(s) URL or wds:DIR")
@@ -311,12 +311,13 @@ def shuffled(samples: Iterator[Any], size: int, rng: np.random.Generator) -> Ite
         yield buffer[j]
 
 
-def decode_sample(sample: dict[str, Any], url: str, key: str, size: tuple[int, int], chans: int,
+def decode_sample(sample: dict[str, Any], url: str, key: str, size: tuple[int, int] | None, chans: int,
                   fit: str) -> np.ndarray:
-    """A sample's image as uint8 (C, H, W) at ``size`` by the store's rule; an unreadable one is one line."""
+    """A sample's image as uint8 (C, H, W) at ``size`` (None: its own) by the store's rule; an unreadable one is one
+    line."""
     data = sample[_image_suffix(sample)]
     a = decode_image(data, size, chans, fit)
-    if a is None or a.shape[:2] != tuple(size):
+    if a is None or (size is not None and a.shape[:2] != tuple(size)):
         raise ValueError(f"shard {url}: the image of sample {key} cannot be read by Pillow; accepted: "
                          f"{'|'.join(IMAGE_SUFFIXES)} images (vitlab data pack writes readable ones only)")
     return np.ascontiguousarray(a.transpose(2, 0, 1))
@@ -327,12 +328,12 @@ def image_bytes(sample: dict[str, Any]) -> bytes:
     return sample[_image_suffix(sample)]
 
 
-def first_images(shards: ShardSet, n: int) -> Iterator[tuple[bytes, int]]:
-    """The first ``n`` samples of the listing as (encoded image, label): a look at the data before training."""
+def first_images(shards: ShardSet, n: int) -> Iterator[tuple[str, str, dict[str, Any]]]:
+    """The first ``n`` samples of the listing as (shard, key, sample): a look at the data before training."""
     left = n
     for url, count in zip(shards.urls, shards.counts):
         for key, sample in read_piece(url, Piece(0, 0, min(count, left))):
-            yield image_bytes(sample), label_of(sample, url, key, shards.classes)
+            yield url, key, sample
         left -= min(count, left)
         if not left:
             return
@@ -366,7 +367,8 @@ def worker_skips(done: int, counts: list[int]) -> list[int]:
 
 class ShardReader(IterableDataset):
     """One rank's training samples of an epoch as (uint8 (C, H, W) tensor, label, index in the listing), read by
-    each DataLoader worker from its own part (``epoch_pieces``), shuffled through a buffer and decoded there.
+    each DataLoader worker from its own part (``epoch_pieces``), shuffled through a buffer and decoded there; a
+    shard or image that cannot be read ends the worker's samples with (None, the one-line reason, -1).
 
     ``start(seed, done)`` before each epoch: the epoch's seed and the samples of this rank already trained in it
     (a resumed run), which are passed over undecoded."""
@@ -404,8 +406,11 @@ class ShardReader(IterableDataset):
                 for k, (key, sample) in enumerate(read_piece(url, p)):
                     yield int(offsets[p.shard]) + p.start + k, url, key, sample
 
-        for i, (index, url, key, sample) in enumerate(shuffled(samples(), self.buffer, rng)):
-            if i < skip:
-                continue
-            image = decode_sample(sample, url, key, self.size, self.chans, self.fit)
-            yield torch.from_numpy(image), label_of(sample, url, key, s.classes), index
+        try:
+            for i, (index, url, key, sample) in enumerate(shuffled(samples(), self.buffer, rng)):
+                if i < skip:
+                    continue
+                image = decode_sample(sample, url, key, self.size, self.chans, self.fit)
+                yield torch.from_numpy(image), label_of(sample, url, key, s.classes), index
+        except ValueError as e:  # handed over as a sample: a worker's own exception would come with its traceback
+            yield None, str(e), -1

@@ -42,17 +42,19 @@ from .cache import (
     source_identity,
 )
 from .cifar import CIFAR_REMOTES, cifar_variant, find_or_fetch_cifar, load_cifar
-from .decode import Payload, decode_image, decode_into, default_workers, image_size, read_image, too_large
+from .decode import Payload, decode_into, default_workers, image_size, read_image, too_large
 from .disk import DISK_FULL, check_writable, disk_usage, format_size, free_bytes, space_message
 from .download import ARCHIVE_SUFFIXES, Log, archive_stem, download_url, is_archive
 from .scan import UNLABELLED, cifar_in_tree, read_archive, scan_folder, tree_items
 from .shards import (
     Piece,
     ShardSet,
+    decode_sample,
     first_images,
     folder_patterns,
     image_bytes,
     is_shard_source,
+    label_of,
     open_shards,
     read_piece,
 )
@@ -570,11 +572,10 @@ def _load_shards(source: str, test_data: str | None, how: _Decoding, cache: Path
                          "test images) or wds:DIR with test-*.tar beside train-*.tar")
     shards = open_shards(train_pattern)
     peek = list(first_images(shards, min(PEEK, shards.count)))
-    first = read_image_bytes(peek[0][0], how)
-    stored = tuple(first.shape[-2:])
+    stored = how.stored or tuple(decode_sample(peek[0][2], *peek[0][:2], None, how.chans, how.fit).shape[-2:])
     shards.decoding = (stored, how.chans, how.fit)
-    x = torch.stack([first] + [read_image_bytes(b, how, stored) for b, _ in peek[1:]])
-    y = torch.tensor([label for _, label in peek], dtype=torch.int64)
+    x = torch.stack([torch.from_numpy(decode_sample(sample, url, key, *shards.decoding)) for url, key, sample in peek])
+    y = torch.tensor([label_of(sample, url, key, shards.classes) for url, key, sample in peek], dtype=torch.int64)
     test = open_shards(test_pattern, labels=True)
     if len(test.classes) != len(shards.classes) and len(test.labels) and test.labels.max() >= len(shards.classes):
         raise ValueError(f"the test shards {test_pattern} hold label {int(test.labels.max())}, out of range for the "
@@ -600,14 +601,6 @@ def _load_shards(source: str, test_data: str | None, how: _Decoding, cache: Path
 
 
 INFO_NAME = "_info.json"
-
-
-def read_image_bytes(data: bytes, how: _Decoding, size: tuple[int, int] | None = None) -> torch.Tensor:
-    """An encoded training image as uint8 (C, H, W) by the store's rule; an unreadable one is one line."""
-    arr = decode_image(data, size or how.stored, how.chans, how.fit)
-    if arr is None:
-        raise ValueError("a training image of the shards cannot be read by Pillow; accepted: jpg|png|webp images")
-    return torch.from_numpy(np.ascontiguousarray(arr.transpose(2, 0, 1)))
 
 
 def shard_identity(urls: list[str]) -> list:

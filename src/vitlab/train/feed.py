@@ -151,7 +151,11 @@ class ShardFeeder:
         samples = iter(self.loader(self.workers if workers is None else workers))
         pin = self.device.type == "cuda"
         for size in sizes[done:]:
-            taken = [next(samples) for _ in range(size)]
+            taken = [next(samples, (None, "the shards held fewer training images than counted; accepted: shards "
+                                    "as listed (_info.json up to date)", -1)) for _ in range(size)]
+            failed = next((t[1] for t in taken if t[0] is None), None)
+            if failed is not None:
+                raise ValueError(failed)
             x = torch.stack([t[0] for t in taken])
             y = torch.tensor([t[1] for t in taken], dtype=torch.int64)
             index = torch.tensor([t[2] for t in taken], dtype=torch.int64)
