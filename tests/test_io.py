@@ -200,3 +200,19 @@ def test_saved_and_exported_weights_take_the_umask_like_every_other_file(umask, 
     for folder in folders:
         modes = {p.name: oct(stat.S_IMODE(p.stat().st_mode)) for p in folder.iterdir()}
         assert set(modes.values()) == {oct(0o666 & ~umask)}, modes
+
+
+def test_load_draws_no_initial_weights_but_a_new_head_is_drawn(saved):
+    """The weights are read, not drawn: loading leaves torch's random state as it was and gives the saved model's
+    tensors; a new head (num_classes=) is still drawn, and torch.nn.init works again afterwards."""
+    source = vitlab.create_model("vit_tiny_patch4_32", embed_dim=48, depth=2, num_heads=3)
+    source.load_state_dict(vitlab.load(saved).state_dict())
+    state = torch.get_rng_state()
+    model = vitlab.load(saved)
+    assert torch.equal(torch.get_rng_state(), state)
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), source.state_dict().values()))
+    fresh = vitlab.load(saved, num_classes=3)
+    assert not torch.equal(torch.get_rng_state(), state)
+    assert fresh.head.weight.shape == (3, 48) and fresh.head.weight.std() > 0
+    w = torch.nn.init.trunc_normal_(torch.zeros(100), std=0.02)
+    assert 0 < w.std() < 0.1
