@@ -123,11 +123,11 @@ def test_predict_of_a_bf16_run_runs_in_bf16(bf16_run, tmp_path, monkeypatch):
     Image.fromarray(np.arange(64, dtype=np.uint8).reshape(8, 8) * 4).save(tmp_path / "x.png")
     seen = []
     real = class_probabilities
-    monkeypatch.setattr("vitlab.infer.predict.class_probabilities",
-                        lambda m, x, source, precision: seen.append(precision) or real(m, x, source, precision))
+    monkeypatch.setattr("vitlab.infer.predict.class_probabilities", lambda m, x, source, precision: seen.append(
+        (precision, m.head.weight.dtype)) or real(m, x, source, precision))
     auto = predict_files(out, [tmp_path / "x.png"], top_k=3)[0]["top"]
     fp32 = predict_files(out, [tmp_path / "x.png"], top_k=3, precision="fp32")[0]["top"]
-    assert seen == ["bf16", "fp32"]
+    assert seen == [("bf16", torch.bfloat16), ("fp32", torch.float32)]  # bf16's weights cast once, before the pass
     assert auto[0]["class"] == fp32[0]["class"]
     assert abs(auto[0]["probability"] - fp32[0]["probability"]) < 0.01
 
@@ -156,3 +156,33 @@ def test_probe_of_a_bf16_run_takes_its_features_in_bf16(bf16_run, tmp_path):
     assert got["precision"] == "bf16"
     with pytest.raises(ValueError, match="precision 'fp16' is not valid for features; accepted: auto, fp32, bf16"):
         probe(out, "digits", precision="fp16", cache_dir=str(tmp_path / "c"), progress=False, log=lambda s: None)
+
+
+def test_bf16_inference_casts_the_weights_once_and_keeps_autocasts_probabilities(bf16_run, tmp_path):
+    """bf16 inference casts the linear and convolution weights once instead of on every forward pass: the
+    probabilities are autocast's own, within 0.01 of float32's, and the top-1 class is float32's on every image
+    whose two best float32 classes are more than 0.02 apart (closer ones can swap, as under autocast)."""
+    import copy
+
+    import vitlab
+    from vitlab.data import load_data
+    from vitlab.infer.precision import cast_for_inference
+    out, _ = bf16_run
+    images = load_data("digits", cache_dir=tmp_path, log=lambda s: None).test.images
+    trained = vitlab.load(out)  # one epoch of digits, in bf16
+    cast = cast_for_inference(copy.deepcopy(trained), "bf16")
+    assert cast.head.weight.dtype == cast.patch_embed.proj.weight.dtype == torch.bfloat16
+    assert cast.blocks[0].norm1.weight.dtype == cast.pos_embed.dtype == torch.float32  # what autocast keeps float32
+    torch.testing.assert_close(class_probabilities(cast, images, precision="bf16"),
+                               class_probabilities(trained, images, precision="bf16"), atol=1e-6, rtol=0)
+    assert cast_for_inference(trained, "fp32").head.weight.dtype == torch.float32
+    torch.manual_seed(0)
+    model = create_model("vit_micro_patch2_8").eval()
+    with torch.no_grad():
+        model.head.weight.normal_(0, 0.2)  # classes further apart than at initialisation, as training puts them
+    fp32 = class_probabilities(model, images)
+    bf16 = class_probabilities(cast_for_inference(model, "bf16"), images, precision="bf16")
+    assert not torch.equal(fp32, bf16) and (fp32 - bf16).abs().max() < 0.01
+    top2 = fp32.topk(2, dim=1).values
+    apart = top2[:, 0] - top2[:, 1] > 0.02
+    assert apart.sum() >= 100 and torch.equal(bf16.argmax(1)[apart], fp32.argmax(1)[apart])

@@ -12,12 +12,11 @@ from .. import checkpoint
 from ..data.sources import DataBundle, load_data
 from ..data.views import Preprocess
 from ..devices import resolve_device
-from ..runs.figures import plot_confusion
 from ..runs.folder import check_model_written, claim_folder
 from ..runs.format import CONFUSION_PNG, EvalSummary, read_split, write_summary
 from ..runs.identity import check_data
 from ..train.metrics import evaluate_model
-from .precision import inference_precision
+from .precision import cast_for_inference, inference_precision
 from .predict import class_names
 
 
@@ -99,6 +98,7 @@ def _evaluate(model_path, data, out, batch_size, precision, cache_dir, download,
     bundle = model_data(model, data, split, cache_dir, download)
     check_data(model_path, bundle.identity, "evaluate", own)
     precision = inference_precision(model, precision, dev, model_path)  # auto: the run's own, else the rule
+    model = cast_for_inference(model, precision)
     heads = evaluate_images(model, bundle.test.images, bundle.test.labels, bundle.classes, data,
                             Options(batch_size, precision, tta, tta_translate), len(bundle.train.images), model_path)
     names = class_names(model)
@@ -108,6 +108,7 @@ def _evaluate(model_path, data, out, batch_size, precision, cache_dir, download,
     if out is not None:
         out = Path(out)
         write_summary(out, result)
+        from ..runs.figures import plot_confusion  # matplotlib, for this figure only: predict starts without it
         plot_confusion(m["confusion"], names, out / CONFUSION_PNG,
                        title=f"{Path(model_path).name} on {bundle.name}: top-1 {100 * result.top1:.2f}%")
     return result.to_dict()

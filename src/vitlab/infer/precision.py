@@ -50,3 +50,16 @@ def inference_precision(model: nn.Module, asked: str, device: torch.device, fold
     if precision != "fp32":
         log(f"precision auto: {NAMES[precision]} ({why})")
     return precision
+
+
+def cast_for_inference(model: nn.Module, precision: str) -> nn.Module:
+    """``model`` ready to run in ``precision`` under autocast (changed in place: a model this command loaded): for
+    bf16, the weights of its linear and convolution layers cast to bf16 once, where autocast would cast them again
+    on every forward pass. Autocast rounds them the same way, so the outputs are autocast's own; what it keeps in
+    float32 (norms, softmax, position tables, the residual stream) stays float32. Subclasses of those layers (a
+    weight-standardised convolution, say) may compute with their weights and are left as they are."""
+    if precision == "bf16":
+        for module in model.modules():
+            if type(module) in (nn.Linear, nn.Conv2d):
+                module.to(torch.bfloat16)
+    return model

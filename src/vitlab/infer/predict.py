@@ -19,7 +19,7 @@ from ..finite import check_finite
 from ..runs.folder import check_model_written
 from ..train.metrics import head_logits
 from ..train.step import autocast
-from .precision import inference_precision
+from .precision import cast_for_inference, inference_precision
 
 
 def class_names(model: torch.nn.Module) -> list[str]:
@@ -107,6 +107,7 @@ def predict_files(model_path: str | os.PathLike, images: Sequence[str | os.PathL
         raise ValueError(results[0]["error"] if len(results) == 1 else
                          f"none of the {len(results)} images could be read; the first: {results[0]['error']}")
     precision = inference_precision(model, precision, dev, model_path)
+    model = cast_for_inference(model, precision)
     probs = class_probabilities(model, torch.stack(decoded), model_path, precision).cpu()
     top = probs.topk(min(top_k, probs.shape[1]), dim=1)
     good = iter(range(len(decoded)))
