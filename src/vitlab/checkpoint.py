@@ -330,7 +330,7 @@ def load(path: str | os.PathLike, **overrides: Any) -> nn.Module:
     old_classes = args.get("num_classes", get_spec(arch).args.get("num_classes", 1000) if arch else 1000)
     state = convert(read_weights(folder, expected_sha))
     args.update(overrides)
-    with torch.device("meta"):
+    with torch.device("meta"), random_init_skipped():  # shapes only (a first draw on meta imports seconds of torch)
         shell = _build(arch, cls, args, cfg, folder)
     heads = tuple(f"{name}." for name in shell.classifier_names)
     new_head = "num_classes" in overrides and overrides["num_classes"] != old_classes
