@@ -7,14 +7,19 @@ archive, resized to 224 by the model's rule as predict does). Each precision run
 `vitlab predict MODEL IMAGES... --precision P` runs, ``vitlab.infer.predict_files`` (the model folder loaded, the
 files decoded, the forward pass), in this process, so that the interpreter's start-up, the same for both, is left
 out; fp32 and bf16 alternate for --rounds rounds, and the median time of each and their ratio are printed, with
-the images whose top-1 class differs.
+the images whose top-1 class differs. --commands times the whole command instead, `python -m vitlab predict ...`
+in a process of its own (the interpreter's start-up and the imports included), as a user runs it.
 
     python benchmarks/predict_precision.py --data ../shared/data/cifar10-jpg.tar.gz [--images 32] [--rounds 2]
+        [--commands]
 """
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
+import subprocess
+import sys
 import tarfile
 import tempfile
 import time
@@ -51,6 +56,19 @@ def predict(model: str, images: list[Path], precision: str) -> tuple[float, list
     return time.perf_counter() - t, [r["top"][0]["class"] for r in results]
 
 
+def predict_command(model: str, images: list[Path], precision: str, threads: int) -> tuple[float, list[str]]:
+    """Seconds of the whole command `vitlab predict MODEL IMAGES... --precision P` in a new process, and each
+    image's top-1 class."""
+    cmd = [sys.executable, "-m", "vitlab", "predict", model, *map(str, images), "--top-k", "1", "--json",
+           "--device", "cpu", "--precision", precision, "--threads", str(threads)]
+    t = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    seconds = time.perf_counter() - t
+    if proc.returncode != 0:
+        sys.exit(f"vitlab predict failed:\n{proc.stderr[-2000:]}")
+    return seconds, [r["top"][0]["class"] for r in json.loads(proc.stdout)]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", required=True, help="the CIFAR-10 JPEG archive (cifar10-jpg.tar.gz)")
@@ -58,6 +76,7 @@ def main() -> None:
     ap.add_argument("--images", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--commands", action="store_true", help="time whole `vitlab predict` commands, one process each")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
@@ -71,18 +90,21 @@ def main() -> None:
         classes: dict[str, list[str]] = {}
         for _ in range(args.rounds):
             for precision in seconds:
-                s, classes[precision] = predict(model, images, precision)
+                s, classes[precision] = (predict_command(model, images, precision, args.threads) if args.commands
+                                         else predict(model, images, precision))
                 seconds[precision].append(s)
     amx = "AMX (amx_bf16)" if BF16_CPU_FLAG in cpu_flags() else "no AMX"
     fp32, bf16 = statistics.median(seconds["fp32"]), statistics.median(seconds["bf16"])
     differ = [i for i, (a, b) in enumerate(zip(classes["fp32"], classes["bf16"])) if a != b]
     print(f"CPU: {cpu_name()}, {amx}; torch {torch.__version__}; {args.threads} threads; model: "
           f"{args.model or 'vit_base_patch16_224 (random weights, 10 classes)'}; {len(images)} CIFAR-10 test images")
-    print(f"| precision | `vitlab predict`'s seconds (median of {args.rounds}) | img/s |")
+    what = "whole command" if args.commands else "predict_files in one process"
+    print(f"| precision | `vitlab predict`'s seconds ({what}, median of {args.rounds}) | img/s |")
     print("|---|---|---|")
     for name, s in (("float32", fp32), ("bf16", bf16)):
         print(f"| {name} | {s:.1f} | {len(images) / s:.2f} |")
-    print(f"bf16 / float32 speed: {fp32 / bf16:.2f}x (loading the folder and decoding the files included); "
+    included = "start-up, imports, " if args.commands else ""
+    print(f"bf16 / float32 speed: {fp32 / bf16:.2f}x ({included}loading the folder and decoding the files included); "
           f"same top-1 class: {len(images) - len(differ)} of {len(images)}"
           + (f" (differ: {', '.join(images[i].name for i in differ)})" if differ else ""))
 
