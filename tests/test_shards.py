@@ -14,9 +14,11 @@ import torch
 from PIL import Image
 from safetensors.torch import load_file
 
+import vitlab
 from vitlab.data import sources
 from vitlab.data.shards import ShardReader, epoch_pieces, open_shards, worker_skips
 from vitlab.data.sources import load_data
+from vitlab.probe.run import probe
 from vitlab.runs.format import read_summary
 from vitlab.train import load_recipe, train
 from vitlab.train import setup as run_setup
@@ -164,7 +166,7 @@ def in_process(monkeypatch):
 
 def test_a_run_trains_from_a_shard_pattern_seeing_every_image_once_an_epoch(shard_dir, cache_dir, tmp_path,
                                                                              monkeypatch, in_process):
-    _, train_pattern, test_pattern = shard_dir
+    folder, train_pattern, test_pattern = shard_dir
     seen = {}
     real = ShardFeeder.epoch
 
@@ -180,6 +182,9 @@ def test_a_run_trains_from_a_shard_pattern_seeing_every_image_once_an_epoch(shar
     assert [sorted(v) for v in seen.values()] == [list(range(90))] * 2
     first, second = seen.values()
     assert first != second  # another order each epoch
+    assert vitlab.evaluate(str(tmp_path / "run"))["top1"] == summary["top1"]  # its own test shards, from config.yaml
+    with pytest.raises(ValueError, match="streamed from WebDataset shards: a probe needs every training image"):
+        probe(str(tmp_path / "run"), f"wds:{folder}", log=lambda m: None, progress=False)
 
 
 def stop_at_checkpoint(monkeypatch, k: int) -> None:
@@ -223,6 +228,7 @@ READERS = """
 import json, sys
 import torch.distributed as dist
 from vitlab.data.shards import ShardReader
+import vitlab
 from vitlab.data import sources
 from vitlab.data.sources import load_data
 from vitlab.train.feed import EpochPlan, ShardFeeder

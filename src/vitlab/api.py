@@ -157,7 +157,7 @@ def evaluate(model: ModelLike, data: Any = None, *, batch_size: int = 256, preci
         raise ValueError("a model in memory has no test split of its own: give data (a source or arrays)")
     bundle = model_data(module, os.fspath(data), cache_dir=cache_dir, download=download)
     heads = evaluate_images(module, bundle.test.images, bundle.test.labels, bundle.classes, os.fspath(data), options,
-                            len(bundle.train.images))
+                            bundle.num_train)
     return {**heads["logits"], "heads": heads, "data": bundle.name}
 
 

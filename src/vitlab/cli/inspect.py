@@ -22,7 +22,8 @@ def _load_test_split(source: str, input_size: Sequence[int], args: argparse.Name
     from ..runs.identity import check_data
 
     C, H, W = input_size
-    split = {k: v for k, v in read_split(args.model).items() if k != "data"}  # a run folder: its own test split
+    split = {k: v for k, v in read_split(args.model).items()  # a run folder: its own test split
+             if k != "data" and not (k == "test_data" and args.data)}
     bundle = load_data(source, img_size=(H, W), in_chans=C, cache_dir=args.cache_dir, download=args.download,
                        fit=fit, **split)
     check_data(args.model, bundle.identity, "inspect", own=args.data is None)

@@ -89,6 +89,8 @@ def _evaluate(model_path, data, out, batch_size, precision, cache_dir, download,
     own = data is None
     data = data or split.get("data")
     split.pop("data", None)
+    if not own:
+        split.pop("test_data", None)  # the run's test shards go with its own data only
     if data is None:
         raise ValueError(f"{model_path} is not a run folder (no config.yaml names its data): give --data "
                          "(digits, cifar10, cifar100, an image folder or a .tar.gz)")
@@ -100,7 +102,7 @@ def _evaluate(model_path, data, out, batch_size, precision, cache_dir, download,
     precision = inference_precision(model, precision, dev, model_path)  # auto: the run's own, else the rule
     model = cast_for_inference(model, precision)
     heads = evaluate_images(model, bundle.test.images, bundle.test.labels, bundle.classes, data,
-                            Options(batch_size, precision, tta, tta_translate), len(bundle.train.images), model_path)
+                            Options(batch_size, precision, tta, tta_translate), bundle.num_train, model_path)
     names = class_names(model)
     m = heads["logits"]
     result = EvalSummary(model=str(model_path), data=bundle.name, tta=tta, heads=heads, top1=m["top1"],

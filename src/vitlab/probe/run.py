@@ -62,6 +62,9 @@ def split_images(model: nn.Module, data: str, *, seed: int, val_fraction: float,
     prep = Preprocess.from_cfg(model.pretrained_cfg)
     bundle = load_data(data, img_size=prep.size, in_chans=model.pretrained_cfg["input_size"][0], cache_dir=cache_dir,
                        download=download, val_fraction=val_fraction, seed=seed, log=log, fit=prep.fit)
+    if bundle.shards is not None:
+        raise ValueError(f"{data} is streamed from WebDataset shards: a probe needs every training image at hand; "
+                         "accepted: a folder or a store (vitlab data unpack writes shards back as a folder)")
     if bundle.unlabelled:
         raise ValueError(f"{data} is a folder of unlabelled images (no class folders): a probe needs "
                          "<root>/<class>/<image>")

@@ -289,11 +289,11 @@ def read_config(folder: Path) -> dict[str, Any]:
 
 
 def read_split(folder: str | os.PathLike) -> dict[str, Any]:
-    """How a run folder's data was split: its ``data``, ``seed`` and ``val_fraction`` from config.yaml, as
-    ``load_data`` keywords (``data`` aside); {} for a folder that is not a run (a model folder)."""
+    """How a run folder's data was split: its ``data``, ``seed``, ``val_fraction`` and ``test_data`` (shards) from
+    config.yaml, as ``load_data`` keywords (``data`` aside); {} for a folder that is not a run (a model folder)."""
     folder = Path(folder)
     cfg = read_config(folder) if folder.is_dir() else {}
-    return {k: cfg[k] for k in ("data", "seed", "val_fraction") if cfg.get(k) is not None}
+    return {k: cfg[k] for k in ("data", "seed", "val_fraction", "test_data") if cfg.get(k) is not None}
 
 
 def read_summary(folder: Path) -> Summary:
