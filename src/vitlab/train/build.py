@@ -80,7 +80,7 @@ def check_streamable(recipe: Recipe) -> None:
     if asked:
         raise ValueError(f"{', '.join(asked)} needs the training images in a store; a run from shards streams them "
                          f"({recipe.data}); accepted: a run without {' and '.join(asked)}, or --data naming a "
-                         "folder or a store (vitlab data pack writes shards from one, and back)")
+                         "folder or a store (vitlab data unpack writes shards back as a folder)")
 
 
 def _from_init(recipe: Recipe, task: Task, get_data: Callable,
