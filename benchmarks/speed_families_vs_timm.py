@@ -43,6 +43,7 @@ CASES = {  # label -> (timm name, model arguments, batch)
     "DINOv3 S/16 at 224": ("vit_small_patch16_dinov3", dict(img_size=224, num_classes=10), 8),
     "Perception Encoder Core": ("vit_pe_core_tiny_patch16_384", SMALL, 32),
     "PE-Core S/16 at 224": ("vit_pe_core_small_patch16_384", dict(img_size=224, num_classes=10), 8),
+    "PE-Core B/16 at 224": ("vit_pe_core_base_patch16_224", dict(num_classes=10), 4),
     "NaFlex ViT, SigLIP 2": ("naflexvit_base_patch16_siglip", SMALL, 32),
     "NaFlex ViT, GAP + registers": ("naflexvit_base_patch16_gap", SMALL, 32),
     "R+ViT-Ti/16 hybrid": ("vit_tiny_r_s16_p8_224", dict(num_classes=10), 16),
