@@ -95,6 +95,12 @@ TIMM = {
                                                                        num_classes=6), (20, 28)),
     "timm_pe_spatial": ("vit_pe_spatial_small_patch16_512", dict(TINY, img_size=16, patch_size=4), (24, 20)),
     "timm_pe_lang": ("vit_pe_lang_large_patch14_448", dict(TINY, img_size=(16, 20), patch_size=4), (28, 24)),
+    # RMSNorm everywhere with ViT-22B's fused parallel blocks and qk-norm (timm's _xp_ ViTs)
+    "timm_vit_xp": ("vit_base_patch16_xp_224", dict(TINY, img_size=16, patch_size=4, num_classes=5), (24, 20)),
+    # DINOv2's and TIPSv2's giants: the packed SwiGLU MLP (fc1 holds gate and value)
+    "timm_dinov2_giant": ("vit_giant_patch14_dinov2", dict(TINY, img_size=16, patch_size=4, num_classes=5), (20, 28)),
+    "timm_tipsv2_giant": ("vit_giant_patch14_reg1_tipsv2", dict(TINY, img_size=16, patch_size=4, num_classes=0),
+                          (24, 20)),
 }
 # the size only in pretrained_cfg.input_size, as older timm exports write it
 SIZE_IN_PRETRAINED_CFG = {"timm_dinov2"}

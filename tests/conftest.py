@@ -161,6 +161,11 @@ FAMILIES = (
     Family("pe_core", "vit_pe_core_tiny_patch16_384", dict(img_size=32, patch_size=4, embed_dim=32, depth=2,
                                                            num_heads=2, num_classes=10), ("mhsa", "mhsa", "attn_pool"),
            timm=True, hf=False),
+    Family("vit_xp", "vit_base_patch16_xp_224", dict(img_size=32, patch_size=4, embed_dim=32, depth=2, num_heads=2,
+                                                     num_classes=10), ("mhsa",) * 2, timm=True, hf=False),
+    Family("dinov2_giant", "vit_giant_patch14_reg4_dinov2", dict(img_size=32, patch_size=4, embed_dim=32, depth=2,
+                                                                 num_heads=2, num_classes=10), ("mhsa",) * 2,
+           timm=True, hf=False),
     Family("resnet", "resnet10_32", dict(widths=(8, 16, 32, 64)), (), timm=False, hf=False),  # CIFAR stem: not timm's
     Family("airbench", "airbench_32", dict(widths=(8, 16, 16)), (), timm=False, hf=False),
     Family("airbench_hybrid", "vit_nano_airbench_32", dict(stem_widths=(8, 16, 16), stem_pad=False, embed_dim=32,

@@ -29,7 +29,8 @@ EXPECTED = {"timm_deit3", "timm_dinov2", "timm_dinov2_reg4", "timm_vit_reg4_gap"
             "hf_siglip2_vision", "hf_siglip2", "timm_naflexvit_siglip", "timm_naflexvit_gap", "timm_naflexvit_par_gap",
             "timm_naflexvit_parfac_gap", "timm_naflexvit_so150m2_map", "timm_naflexvit_radio_v3",
             "timm_naflexvit_radio_v4",
-            "timm_pe_core", "timm_pe_core_gigantic", "timm_pe_spatial", "timm_pe_lang"}
+            "timm_pe_core", "timm_pe_core_gigantic", "timm_pe_spatial", "timm_pe_lang",
+            "timm_vit_xp", "timm_dinov2_giant", "timm_tipsv2_giant"}
 DYNAMIC = sorted(p.parent.name for p in BACKBONES.glob("*/io_dynamic.safetensors"))
 TOL = 1e-4
 
@@ -169,7 +170,8 @@ def test_hf_vit_hybrid_is_refused_in_one_line(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["timm_siglip", "timm_dinov2_reg4", "hf_clip_vision_projection", "timm_vit_pwee",
-                                  "hf_siglip2_vision", "timm_naflexvit_parfac_gap"])
+                                  "hf_siglip2_vision", "timm_naflexvit_parfac_gap",
+                                  "timm_vit_xp", "timm_tipsv2_giant"])
 def test_inspect_reads_the_backbones(tmp_path, name):
     """The attention analyses (heads, rollout, relevance, ...) run on attention-pool, register and pre-norm towers."""
     from PIL import Image
@@ -229,3 +231,40 @@ def test_fused_parallel_blocks_are_timms_and_their_attention_is_captured(tmp_pat
     assert "parallel blocks" in str(e.value) and "\n" not in str(e.value)
     with pytest.raises(ValueError, match="two kinds of block"):
         vitlab.create_model("vit_pwee_patch16_reg1_gap_256", num_parallel=2)
+
+
+def test_rmsnorm_vits_are_timms_and_export_back(tmp_path):
+    """vit_*_xp_224: every norm an RMSNorm (before the blocks, in each block, on queries and keys, at the end), no
+    LayerNorm left; a timm export names RMSNorm so timm builds it, and a LayerNorm ViT's does not name a norm."""
+    from vitlab.export import export
+
+    model = vitlab.load(BACKBONES / "timm_vit_xp")
+    norms = [m for m in model.modules() if isinstance(m, (torch.nn.LayerNorm, torch.nn.RMSNorm))]
+    assert len(norms) == 2 + 3 * 2 and all(isinstance(m, torch.nn.RMSNorm) and m.eps == 1e-6 for m in norms)
+    assert model.patch_embed.proj.bias is None and model.blocks[0].in_proj.bias is None
+    back = export(model, "timm", tmp_path / "timm")
+    assert json.loads((back / "config.json").read_text())["model_args"]["norm_layer"] == "rmsnorm"
+    check(vitlab.load(back), load_file(BACKBONES / "timm_vit_xp" / "io.safetensors"))
+    plain = export(vitlab.load(BACKBONES / "timm_clip"), "timm", tmp_path / "clip")
+    assert "norm_layer" not in json.loads((plain / "config.json").read_text())["model_args"]
+    with pytest.raises(ValueError, match="norm_layer 'batchnorm'.*accepted: layernorm, rmsnorm"):
+        vitlab.create_model("vit_base_patch16_xp_224", norm_layer="batchnorm")
+
+
+@pytest.mark.parametrize("name", ["timm_dinov2_giant", "timm_tipsv2_giant"])
+def test_swiglu_giants_pack_gate_and_value_in_fc1(tmp_path, name):
+    """DINOv2's and TIPSv2's giants: fc1 is int(embed_dim * mlp_ratio) wide, its first half the SiLU gate of the
+    second; fc2 reads half that. A timm export loads back to the same outputs; transformers' ViT is refused."""
+    from vitlab.export import export
+
+    model = vitlab.load(BACKBONES / name)
+    mlp = model.blocks[0].mlp
+    assert mlp.fc1.out_features == 32 and mlp.fc2.in_features == 16 and isinstance(mlp.act, torch.nn.SiLU)
+    x = torch.randn(3, 16)
+    gate, value = mlp.fc1(x).chunk(2, dim=-1)
+    torch.testing.assert_close(mlp(x), mlp.fc2(torch.nn.functional.silu(gate) * value))
+    check(vitlab.load(export(model, "timm", tmp_path / "timm")), load_file(BACKBONES / name / "io.safetensors"))
+    with pytest.raises(ValueError, match="SwiGLU"):
+        export(model, "hf", tmp_path / "hf")
+    with pytest.raises(ValueError, match="even"):
+        vitlab.create_model("vit_giant_patch14_dinov2", embed_dim=15, num_heads=3, depth=1, mlp_ratio=1.0)

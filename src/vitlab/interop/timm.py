@@ -32,10 +32,8 @@ MISSING_PIECES = (
     (r"_rope_|_sapiens2$|_lingbot$", "rotary position embedding (timm's Eva class: RoPE ViT, Sapiens2, LingBot)"),
     (r"_s?relpos_", "relative position bias (timm's VisionTransformerRelPos)"),
     (r"_dpwee_", "differential attention in ViT-22B's parallel block (timm's DiffParallelScalingBlock)"),
-    (r"_xp_", "RMSNorm (timm's RmsNorm as norm_layer, with ViT-22B's parallel blocks)"),
     (r"_rpn_", "residual post-norm blocks (timm's ResPostBlock)"),
     (r"_(dwee|dlittle)_", "differential attention (timm's DiffAttention)"),
-    (r"_giant_patch14_(dinov2|reg4_dinov2|reg1_tipsv2)$", "the SwiGLU MLP (timm's GluMlp as mlp_layer)"),
     (r"_resnet\d+d_", "a ViT on timm's ResNet-D backbone"),
     (r"_mci_", "MobileCLIP's convolutional stem (timm's ConvStem)"),
     (r"_patch14_siglip(_gap)?_384$", "an input size not divisible by the patch: 384 over 14-pixel patches (timm crops "

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -50,6 +51,26 @@ def get_act_layer(name: str) -> Callable[[], nn.Module]:
     if canonical_act(name) not in ACTIVATIONS:
         raise ValueError(f"unknown activation {name!r}; accepted: {', '.join([*ACTIVATIONS, *ACT_ALIASES])}")
     return ACTIVATIONS[canonical_act(name)]
+
+
+class RMSNorm(nn.RMSNorm):
+    """x / sqrt(mean(x^2) + eps) * weight over the last dimension, written out as timm's RmsNorm computes it (the
+    ONNX exporter has no aten::rms_norm)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
+        x = x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps)
+        return x * self.weight if self.weight is not None else x
+
+
+NORM_LAYERS: dict[str, type[nn.Module]] = {"layernorm": nn.LayerNorm, "rmsnorm": RMSNorm}  # timm's names
+
+
+def get_norm_layer(name: str, eps: float) -> Callable[[int], nn.Module]:
+    """The norm constructor (width -> module) for a name in NORM_LAYERS, at ``eps``."""
+    if name not in NORM_LAYERS:
+        raise ValueError(f"norm_layer {name!r} is not one vitlab implements; accepted: {', '.join(NORM_LAYERS)}")
+    return partial(NORM_LAYERS[name], eps=eps)
 
 
 def check_images(x: torch.Tensor, in_chans: int, img_size: tuple[int, int], dynamic_img_size: bool) -> None:
@@ -167,18 +188,19 @@ class SwiGLU(nn.Module):
     """silu(gate) * x -> dropout -> (norm) -> fc2 -> dropout: EVA02's gated MLP (timm's SwiGLU, ``fc1_g`` and
     ``fc1_x``), or with ``packed=True`` one fc1 whose first half is the gate (timm's GluMlp, gate first)."""
 
-    def __init__(self, in_features, hidden_features, drop=0.0, norm_layer=None, packed=False):
+    def __init__(self, in_features, hidden_features, drop=0.0, norm_layer=None, packed=False, act_layer=nn.SiLU,
+                 bias=True):
         super().__init__()
         self.packed = packed
         if packed:
-            self.fc1 = nn.Linear(in_features, 2 * hidden_features)
+            self.fc1 = nn.Linear(in_features, 2 * hidden_features, bias=bias)
         else:
-            self.fc1_g = nn.Linear(in_features, hidden_features)
-            self.fc1_x = nn.Linear(in_features, hidden_features)
-        self.act = nn.SiLU()
+            self.fc1_g = nn.Linear(in_features, hidden_features, bias=bias)
+            self.fc1_x = nn.Linear(in_features, hidden_features, bias=bias)
+        self.act = act_layer()
         self.drop1 = nn.Dropout(drop)
         self.norm = norm_layer(hidden_features) if norm_layer is not None else nn.Identity()
-        self.fc2 = nn.Linear(hidden_features, in_features)
+        self.fc2 = nn.Linear(hidden_features, in_features, bias=bias)
         self.drop2 = nn.Dropout(drop)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -251,12 +273,14 @@ class Block(nn.Module):
 
     ``attn`` may be any token mixer with the (B, N, D) -> (B, N, D) signature (MHSA, GPSA,
     talking heads), so every family shares this block. ``proj_bias`` is the MLP's biases (the
-    attention's own goes in ``attn_kwargs``, as timm's Block passes both).
+    attention's own goes in ``attn_kwargs``, as timm's Block passes both); ``mlp_layer`` builds the MLP from
+    (dim, hidden width, act_layer, drop, bias), as timm's.
     """
 
     def __init__(self, dim, num_heads, mlp_ratio=4.0, qkv_bias=False, proj_drop=0.0, attn_drop=0.0,
                  init_values=None, drop_path=0.0, act_layer=nn.GELU, norm_layer=nn.LayerNorm,
-                 attn_layer: Callable[..., nn.Module] = Attention, proj_bias=True, **attn_kwargs):
+                 attn_layer: Callable[..., nn.Module] = Attention, proj_bias=True,
+                 mlp_layer: Callable[..., nn.Module] | None = None, **attn_kwargs):
         super().__init__()
         self.norm1 = norm_layer(dim)
         self.attn = attn_layer(dim, num_heads=num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop,
@@ -264,7 +288,8 @@ class Block(nn.Module):
         self.ls1 = LayerScale(dim, init_values) if init_values else nn.Identity()
         self.drop_path1 = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
         self.norm2 = norm_layer(dim)
-        self.mlp = Mlp(dim, mlp_hidden(dim, mlp_ratio), act_layer=act_layer, drop=proj_drop, bias=proj_bias)
+        self.mlp = (mlp_layer or Mlp)(dim, mlp_hidden(dim, mlp_ratio), act_layer=act_layer, drop=proj_drop,
+                                      bias=proj_bias)
         self.ls2 = LayerScale(dim, init_values) if init_values else nn.Identity()
         self.drop_path2 = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
 
@@ -273,6 +298,15 @@ class Block(nn.Module):
         x = x + self.drop_path1(self.ls1(self.attn(y) if attn_mask is None else self.attn(y, attn_mask)))
         x = x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
         return x
+
+
+def packed_swiglu(dim: int, hidden: int, act_layer=nn.SiLU, drop=0.0, bias=True) -> SwiGLU:
+    """timm's SwiGLUPacked as a ViT's mlp_layer (DINOv2's giants): ``hidden`` is fc1's width, gate and value
+    halves side by side, so fc2 reads hidden / 2."""
+    if hidden % 2:
+        raise ValueError(f"a packed SwiGLU splits fc1's {hidden} outputs in two halves; accepted: an even "
+                         "int(embed_dim * mlp_ratio)")
+    return SwiGLU(dim, hidden // 2, drop=drop, packed=True, act_layer=act_layer, bias=bias)
 
 
 class ParallelThingsBlock(nn.Module):

@@ -58,10 +58,12 @@ for _size in ("tiny", "small", "base"):
              patch_size=16, embed_dim=_dim, depth=_depth, num_heads=_heads)
     register(f"deit_{_size}_distilled_patch16_224", VisionTransformer,
              patch_size=16, embed_dim=_dim, depth=_depth, num_heads=_heads, distilled=True)
-# DeiT III, DINOv2, register and GAP ViTs, CLIP and SigLIP image towers: timm's names and arguments
+# DeiT III, DINOv2, register and GAP ViTs, CLIP and SigLIP image towers: timm's names and arguments; TIPSv2 takes
+# pixels in [0, 1] as they are
 for _name, _args in TIMM_PRESETS.items():
-    _mean_std = ((CLIP_MEAN, CLIP_STD) if "_clip_" in _name else (INCEPTION_MEAN, INCEPTION_STD)
-                 if "gap" in _name or "siglip" in _name else (IMAGENET_MEAN, IMAGENET_STD))
+    _mean_std = ((CLIP_MEAN, CLIP_STD) if "_clip_" in _name else ((0.0,) * 3, (1.0,) * 3) if "_tipsv2" in _name
+                 else (INCEPTION_MEAN, INCEPTION_STD)
+                 if "gap" in _name or "siglip" in _name or "_xp_" in _name else (IMAGENET_MEAN, IMAGENET_STD))
     register(_name, VisionTransformer, *_mean_std, **_args)
 # CaiT
 _CAIT = {"xxs24": (192, 24, 4, 1e-5), "xxs36": (192, 36, 4, 1e-5), "xs24": (288, 24, 6, 1e-5),

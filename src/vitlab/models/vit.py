@@ -20,20 +20,23 @@ from .layers import (
     PatchEmbed,
     drop_path_rates,
     get_act_layer,
+    get_norm_layer,
     init_weights_vit,
+    packed_swiglu,
     resample_abs_pos_embed,
     sincos_2d_pos_embed,
 )
 from .vit_presets import MORE_TIMM_PRESETS
 
 POS_EMBEDS = ("learn", "sincos", "none")
+MLP_LAYERS = ("mlp", "swiglu_packed")  # timm's Mlp and SwiGLUPacked (fc1's width int(embed_dim * mlp_ratio))
 # token_avg: the class token and the mean patch token side by side (transformers' Dinov2ForImageClassification)
 GLOBAL_POOLS = ("token", "avg", "map", "token_avg", "")
 # the arguments timm's VisionTransformer takes with vitlab's names and meaning
 TIMM_ARGS = ("img_size", "patch_size", "in_chans", "num_classes", "global_pool", "embed_dim", "depth", "num_heads",
              "mlp_ratio", "qkv_bias", "qk_norm", "proj_bias", "init_values", "class_token", "pos_embed",
              "no_embed_class", "reg_tokens", "pre_norm", "final_norm", "fc_norm", "dynamic_img_size", "act_layer",
-             "drop_rate", "pos_drop_rate", "proj_drop_rate", "attn_drop_rate", "drop_path_rate")
+             "drop_rate", "pos_drop_rate", "proj_drop_rate", "attn_drop_rate", "drop_path_rate", "norm_layer")
 
 _SIZES = {"small": (384, 12, 6), "medium": (512, 12, 8), "betwixt": (640, 12, 10), "base": (768, 12, 12),
           "large": (1024, 24, 16), "huge": (1280, 32, 16), "so400m": (1152, 27, 16)}
@@ -112,7 +115,8 @@ class VisionTransformer(Model):
     the final norm (and fc_norm); ``global_pool='map'`` pools with SigLIP's attention-pool head ``attn_pool``;
     ``num_parallel=2`` gives each block two attention then two MLP branches (timm's ParallelThingsBlock);
     ``parallel_scaling=True`` makes each block ViT-22B's, attention and MLP side by side from one fused projection
-    (timm's ParallelScalingBlock).
+    (timm's ParallelScalingBlock); ``norm_layer='rmsnorm'`` makes every norm an RMSNorm (timm's ``_xp_`` ViTs);
+    ``mlp_layer='swiglu_packed'`` is DINOv2's giant MLP, one fc1 holding gate and value (timm's SwiGLUPacked).
     """
 
     global_pools = ("token", "avg", "")  # those reset_classifier may switch between (same width, no extra layers)
@@ -144,7 +148,9 @@ class VisionTransformer(Model):
         distilled = self.dist_token is not None
         arch = getattr(self, "arch", None)
         clip = "_clip_" in arch if arch in self.timm_names else self.norm_eps == CLIP_NORM_EPS
-        base = "vit_base_patch16_clip_224" if clip else "vit_tiny_patch16_224"
+        glu = self.mlp_layer == "swiglu_packed"  # timm's mlp_layer is a class, fixed by the name
+        base = ("vit_giant_patch14_dinov2" if glu else "vit_base_patch16_clip_224" if clip else
+                "vit_tiny_patch16_224")
         # timm's block_fn, fixed by the name: only its 18x2 names hold two branches, its pwee name fused blocks
         parallel, scaling = self.num_parallel > 1, self.parallel_scaling
         return TimmSpec("VisionTransformerDistilled" if distilled else "VisionTransformer", TIMM_ARGS,
@@ -155,13 +161,14 @@ class VisionTransformer(Model):
                                **({"global_pool": "token"} if self.global_pool == "token_avg" else {}),
                                **({} if parallel else {"num_parallel": 1}),
                                **({} if scaling else {"parallel_scaling": False})},
-                        dropped=("distilled", *(("num_parallel",) if parallel else ()),
-                                 *(("parallel_scaling",) if scaling else ())),
+                        dropped=("distilled", "mlp_layer", *(("num_parallel",) if parallel else ()),
+                                 *(("parallel_scaling",) if scaling else ()),
+                                 *(("norm_layer",) if self.norm_layer == "layernorm" else ())),
                         values={"pos_embed": {"sincos": "learn"}})  # the fixed table exported as a learned one
 
     @property
     def hf_model_type(self) -> str | None:
-        if self.num_parallel > 1 or self.parallel_scaling:
+        if self.no_hf:
             return None
         return "deit" if self.dist_token is not None else "vit"
 
@@ -171,7 +178,7 @@ class VisionTransformer(Model):
                  dynamic_img_size=False, fc_norm=None, act_layer="gelu", norm_eps=1e-6, qk_norm=False, proj_bias=True,
                  pre_norm=False, final_norm=True, pos_embed_antialias=True, drop_rate=0.0, pos_drop_rate=0.0,
                  proj_drop_rate=0.0, attn_drop_rate=0.0, drop_path_rate=0.0, num_parallel=1,
-                 parallel_scaling=False):
+                 parallel_scaling=False, norm_layer="layernorm", mlp_layer="mlp"):
         super().__init__()
         if num_parallel < 1:
             raise ValueError(f"num_parallel {num_parallel} is not accepted: 1 (sequential blocks) or more (branches)")
@@ -181,6 +188,10 @@ class VisionTransformer(Model):
             raise ValueError(f"global_pool {global_pool!r} is not one of {GLOBAL_POOLS}")
         if pos_embed not in POS_EMBEDS:
             raise ValueError(f"pos_embed {pos_embed!r} is not one of {POS_EMBEDS}")
+        if mlp_layer not in MLP_LAYERS:
+            raise ValueError(f"mlp_layer {mlp_layer!r} is not one vitlab implements; accepted: {', '.join(MLP_LAYERS)}")
+        if mlp_layer != "mlp" and (num_parallel > 1 or parallel_scaling):
+            raise ValueError(f"mlp_layer={mlp_layer!r} is for sequential blocks; accepted with parallel blocks: 'mlp'")
         if distilled and (not class_token or global_pool != "token"):
             raise ValueError("a distilled model reads the class and distillation tokens: "
                              "it needs class_token=True and global_pool='token'")
@@ -190,8 +201,8 @@ class VisionTransformer(Model):
             raise ValueError("global_pool='token_avg' needs a class token and no fc_norm")
         if global_pool == "token" and not class_token:
             raise ValueError("global_pool='token' needs a class token; use global_pool='avg' with class_token=False")
-        norm_layer = partial(nn.LayerNorm, eps=norm_eps)
-        self.norm_eps = norm_eps
+        self.norm_eps, self.mlp_layer, self.norm_layer = norm_eps, mlp_layer, norm_layer
+        norm_layer = get_norm_layer(norm_layer, norm_eps)
         use_fc_norm = global_pool == "avg" if fc_norm is None else fc_norm
         self.num_classes = num_classes
         self.global_pool = global_pool
@@ -206,6 +217,8 @@ class VisionTransformer(Model):
         self.parallel_scaling = parallel_scaling
         if num_parallel > 1 or parallel_scaling:
             self.no_hf = "a ViT with parallel blocks"
+        elif self.norm_layer != "layernorm" or mlp_layer != "mlp":
+            self.no_hf = "a ViT with RMSNorm or a SwiGLU MLP"
 
         self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim, bias=not pre_norm,
                                       dynamic_img_size=dynamic_img_size)
@@ -224,7 +237,8 @@ class VisionTransformer(Model):
         dpr = drop_path_rates(drop_path_rate, depth)  # stochastic depth grows with depth
         act = get_act_layer(act_layer)
         block = (partial(ParallelScalingBlock, qk_norm=qk_norm) if parallel_scaling else
-                 Block if num_parallel == 1 else partial(ParallelThingsBlock, num_parallel=num_parallel))
+                 partial(Block, mlp_layer=packed_swiglu if mlp_layer == "swiglu_packed" else None)
+                 if num_parallel == 1 else partial(ParallelThingsBlock, num_parallel=num_parallel))
         self.blocks = nn.Sequential(*[
             block(embed_dim, num_heads, mlp_ratio, qkv_bias=qkv_bias, proj_drop=proj_drop_rate,
                   attn_drop=attn_drop_rate, init_values=init_values, drop_path=dpr[i],

@@ -1,10 +1,12 @@
 """timm 1.0.31's other plain-ViT names: the arguments its registered functions give VisionTransformer.
 
 Each builds exactly timm's tensors (the same names and shapes, checked against timm's own models when the
-table was written); CLIP's LayerNorm eps 1e-5 is ``norm_eps``. Names whose blocks, attention or norms vitlab
-lacks (residual post-norm, RMSNorm, SwiGLU, differential attention) are not here: loading them
-says which piece is missing (interop/timm.py).
+table was written); CLIP's LayerNorm eps 1e-5 is ``norm_eps``. Names whose blocks or attention vitlab
+lacks (residual post-norm, differential attention) are not here: loading them says which piece is missing
+(interop/timm.py).
 """
+GIANT_SWIGLU = dict(patch_size=14, embed_dim=1536, depth=40, num_heads=24, mlp_ratio=2.66667 * 2,
+                    mlp_layer="swiglu_packed", act_layer="silu")
 MORE_TIMM_PRESETS = {
     # parallel blocks: two attention branches, then two MLP branches, per block (timm's ParallelThingsBlock)
     "vit_small_patch16_18x2_224": dict(patch_size=16, embed_dim=384, depth=18, num_heads=6, init_values=1e-5,
@@ -15,6 +17,17 @@ MORE_TIMM_PRESETS = {
     "vit_pwee_patch16_reg1_gap_256": dict(patch_size=16, embed_dim=256, depth=16, num_heads=4, init_values=1e-5,
                                           mlp_ratio=5, class_token=False, no_embed_class=True, reg_tokens=1,
                                           global_pool="avg", img_size=256, parallel_scaling=True),
+    # the _xp_ ViTs: ViT-22B's fused parallel blocks with RMSNorm everywhere (pre-norm, qk-norm, final), no qkv bias
+    **{f"vit_{size}_patch{patch}_xp_224": dict(patch_size=patch, embed_dim=dim, depth=depth, num_heads=16 if patch == 14
+                                               else 12, pre_norm=True, no_embed_class=True, norm_layer="rmsnorm",
+                                               parallel_scaling=True, qkv_bias=False, qk_norm=True)
+       for size, patch, dim, depth in (("base", 16, 768, 12), ("large", 14, 1024, 24), ("huge", 14, 1280, 32))},
+    # DINOv2's and TIPSv2's giants: the packed SwiGLU MLP, fc1 8192 wide (gate and value halves of 4096)
+    "vit_giant_patch14_dinov2": dict(GIANT_SWIGLU, init_values=1e-5, img_size=518),
+    "vit_giant_patch14_reg4_dinov2": dict(GIANT_SWIGLU, init_values=1e-5, reg_tokens=4, no_embed_class=True,
+                                          img_size=518),
+    "vit_giant_patch14_reg1_tipsv2": dict(GIANT_SWIGLU, init_values=1.0, reg_tokens=1, no_embed_class=True,
+                                          img_size=448),
     "deit_base_patch16_384": dict(img_size=384, patch_size=16, embed_dim=768, depth=12, num_heads=12),
     "deit_base_distilled_patch16_384": dict(img_size=384, patch_size=16, embed_dim=768, depth=12, num_heads=12,
                                             distilled=True),
