@@ -101,6 +101,16 @@ TIMM = {
     "timm_dinov2_giant": ("vit_giant_patch14_dinov2", dict(TINY, img_size=16, patch_size=4, num_classes=5), (20, 28)),
     "timm_tipsv2_giant": ("vit_giant_patch14_reg1_tipsv2", dict(TINY, img_size=16, patch_size=4, num_classes=0),
                           (24, 20)),
+    # EVA-CLIP-E: residual post-norm blocks, an absolute position table, no RoPE
+    "timm_eva02_enormous": ("eva02_enormous_patch14_clip_224", dict(TINY, img_size=16, patch_size=4, num_classes=6),
+                            (24, 20)),
+    # LingBot: DINOv3's RoPE with q and v biases and class-token pooling; the giant's SwiGLU rounded up to 8
+    "timm_lingbot": ("vit_small_patch16_lingbot", dict(TINY, img_size=16, patch_size=4, num_classes=5), (24, 20)),
+    "timm_lingbot_giant": ("vit_giant_patch16_lingbot", dict(TINY, img_size=16, patch_size=4, num_classes=0,
+                                                              mlp_ratio=4 * 2 / 3), (20, 28)),
+    # Sapiens2: grouped-query attention in the middle block, qk-norm, RMSNorm, 8 registers, a portrait input
+    "timm_sapiens2": ("vit_base_patch16_sapiens2", dict(TINY, depth=3, num_heads=4, num_kv_heads=(4, 2, 4),
+                                                        img_size=(16, 12), patch_size=4, num_classes=5), (20, 28)),
 }
 # the size only in pretrained_cfg.input_size, as older timm exports write it
 SIZE_IN_PRETRAINED_CFG = {"timm_dinov2"}

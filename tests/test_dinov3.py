@@ -148,7 +148,7 @@ def test_rotary_similarity_depends_on_the_offset_only():
         rotary_similarity(vitlab.create_model("vit_tiny_patch4_32", embed_dim=32, depth=1, num_heads=2))
 
 
-@pytest.mark.parametrize("name", ["hf_dinov3", "timm_dinov3"])
+@pytest.mark.parametrize("name", ["hf_dinov3", "timm_dinov3", "timm_lingbot", "timm_sapiens2"])
 def test_inspect_says_there_is_no_position_table_and_draws_the_rotation(tmp_path, name):
     from PIL import Image
 

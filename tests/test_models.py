@@ -9,7 +9,7 @@ from safetensors.torch import load_file
 
 import vitlab
 from vitlab.models import Cait, ConVit, VisionTransformer
-from vitlab.models.layers import ParallelScalingBlock, resample_abs_pos_embed
+from vitlab.models.layers import ParallelScalingBlock, resample_abs_pos_embed, to_2tuple
 from vitlab.models.registry import accepted_args, get_spec
 from vitlab.models.vit import TIMM_PRESETS
 
@@ -40,7 +40,7 @@ def test_parity_fixture(name):
 def _small_input_args(name):
     """Overrides that keep a registered model's architecture but shrink its input."""
     args = get_spec(name).args
-    if args.get("img_size", 224) <= 32 or "layers" in args:
+    if max(to_2tuple(args.get("img_size", 224))) <= 32 or "layers" in args:
         return {"num_classes": 7} if "layers" in args else {}
     stride = args.get("patch_size") or 16
     if "backbone_layers" in args:  # ResNetV2 hybrids: the projection's kernel sits on the backbone's reduced map
@@ -49,7 +49,9 @@ def _small_input_args(name):
     # options at two blocks of 8 channels per head
     big = args.get("embed_dim", 0) * args.get("depth", 0) > 1024 * 24
     if name in TIMM_PRESETS or name.startswith("naflexvit_") or big:
-        return {"img_size": 2 * stride, "num_classes": 7, "depth": 2, "embed_dim": 8 * args["num_heads"]}
+        kv = args.get("num_kv_heads")  # per block (Sapiens2): the first block's and the middle one's
+        kv = {"num_kv_heads": (kv[0], kv[len(kv) // 2])} if isinstance(kv, tuple) else {}
+        return {"img_size": 2 * stride, "num_classes": 7, "depth": 2, "embed_dim": 8 * args["num_heads"], **kv}
     return {"img_size": 2 * stride, "num_classes": 7}
 
 

@@ -30,7 +30,9 @@ EXPECTED = {"timm_deit3", "timm_dinov2", "timm_dinov2_reg4", "timm_vit_reg4_gap"
             "timm_naflexvit_parfac_gap", "timm_naflexvit_so150m2_map", "timm_naflexvit_radio_v3",
             "timm_naflexvit_radio_v4",
             "timm_pe_core", "timm_pe_core_gigantic", "timm_pe_spatial", "timm_pe_lang",
-            "timm_vit_xp", "timm_dinov2_giant", "timm_tipsv2_giant"}
+            "timm_vit_xp", "timm_dinov2_giant", "timm_tipsv2_giant",
+            "timm_eva02_enormous", "timm_lingbot",
+            "timm_lingbot_giant", "timm_sapiens2"}
 DYNAMIC = sorted(p.parent.name for p in BACKBONES.glob("*/io_dynamic.safetensors"))
 TOL = 1e-4
 
@@ -268,3 +270,60 @@ def test_swiglu_giants_pack_gate_and_value_in_fc1(tmp_path, name):
         export(model, "hf", tmp_path / "hf")
     with pytest.raises(ValueError, match="even"):
         vitlab.create_model("vit_giant_patch14_dinov2", embed_dim=15, num_heads=3, depth=1, mlp_ratio=1.0)
+
+
+def test_eva_clip_e_blocks_are_residual_post_norm(tmp_path):
+    """eva02_enormous_patch14_clip_224: each block adds norm1(attn(x)), then norm2(mlp(x)), with no LayerScale and no
+    RoPE; a timm export loads back to timm's outputs, and post-norm refuses the options timm's block lacks."""
+    from vitlab.export import export
+    from vitlab.models.eva import EvaBlockPostNorm
+
+    model = vitlab.load(BACKBONES / "timm_eva02_enormous")
+    blk = model.blocks[0]
+    assert isinstance(blk, EvaBlockPostNorm) and model.rope is None and "post-norm" in model.family
+    assert not any(".ls" in k or "gamma" in k for k in model.state_dict()) and model.global_pool == "token"
+    x = torch.randn(2, 5, 16)
+    with torch.no_grad():
+        h = x + blk.norm1(blk.attn(x))
+        torch.testing.assert_close(blk(x), h + blk.norm2(blk.mlp(h)))
+    check(vitlab.load(export(model, "timm", tmp_path / "timm")),
+          load_file(BACKBONES / "timm_eva02_enormous" / "io.safetensors"))
+    with pytest.raises(ValueError, match="use_post_norm=True takes none of qk_norm"):
+        vitlab.create_model("eva02_enormous_patch14_clip_224", depth=1, embed_dim=16, num_heads=2, qk_norm=True)
+
+
+def test_lingbot_is_dinov3_with_q_and_v_biases_and_class_token_pooling():
+    model = vitlab.load(BACKBONES / "timm_lingbot")
+    attn = model.blocks[0].attn
+    assert attn.q_bias is not None and attn.v_bias is not None and model.global_pool == "token"
+    assert model.reg_token.shape[1] == 4 and model.pos_embed is None and model.norm.eps == 1e-5
+    giant = vitlab.load(BACKBONES / "timm_lingbot_giant")
+    assert giant.blocks[0].mlp.fc1_g.out_features == 48 and giant.blocks[0].attn.q_bias is None  # 42 rounded to 8
+
+
+def test_sapiens2_groups_keys_and_values_per_block(tmp_path):
+    """Sapiens2: the middle block reads 2 key/value heads for 4 query heads (head h reads h // 2), its outputs those
+    of full attention with each key and value head repeated; RMSNorm everywhere, LayerScale on attention only; a
+    timm export loads back to timm's outputs."""
+    from vitlab.export import export
+
+    model = vitlab.load(BACKBONES / "timm_sapiens2")
+    assert [b.attn.num_kv_heads for b in model.blocks] == [4, 2, 4] and model.blocks[1].attn.k_proj.out_features == 8
+    assert all(isinstance(m, torch.nn.RMSNorm) for m in (model.norm, model.blocks[1].attn.q_norm))
+    assert isinstance(model.blocks[0].ls2, torch.nn.Identity) and model.blocks[0].ls1.gamma.shape == (16,)
+    full = vitlab.create_model("vit_base_patch16_sapiens2", **{**model.model_args, "num_kv_heads": None})
+    state = dict(model.state_dict())
+    for name in ("k_proj", "v_proj"):
+        for kind in ("weight", "bias"):
+            key = f"blocks.1.attn.{name}.{kind}"
+            state[key] = state[key].reshape(2, 4, *state[key].shape[1:]).repeat_interleave(2, 0).flatten(0, 1)
+    full.load_state_dict(state)
+    x = torch.randn(2, 3, 16, 12)
+    with torch.no_grad():
+        torch.testing.assert_close(full.eval()(x), model(x))
+    check(vitlab.load(export(model, "timm", tmp_path / "timm")),
+          load_file(BACKBONES / "timm_sapiens2" / "io.safetensors"))
+    with pytest.raises(ValueError, match="num_kv_heads 3 does not fit 4 heads"):
+        vitlab.create_model("vit_base_patch16_sapiens2", depth=1, embed_dim=16, num_heads=4, num_kv_heads=3)
+    with pytest.raises(ValueError, match="num_kv_heads has 2 entries for 3 blocks"):
+        vitlab.create_model("vit_base_patch16_sapiens2", depth=3, embed_dim=16, num_heads=4, num_kv_heads=(4, 2))

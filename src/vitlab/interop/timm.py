@@ -26,10 +26,9 @@ def is_timm_config(cfg: dict[str, Any]) -> bool:
 MISSING_PIECES = (
     (r"^beit3_", "BEiT-3's extra LayerNorms inside attention and MLP (scale_attn_norm, scale_mlp_norm)"),
     (r"^beit", "BEiT's relative position bias (timm's Beit class)"),
-    (r"^eva02_enormous_", "EVA-CLIP-E's residual post-norm blocks (timm's EvaBlockPostNorm, use_post_norm=True)"),
     (r"^eva02_", "EVA02's rotary position embedding, SwiGLU MLP and sub-LayerNorm (timm's Eva class)"),
     (r"^eva_giant", "EVA's attention with separate q and v biases (timm's Eva class)"),
-    (r"_rope_|_sapiens2$|_lingbot$", "rotary position embedding (timm's Eva class: RoPE ViT, Sapiens2, LingBot)"),
+    (r"_rope_", "rotary position embedding (timm's Eva class: RoPE ViT)"),
     (r"_s?relpos_", "relative position bias (timm's VisionTransformerRelPos)"),
     (r"_dpwee_", "differential attention in ViT-22B's parallel block (timm's DiffParallelScalingBlock)"),
     (r"_rpn_", "residual post-norm blocks (timm's ResPostBlock)"),

@@ -6,11 +6,11 @@ sizes), query and value biases, mean pooling through ``fc_norm``. The RoPE ViTs 
 a DeiT-III-like ViT (LayerScale, class token) whose attention has axial RoPE at temperature 100 or learned
 mixed-axis frequencies (``rope.freqs``), optionally with an absolute position embedding as well (``_ape``).
 The class and register tokens are never rotated. Other input sizes (``dynamic_img_size``) rebuild the rotary
-embedding for the new grid and resample the absolute one, as timm does.
+embedding for the new grid and resample the absolute one, as timm does. The same class holds EVA-CLIP-E (residual
+post-norm blocks, ``use_post_norm``), LingBot (DINOv3's layout) and Sapiens2 (grouped-query attention,
+``num_kv_heads``; RMSNorm, ``norm_layer='rmsnorm'``; LayerScale on attention only).
 """
 from __future__ import annotations
-
-from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -26,6 +26,7 @@ from .layers import (
     SwiGLU,
     drop_path_rates,
     get_act_layer,
+    get_norm_layer,
     init_weights_rescaled,
     mlp_hidden,
     resample_abs_pos_embed,
@@ -40,16 +41,23 @@ class RopeAttention(Attention):
     Biases as EVA holds them (``bias_layout='qv'``: ``q_bias``, ``v_bias``, none on keys) or as a plain
     ``qkv.bias`` (``'qkv'``, the RoPE ViTs); ``qkv_fused=False`` keeps separate ``q_proj``/``k_proj``/``v_proj``.
     ``scale_norm`` is EVA's LayerNorm on the attention output before ``proj``. The rotation is applied before
-    the dot product on both paths, so ``attn_map`` sees the probabilities the fused kernel uses.
+    the dot product on both paths, so ``attn_map`` sees the probabilities the fused kernel uses. ``num_kv_heads``
+    below ``num_heads`` is grouped-query attention (Sapiens2): fewer key and value heads, each read by
+    num_heads / num_kv_heads query heads in turn (separate projections only, as timm's AttentionRope).
     """
 
     def __init__(self, dim, num_heads=8, qkv_bias=True, attn_drop=0.0, proj_drop=0.0, qkv_fused=True,
                  bias_layout="qv", num_prefix_tokens=1, qk_norm=False, scale_norm=False, norm_layer=nn.LayerNorm,
-                 rotate_half=False):
+                 rotate_half=False, num_kv_heads=None):
         plain_bias = qkv_bias and qkv_fused and bias_layout == "qkv"
         super().__init__(dim, num_heads, qkv_bias=plain_bias, attn_drop=attn_drop, proj_drop=proj_drop,
                          qk_norm=qk_norm, norm_layer=norm_layer)
         self.num_prefix_tokens, self.rotate_half = num_prefix_tokens, rotate_half
+        self.num_kv_heads = num_kv_heads or num_heads
+        if num_heads % self.num_kv_heads or (qkv_fused and self.num_kv_heads != num_heads):
+            raise ValueError(f"num_kv_heads {self.num_kv_heads} does not fit {num_heads} heads; accepted: a divisor "
+                             "of num_heads, below it only with qkv_fused=False")
+        kv_dim = self.num_kv_heads * self.head_dim
         eva_bias = qkv_bias and bias_layout == "qv"
         self.q_bias = self.v_bias = None
         if qkv_fused and eva_bias:
@@ -57,15 +65,15 @@ class RopeAttention(Attention):
         if not qkv_fused:
             self.qkv = None
             self.q_proj = nn.Linear(dim, dim, bias=qkv_bias)
-            self.k_proj = nn.Linear(dim, dim, bias=qkv_bias and not eva_bias)
-            self.v_proj = nn.Linear(dim, dim, bias=qkv_bias)
+            self.k_proj = nn.Linear(dim, kv_dim, bias=qkv_bias and not eva_bias)
+            self.v_proj = nn.Linear(dim, kv_dim, bias=qkv_bias)
         self.norm = norm_layer(dim) if scale_norm else nn.Identity()
 
     def qkv_heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(B, N, D) -> queries, keys, values (B, H, N, hd) each."""
+        """(B, N, D) -> queries (B, H, N, hd), keys and values (B, num_kv_heads, N, hd)."""
         B, N, _ = x.shape
         if self.qkv is None:
-            return tuple(p(x).reshape(B, N, self.num_heads, self.head_dim).transpose(1, 2)
+            return tuple(p(x).reshape(B, N, -1, self.head_dim).transpose(1, 2)
                          for p in (self.q_proj, self.k_proj, self.v_proj))
         bias = self.qkv.bias
         if self.q_bias is not None:
@@ -80,14 +88,18 @@ class RopeAttention(Attention):
             n, half = self.num_prefix_tokens, self.rotate_half
             q = torch.cat([q[:, :, :n], apply_rope(q[:, :, n:], rope, half)], dim=2)
             k = torch.cat([k[:, :, :n], apply_rope(k[:, :, n:], rope, half)], dim=2)
+        if self.num_kv_heads != self.num_heads:  # query head h reads key and value head h // group
+            group = self.num_heads // self.num_kv_heads
+            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
         return self.proj_drop(self.proj(self.norm(self.attend(q, k, v))))
 
 
 class EvaBlock(nn.Module):
     """Pre-norm block: x + ls1(attn(norm1(x), rope)), then x + ls2(mlp(norm2(x))); LayerScale where init_values
-    is given (0.0 included, as timm)."""
+    is given (0.0 included, as timm), on the attention branch only with ``attn_only_layer_scale`` (Sapiens2)."""
 
-    def __init__(self, dim, num_heads, mlp, attn_kwargs, init_values=None, drop_path=0.0, norm_layer=nn.LayerNorm):
+    def __init__(self, dim, num_heads, mlp, attn_kwargs, init_values=None, drop_path=0.0, norm_layer=nn.LayerNorm,
+                 attn_only_layer_scale=False):
         super().__init__()
         self.norm1 = norm_layer(dim)
         self.attn = RopeAttention(dim, num_heads, norm_layer=norm_layer, **attn_kwargs)
@@ -95,12 +107,26 @@ class EvaBlock(nn.Module):
         self.drop_path1 = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
         self.norm2 = norm_layer(dim)
         self.mlp = mlp
-        self.ls2 = LayerScale(dim, init_values) if init_values is not None else nn.Identity()
+        mlp_scale = init_values is not None and not attn_only_layer_scale
+        self.ls2 = LayerScale(dim, init_values) if mlp_scale else nn.Identity()
         self.drop_path2 = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
 
     def forward(self, x: torch.Tensor, rope: torch.Tensor | None = None) -> torch.Tensor:
         x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x), rope)))
         return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
+
+
+class EvaBlockPostNorm(EvaBlock):
+    """Residual post-norm block (EVA-CLIP-E, timm's EvaBlockPostNorm): x + norm1(attn(x, rope)), then
+    x + norm2(mlp(x)); no LayerScale (timm ignores init_values here)."""
+
+    def __init__(self, dim, num_heads, mlp, attn_kwargs, init_values=None, drop_path=0.0, norm_layer=nn.LayerNorm,
+                 attn_only_layer_scale=False):
+        super().__init__(dim, num_heads, mlp, attn_kwargs, None, drop_path, norm_layer)
+
+    def forward(self, x: torch.Tensor, rope: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.drop_path1(self.norm1(self.attn(x, rope)))
+        return x + self.drop_path2(self.norm2(self.mlp(x)))
 
 
 def make_mlp(dim, mlp_ratio, swiglu_mlp, scale_mlp, act_layer, drop, norm_layer, align_to=0) -> nn.Module:
@@ -119,7 +145,8 @@ EVA_ARGS = ("img_size", "patch_size", "in_chans", "num_classes", "global_pool", 
             "init_values", "class_token", "num_reg_tokens", "no_embed_class", "use_abs_pos_emb", "use_rot_pos_emb",
             "rope_type", "rope_grid_offset", "rope_grid_indexing", "rope_temperature", "use_pre_transformer_norm",
             "use_post_transformer_norm", "use_fc_norm", "dynamic_img_size", "ref_feat_shape", "head_init_scale",
-            "swiglu_align_to", "rope_rotate_half", "rope_shift_coords", "rope_jitter_coords", "rope_rescale_coords")
+            "swiglu_align_to", "rope_rotate_half", "rope_shift_coords", "rope_jitter_coords", "rope_rescale_coords",
+            "num_kv_heads", "attn_only_layer_scale", "use_post_norm")
 ROPE_TYPES = ("cat", "mixed", "dinov3")
 DINOV3_SIZES = {"small": (384, 12, 6, False), "small_plus": (384, 12, 6, True), "base": (768, 12, 12, False),
                 "large": (1024, 24, 16, False), "huge_plus": (1280, 32, 20, True)}  # width, depth, heads, SwiGLU
@@ -129,6 +156,15 @@ DINOV3_OTHERS = {"vit_tiny_patch16_dinov3_qkvb": dict(embed_dim=192, depth=12, n
                  "vit_7b_patch16_dinov3": dict(embed_dim=4096, depth=40, num_heads=32, mlp_ratio=2.0, swiglu_mlp=True,
                                                swiglu_align_to=64)}
 DINOV3_NORM_EPS = 1e-5  # timm's DINOv3 names build their LayerNorms with eps 1e-5, its other Eva names 1e-6
+LINGBOT_SIZES = {"small": (384, 12, 6), "base": (768, 12, 12), "large": (1024, 24, 16)}  # width, depth, heads
+SAPIENS2_SIZES = {"base": (768, 12, 12, 6), "large": (1024, 24, 16, 8), "huge": (1280, 32, 16, 8),
+                  "giant": (1536, 40, 24, 12), "5b": (2432, 56, 32, 16)}  # width, depth, heads, kv heads
+
+
+def sapiens2_kv_heads(depth: int, num_heads: int, num_kv_heads: int, full: int = 8) -> tuple[int, ...]:
+    """Sapiens2's key/value heads per block: full attention in the first and last ``full`` blocks, grouped-query
+    in between."""
+    return tuple(num_heads if i < full or i >= depth - full else num_kv_heads for i in range(depth))
 
 
 def make_rope(rope_type: str, head_dim: int, depth: int, num_heads: int, grid_offset: float, indexing: str,
@@ -145,8 +181,9 @@ def make_rope(rope_type: str, head_dim: int, depth: int, num_heads: int, grid_of
 
 
 class Eva(Model):
-    """timm's Eva: EVA02, the RoPE ViTs (axial or mixed RoPE, optional absolute position embedding) and DINOv3
-    (RoPE on patch centres in [-1, 1], class + 4 register tokens, LayerScale, SwiGLU in the plus sizes)."""
+    """timm's Eva: EVA02 and EVA-CLIP (E: post-norm), the RoPE ViTs (axial or mixed RoPE, optional absolute position
+    embedding), DINOv3 (RoPE on patch centres in [-1, 1], class + 4 register tokens, LayerScale, SwiGLU in the plus
+    sizes), LingBot and Sapiens2."""
 
     global_pools = ("avg", "token", "")
     timm_names = frozenset([f"eva02_{s}_patch14_{i}" for s, i in (("tiny", 224), ("tiny", 336), ("small", 224),
@@ -160,7 +197,9 @@ class Eva(Model):
                            + ["eva02_base_patch16_clip_224", "eva02_large_patch14_clip_224",
                               "eva02_large_patch14_clip_336", "eva_giant_patch14_clip_224"]
                            + [f"vit_{s}_patch16_dinov3{b}" for s in DINOV3_SIZES for b in ("", "_qkvb")]
-                           + list(DINOV3_OTHERS))
+                           + list(DINOV3_OTHERS) + ["eva02_enormous_patch14_clip_224"]
+                           + [f"vit_{s}_patch16_lingbot" for s in (*LINGBOT_SIZES, "giant")]
+                           + [f"vit_{s}_patch16_sapiens2" for s in SAPIENS2_SIZES])
     no_weight_decay_names = ("pos_embed", "cls_token", "reg_token", "freqs")
     no_pretrain = ("MAE and MPP run the ViT encoder's forward with an absolute position embedding; the rotary "
                    "models' objectives (EVA02's CLIP-feature regression, DINOv3's self-distillation) are not "
@@ -168,11 +207,13 @@ class Eva(Model):
 
     @property
     def timm_spec(self) -> TimmSpec:
-        """timm's Eva class; the base name is a DINOv3 one where the LayerNorm eps is DINOv3's (timm sets it by
-        name). Every argument is exported, None ones included, so the base name's defaults never apply."""
-        dino = self.norm_eps == DINOV3_NORM_EPS
-        return TimmSpec("Eva", EVA_ARGS, "vit_small_patch16_dinov3" if dino else "eva_giant_patch14_224",
-                        fixed={"norm_eps": DINOV3_NORM_EPS if dino else 1e-6, "act_layer": "gelu"},
+        """timm's Eva class; the base name is a DINOv3 one where the LayerNorm eps is DINOv3's, a Sapiens2 one for
+        RMSNorm (timm sets the norm by name). Every argument is exported, None ones included, so the base name's
+        defaults never apply."""
+        dino, rms = self.norm_eps == DINOV3_NORM_EPS, self.norm_layer == "rmsnorm"
+        base = "vit_base_patch16_sapiens2" if rms else "vit_small_patch16_dinov3" if dino else "eva_giant_patch14_224"
+        return TimmSpec("Eva", EVA_ARGS, base, fixed={"norm_eps": DINOV3_NORM_EPS if dino and not rms else 1e-6,
+                                                      "act_layer": "gelu", "norm_layer": self.norm_layer},
                         layer_scale_as_gamma=True)
 
     @property
@@ -198,13 +239,18 @@ class Eva(Model):
                   ("no final norm", isinstance(self.norm, nn.Identity)),
                   ("qk_norm or a LayerNorm inside attention or MLP", not isinstance(blk.attn.q_norm, nn.Identity)
                    or not isinstance(blk.attn.norm, nn.Identity) or not isinstance(blk.mlp.norm, nn.Identity)),
-                  ("a pre-transformer norm", not isinstance(self.norm_pre, nn.Identity)))
+                  ("a pre-transformer norm", not isinstance(self.norm_pre, nn.Identity)),
+                  ("RMSNorm", self.norm_layer != "layernorm"),
+                  ("grouped-query attention", any(b.attn.num_kv_heads != b.attn.num_heads for b in self.blocks)),
+                  ("LayerScale on attention only",
+                   isinstance(blk.ls2, nn.Identity) != isinstance(blk.ls1, nn.Identity)))
         return [what for what, present in checks if present]
 
     @property
     def family(self) -> str:
         if self.rope is None:
-            return "EVA (no rotary embedding)"
+            post = isinstance(self.blocks[0], EvaBlockPostNorm) if len(self.blocks) else False
+            return "EVA (residual post-norm, no rotary embedding)" if post else "EVA (no rotary embedding)"
         if isinstance(self.rope, CenteredRope):
             return "DINOv3 (RoPE on patch centres in [-1, 1])"
         return "RoPE ViT (mixed)" if isinstance(self.rope, MixedRope) else "EVA02 / RoPE ViT (axial RoPE)"
@@ -218,7 +264,8 @@ class Eva(Model):
                  use_fc_norm=None, dynamic_img_size=False, ref_feat_shape=None, head_init_scale=0.001,
                  act_layer="gelu", norm_eps=1e-6, drop_rate=0.0, pos_drop_rate=0.0, proj_drop_rate=0.0,
                  attn_drop_rate=0.0, drop_path_rate=0.0, swiglu_align_to=0, rope_rotate_half=False,
-                 rope_shift_coords=None, rope_jitter_coords=None, rope_rescale_coords=None):
+                 rope_shift_coords=None, rope_jitter_coords=None, rope_rescale_coords=None, num_kv_heads=None,
+                 attn_only_layer_scale=False, use_post_norm=False, norm_layer="layernorm"):
         super().__init__()
         for name, value, accepted in (("global_pool", global_pool, self.global_pools), ("rope_type", rope_type,
                                       ROPE_TYPES), ("attn_type", attn_type, ("eva", "rope")),
@@ -227,8 +274,12 @@ class Eva(Model):
                 raise ValueError(f"{name} {value!r} is not one vitlab implements; accepted: {', '.join(accepted)}")
         if global_pool == "token" and not class_token:
             raise ValueError("global_pool='token' needs a class token; use global_pool='avg' with class_token=False")
-        norm_layer = partial(nn.LayerNorm, eps=norm_eps)
-        self.norm_eps = norm_eps
+        kv_heads = self.kv_heads(num_kv_heads, depth)
+        if use_post_norm and (qk_norm or attn_only_layer_scale or any(h is not None for h in kv_heads)):
+            raise ValueError("use_post_norm=True takes none of qk_norm, attn_only_layer_scale, num_kv_heads "
+                             "(timm's rule); accepted: use_post_norm=False with them")
+        self.norm_eps, self.norm_layer = norm_eps, norm_layer
+        norm_layer = get_norm_layer(norm_layer, norm_eps)
         self.num_classes, self.global_pool = num_classes, global_pool
         self.num_features = self.embed_dim = embed_dim
         self.num_prefix_tokens = int(class_token) + num_reg_tokens
@@ -252,16 +303,28 @@ class Eva(Model):
         attn_kwargs = dict(qkv_bias=qkv_bias, qkv_fused=qkv_fused, bias_layout="qv" if attn_type == "eva" else "qkv",
                            num_prefix_tokens=self.num_prefix_tokens, qk_norm=qk_norm, scale_norm=scale_attn_inner,
                            attn_drop=attn_drop_rate, proj_drop=proj_drop_rate, rotate_half=rope_rotate_half)
+        block = EvaBlockPostNorm if use_post_norm else EvaBlock
         self.blocks = nn.ModuleList([
-            EvaBlock(embed_dim, num_heads, make_mlp(embed_dim, mlp_ratio, swiglu_mlp, scale_mlp, act_layer,
-                                                    proj_drop_rate, norm_layer, swiglu_align_to),
-                     attn_kwargs, init_values=init_values, drop_path=dpr, norm_layer=norm_layer)
-            for dpr in drop_path_rates(drop_path_rate, depth)])
+            block(embed_dim, num_heads, make_mlp(embed_dim, mlp_ratio, swiglu_mlp, scale_mlp, act_layer,
+                                                 proj_drop_rate, norm_layer, swiglu_align_to),
+                  {**attn_kwargs, "num_kv_heads": kv}, init_values=init_values, drop_path=dpr, norm_layer=norm_layer,
+                  attn_only_layer_scale=attn_only_layer_scale)
+            for dpr, kv in zip(drop_path_rates(drop_path_rate, depth), kv_heads)])
         self.norm = norm_layer(embed_dim) if post_norm else nn.Identity()
         self.fc_norm = norm_layer(embed_dim) if fc_norm else nn.Identity()
         self.head_drop = nn.Dropout(drop_rate)
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
         self.init_weights(head_init_scale)
+
+    @staticmethod
+    def kv_heads(num_kv_heads: int | tuple[int, ...] | None, depth: int) -> tuple[int | None, ...]:
+        """Each block's key/value heads (None: as many as query heads) from one number or one per block."""
+        if num_kv_heads is None or isinstance(num_kv_heads, int):
+            return (num_kv_heads,) * depth
+        if len(num_kv_heads) != depth:
+            raise ValueError(f"num_kv_heads has {len(num_kv_heads)} entries for {depth} blocks; accepted: one "
+                             "number, or one per block")
+        return tuple(num_kv_heads)
 
     def init_weights(self, head_init_scale: float) -> None:
         init_weights_rescaled(self, head_init_scale)

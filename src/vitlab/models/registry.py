@@ -16,7 +16,15 @@ from .beit import Beit
 from .cait import Cait
 from .cct import CompactTransformer
 from .convit import ConVit
-from .eva import DINOV3_NORM_EPS, DINOV3_OTHERS, DINOV3_SIZES, Eva
+from .eva import (
+    DINOV3_NORM_EPS,
+    DINOV3_OTHERS,
+    DINOV3_SIZES,
+    LINGBOT_SIZES,
+    SAPIENS2_SIZES,
+    Eva,
+    sapiens2_kv_heads,
+)
 from .hybrid import HybridVisionTransformer
 from .mixer import MlpMixer
 from .naflex import NaFlexVit
@@ -109,6 +117,9 @@ for _name, (_patch, _dim, _depth, _heads, _img, _proj) in {
              num_classes=_proj)
 register("eva_giant_patch14_clip_224", Eva, CLIP_MEAN, CLIP_STD, img_size=224, patch_size=14, embed_dim=1408, depth=40,
          num_heads=16, mlp_ratio=6144 / 1408, global_pool="token", num_classes=1024)
+# EVA-CLIP-E: residual post-norm blocks (a norm after attention and after the MLP, no LayerScale), no RoPE
+register("eva02_enormous_patch14_clip_224", Eva, CLIP_MEAN, CLIP_STD, img_size=224, patch_size=14, embed_dim=1792,
+         depth=64, num_heads=16, mlp_ratio=15360 / 1792, use_post_norm=True, global_pool="token", num_classes=1024)
 # RoPE ViTs (Heo et al. 2024, timm's names): axial (temperature 100) or mixed RoPE, optionally an absolute embedding
 for _size, (_dim, _depth, _heads) in (("small", (384, 12, 6)), ("base", (768, 12, 12)), ("large", (1024, 24, 16))):
     for _kind, _rope in (("", dict(rope_temperature=100.0)), ("_mixed", dict(rope_temperature=10.0,
@@ -193,6 +204,21 @@ for _kind, _sizes in PE_IMAGES.items():
                  ref_feat_shape=(_img // _patch,) * 2, rope_grid_offset=0.0 if _big else 1.0, rope_grid_indexing="xy",
                  norm_eps=PE_NORM_EPS, **_readout,
                  **(dict(init_values=0.1) if _kind == "lang" or (_kind, _big) == ("spatial", True) else {}))
+# LingBot-Vision (timm's names): DINOv3's layout with q and v biases and class-token pooling; the giant: SwiGLU
+_LINGBOT = {**_DINOV3, "img_size": 224, "qkv_bias": True, "global_pool": "token"}
+for _size, (_dim, _depth, _heads) in LINGBOT_SIZES.items():
+    register(f"vit_{_size}_patch16_lingbot", Eva, **_LINGBOT, embed_dim=_dim, depth=_depth, num_heads=_heads)
+register("vit_giant_patch16_lingbot", Eva, **{**_LINGBOT, "qkv_bias": False}, embed_dim=1536, depth=40, num_heads=24,
+         mlp_ratio=4 * 2 / 3, swiglu_mlp=True, swiglu_align_to=8)
+# Sapiens2 (timm's names): DINOv3's RoPE, class + 8 registers, RMSNorm, qk-norm, q/k/v biases, packed SwiGLU, LayerScale
+# on attention only; grouped-query attention in all but the first and last 8 blocks; 1024x768 portraits, any size
+for _size, (_dim, _depth, _heads, _kv) in SAPIENS2_SIZES.items():
+    register(f"vit_{_size}_patch16_sapiens2", Eva, img_size=(1024, 768), patch_size=16, dynamic_img_size=True,
+             embed_dim=_dim, depth=_depth, num_heads=_heads, num_kv_heads=sapiens2_kv_heads(_depth, _heads, _kv),
+             attn_type="rope", qkv_fused=False, qkv_bias=True, qk_norm=True, global_pool="token", swiglu_mlp=True,
+             mlp_ratio=4.0, init_values=1.0, attn_only_layer_scale=True, rope_type="dinov3", rope_temperature=100.0,
+             rope_rotate_half=True, rope_rescale_coords=2.0, use_rot_pos_emb=True, use_abs_pos_emb=False,
+             num_reg_tokens=8, use_fc_norm=False, norm_layer="rmsnorm")
 # ConViT (embed_dim is per head)
 for _name, _heads in (("tiny", 4), ("small", 9), ("base", 16)):
     register(f"convit_{_name}", ConVit, local_up_to_layer=10, locality_strength=1.0, embed_dim=48, num_heads=_heads)
