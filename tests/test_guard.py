@@ -93,7 +93,8 @@ def test_resume_refuses_options_that_would_change_the_run(tmp_path, capsys):
     (run / "config.yaml").write_text("model: vit_micro_patch2_8\nepochs: 2\nlr: 0.001\n")
     err = error_line(capsys, ["train", "--resume", run, "--lr", "0.5", "--model", "other", "--epochs", "6"])
     assert err.endswith("--model, --lr cannot change on --resume; accepted with --resume: --epochs, --time-budget, "
-                        "--eval-every, --log, --threads, --device, --cache-dir, --download, --workers")
+                        "--eval-every, --log, --threads, --device, --cache-dir, --download, --workers, "
+                        "--checkpoint-every")
     assert "--out" in error_line(capsys, ["train", "--resume", run, "--out", tmp_path / "elsewhere"])
     assert "--epochs 1 is not valid on --resume" in error_line(capsys, ["train", "--resume", run, "--epochs", "1"])
     assert (run / "config.yaml").read_text().endswith("lr: 0.001\n")

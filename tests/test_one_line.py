@@ -177,7 +177,7 @@ def test_any_missing_package_is_one_line_naming_it(capsys, monkeypatch):
     def needs_a_package(args):
         raise ModuleNotFoundError("No module named 'tensorboard'", name="tensorboard")
     parser = build_parser()
-    monkeypatch.setattr("vitlab.cli.build_parser", lambda: parser)
+    monkeypatch.setattr("vitlab.cli.build_parser", lambda *args: parser)
     parser._subparsers._group_actions[0].choices["models"].set_defaults(func=needs_a_package)
     line = error_line(capsys, ["models"])
     assert "'tensorboard'" in line and "pip install tensorboard" in line
