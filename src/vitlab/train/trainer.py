@@ -108,7 +108,9 @@ def train_epoch(run: Run) -> tuple[EpochRow | None, bool]:
     recipe, dist, state = run.recipe, run.dist, run.state
     epoch = state.epoch
     torch.manual_seed(epoch_seed(recipe.seed, epoch, dist.rank))
-    done, workers = take_place(state, run.per_epoch, batch_sizes(run), run.budget is None, dist)
+    sizes = batch_sizes(run)
+    done, workers = take_place(state, run.per_epoch, sizes, run.budget is None, dist)
+    seen = sum(sizes[:done])  # images of the epoch taken so far, all ranks together
     run.model.train()
     run.task.loss.train()
     meter = EpochMeter(dist.device)
@@ -118,7 +120,6 @@ def train_epoch(run: Run) -> tuple[EpochRow | None, bool]:
     epoch_t0 = run.now()
     run.clock.start()
     lr, steps_before, cut, every, stepper = recipe.lr, state.step, False, figures_every(dist.device), run.stepper()
-    sizes = batch_sizes(run)
     for i, (images, labels, index) in enumerate(run.feeder.epoch(epoch_plan_of(run, epoch), done, workers), start=done):
         p = run.clock.progress(state.step)
         if (run.budget is not None or recipe.steps) and p >= 1:
@@ -137,7 +138,8 @@ def train_epoch(run: Run) -> tuple[EpochRow | None, bool]:
         if run.lookahead is not None:
             run.lookahead.step(run.model, state.step, run.clock.progress(state.step))
         meter.add(loss, hits, len(images))
-        run.save_within_epoch(i + 1, sum(sizes[:i + 1]))
+        seen += sizes[i]
+        run.save_within_epoch(i + 1, seen)
         if i % every == 0 or i == run.per_epoch - 1:
             show_running(run, meter, epoch, epoch_t0)
         if run.budget:
