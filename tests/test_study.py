@@ -121,16 +121,16 @@ def test_pretrain_fine_tunes_from_its_pretraining_runs_and_probes_their_encoders
     shutil.copytree(quick[0], out)  # beside the other studies' runs, which it shares
     said = []
     result = run_study("pretrain", out=out, quick=True, seeds=(0,), log=said.append)
-    # 4 pre-training runs (MAE, MPP at 1x and 3x); per label share: scratch 1x (data-scale's ViT), the 4
+    # 4 pre-training runs (MAE, DINO at 1x and 3x); per label share: scratch 1x (data-scale's ViT), the 4
     # fine-tuned arms and scratch at the same total time (2x, 4x)
     assert "18 runs, 2 done, 16 to train" in said[0]
     check_written(out, "pretrain", result)
     results = quick[1]
     rows = {r["label"]: r for r in result["rows"]}
     pre = {(r["method"], r["epochs"]): r for r in result["pretraining"]}
-    assert set(pre) == {("mae", 1), ("mae", 3), ("mpp", 1), ("mpp", 3)} and all(r["test_loss"] > 0
-                                                                             for r in pre.values())
-    for method, name in (("mae", "MAE"), ("mpp", "MPP")):
+    assert set(pre) == {("mae", 1), ("mae", 3), ("dino", 1), ("dino", 3)} and all(r["test_loss"] > 0
+                                                                               for r in pre.values())
+    for method, name in (("mae", "MAE"), ("dino", "DINO")):
         for scale in (1, 3):
             run = Path(pre[method, scale]["run"])
             assert read_summary(run).pretrain == method and (run / "pretrain.safetensors").is_file()
@@ -146,7 +146,7 @@ def test_pretrain_fine_tunes_from_its_pretraining_runs_and_probes_their_encoders
     for share in ("10%", "100%"):  # shared, not trained again
         assert [Path(f).name for f in rows[f"no pre-training, 1x, {share} labels"]["runs"]] == \
             scale_rows[f"ViT {share}"]
-    for encoder in ("MAE 1x", "MAE 3x", "MPP 1x", "MPP 3x", "random encoder"):
+    for encoder in ("MAE 1x", "MAE 3x", "DINO 1x", "DINO 3x", "random encoder"):
         few, every = rows[probe_label(encoder, 0.1)], rows[probe_label(encoder, 1.0)]
         assert few["train_images"] < every["train_images"] == rows["no pre-training, 1x, 100% labels"]["train_images"]
         assert 0 <= every["knn"] <= 1 and few["knn"] is None
@@ -403,23 +403,92 @@ def test_pretrain_budgets_add_curve_points_each_with_its_fine_tunes_and_scratch_
         scratch = plan[f"no pre-training, 11x, {share} labels"]  # the same total time
         assert scratch.time_budget == 16.5 and scratch.init is None and scratch.layer_decay == 1
     # the default points are kept, so the runs of the 90-minute study are shared
-    assert {"MPP 1x, 10% labels", "MPP 3x, 10% labels", "no pre-training, 4x, 100% labels"} <= set(plan)
+    assert {"DINO 1x, 10% labels", "DINO 3x, 10% labels", "no pre-training, 4x, 100% labels"} <= set(plan)
     rows = []
     for label, top1 in (("MAE 10x, 10% labels", 0.60), ("no pre-training, 11x, 10% labels", 0.50),
                         ("MAE 3x, 10% labels", 0.40), ("no pre-training, 4x, 10% labels", 0.55)):
         rows += _rows({label: [top1 - 0.01, top1, top1 + 0.01]})
-    for label in ("MAE 10x, 100% labels", "no pre-training, 11x, 100% labels", "MPP 10x, 10% labels",
-                  "MPP 10x, 100% labels"):
+    for label in ("MAE 10x, 100% labels", "no pre-training, 11x, 100% labels", "DINO 10x, 10% labels",
+                  "DINO 10x, 100% labels"):
         rows += _rows({label: [0.60, 0.61, 0.62]})
     verdict, text = study.answer(rows)  # read at the longest pre-training, 10x, not 3x
     assert "MAE 10x, 10% labels vs no pre-training, 11x, 10% labels: +10.0" in text and "3x" not in text
-    assert verdict == "not separated"  # MAE ahead on 10% of the labels, level with scratch on every label
+    assert verdict == "not separated"  # MAE ahead on 10% of the labels, level with scratch on every label; DINO level
     with pytest.raises(ValueError, match=r"pretrain budgets \[0\] are not valid; accepted: numbers > 0"):
         pretrain_study((0,))
     with pytest.raises(ValueError, match="not valid for the hybrid study; accepted: with the pretrain study"):
         run_study("hybrid", out=tmp_path / "s", quick=True, pretrain_budgets=(10,))
     assert main(["study", "pretrain", "--pretrain-budgets", "10,x", "--out", str(tmp_path / "s")]) == 2
     assert "--pretrain-budgets '10,x' is not valid; accepted: numbers > 0" in capsys.readouterr().err
+
+
+def test_each_pre_training_method_trains_its_own_minutes_and_dino_its_schedules_over_its_steps(tmp_path, capsys):
+    from vitlab.studies.claims import pretrain_study
+    from vitlab.studies.runner import _common, _plan
+    study = pretrain_study((1, 10), ("dino",))  # the methods chosen: DINO alone
+    assert {a.values.get("pretrain") for a in study.arms if a.pretraining} == {"dino"}
+    assert not any("MAE" in a.label for a in study.arms)
+    rates = {"rate": 6400.0, "pretrain_rates": {"dino": 1280.0}}  # a DINO step costs 5 supervised ones here
+    common = {**_common(study, "cifar10", None, None, False), "threads": 1, "cache_dir": None, **rates}
+    plan = {a.label: r for a, _, r in _plan(study, tmp_path, common, (0,), False)}
+    dino = plan["DINO pre-training, 10x"]  # 15 minutes at DINO's own 1,280 images a minute, in batches of 64
+    assert dino.pretrain == "dino" and dino.steps == 300 and dino.lr == pytest.approx(5e-4)
+    assert dino.pretrain_args["momentum_steps"] == 300 and dino.pretrain_args["teacher_temp_steps"] == 90
+    assert plan["DINO pre-training, 1x"].pretrain_args["momentum_steps"] == plan["DINO pre-training, 1x"].steps == 30
+    tuned, scratch = plan["DINO 10x, 10% labels"], plan["no pre-training, 11x, 10% labels"]
+    assert tuned.steps == 150 and tuned.pretrain_args == {}  # fine-tunes and scratch at the supervised rate
+    assert scratch.steps == 1650 and scratch.lr == pytest.approx(1.5e-3)
+    assert [a.values["pretrain"] for a in pretrain_study(methods=("mpp", "mae", "dino")).arms if a.pretraining] == [
+        "mpp", "mpp", "mae", "mae", "dino", "dino"]
+    with pytest.raises(ValueError, match=r"pretrain methods \['byol'\] are not valid; accepted: one or more of mpp, "
+                                         r"mae, dino"):
+        pretrain_study(methods=("byol",))
+    assert main(["study", "pretrain", "--methods", "dino,byol", "--out", str(tmp_path / "s")]) == 2
+    assert "pretrain methods ['dino', 'byol'] are not valid; accepted: one or more of mpp, mae, dino" in \
+        capsys.readouterr().err
+    assert main(["study", "hybrid", "--methods", "dino", "--out", str(tmp_path / "s")]) == 2
+    assert "pretrain budgets and methods are not valid for the hybrid study" in capsys.readouterr().err
+    assert not (tmp_path / "s").exists()
+
+
+def test_each_pre_training_method_is_calibrated_once_by_its_own_timed_run(tmp_path, monkeypatch):
+    from vitlab.studies import runner
+    from vitlab.studies.claims import pretrain_study
+    speed = {None: 100, "mae": 300, "dino": 25}  # images a second each kind of run trains
+    timed = []
+
+    def fake_train(recipe, log=None, **kw):
+        timed.append((recipe.pretrain if recipe.pretrain != "none" else None, recipe.time_budget, recipe.steps))
+        return {"images": 60 * speed[timed[-1][0]], "train_seconds": 60.0, "steps": 10}
+
+    monkeypatch.setattr(runner, "train", fake_train)
+    study = pretrain_study(methods=("mae", "dino"))
+    common = {"data": "cifar10", "time_budget": 1.5, "threads": 1, "cache_dir": None}
+    arms = {a.values["pretrain"]: a for a in study.arms if a.pretraining}
+    got = {m: runner.calibrate(tmp_path, common, lambda s: None, arms.get(m)) for m in (None, "mae", "dino")}
+    assert {m: g["images_per_minute"] for m, g in got.items()} == {None: 6000, "mae": 18000, "dino": 1500}
+    assert [t[:2] for t in timed] == [(None, 1.0), ("mae", 1.0), ("dino", 1.0)]  # a minute each, timed, not steps
+    assert all(t[2] is None for t in timed)
+    recorded = json.loads((tmp_path / "calibration.json").read_text())
+    assert set(recorded) == {"cifar10, 1 thread(s) per run", "cifar10, 1 thread(s) per run, mae pre-training",
+                             "cifar10, 1 thread(s) per run, dino pre-training"}
+    assert runner.calibrate(tmp_path, common, lambda s: None, arms["dino"]) == got["dino"] and len(timed) == 3
+    said = runner.budget_said(common, False, {**got[None], "pretraining": {"dino": got["dino"]}})
+    assert "at 6,000 training images a minute; dino pre-training at its own 1,500" in said["budget"]
+
+
+def test_the_pretrain_verdict_agrees_when_one_method_is_ahead_on_both_shares():
+    from vitlab.studies.claims import pretrain_study
+    study = pretrain_study((10,), ("mae", "dino"))
+    scratch = {f"no pre-training, 11x, {s} labels": [0.50, 0.51, 0.52] for s in ("10%", "100%")}
+    behind = {f"MAE 10x, {s} labels": [0.40, 0.41, 0.42] for s in ("10%", "100%")}
+    ahead = {f"DINO 10x, {s} labels": [0.60, 0.61, 0.62] for s in ("10%", "100%")}
+    level = {f"DINO 10x, {s} labels": [0.50, 0.52, 0.54] for s in ("10%", "100%")}
+    verdict, text = study.answer(_rows({**scratch, **behind, **ahead}))
+    assert verdict == "agrees" and "DINO 10x, 100% labels vs no pre-training, 11x, 100% labels: +10.0" in text
+    assert study.answer(_rows({**scratch, **behind, **level}))[0] == "not separated"
+    assert study.answer(_rows({**scratch, **behind, **{k.replace("MAE", "DINO"): v for k, v in behind.items()}}))[0] \
+        == "disagrees"
 
 
 def test_a_free_slot_takes_a_run_that_does_not_wait_for_the_teacher(tmp_path):
@@ -506,7 +575,7 @@ def test_arm_patterns_pick_their_arms_and_the_runs_they_start_from(tmp_path, cap
     assert {a.label for a, _, _ in two} == {"MAE pre-training, 79x", "MAE 79x, 10% labels", "MAE 79x, 100% labels",
                                             "no pre-training, 1x, 10% labels", "no pre-training, 1x, 100% labels"}
     with pytest.raises(ValueError, match=r"--arm 'MAE 3x\*' matches no arm of the pretrain study; accepted: shell "
-                                         r"patterns .*: MPP pre-training, 79x; MAE pre-training, 79x; no pre-training"):
+                                         r"patterns .*: MAE pre-training, 79x; DINO pre-training, 79x; no "):
         select_runs(study, plan, ["MAE 3x*"])
     out = tmp_path / "s"
     assert main(["study", "hybrid", "--quick", "--arm", "nothing*", "--out", str(out)]) == 2
@@ -677,3 +746,32 @@ def test_a_budgeted_study_trains_every_arm_the_same_steps_whatever_loads_the_mac
     assert run_study("pos-embed", out=tmp_path, data="digits", budget=0.015, seeds=(0,), threads=1, arms=arms,
                      log=said.append)["per_run"] == expected
     assert len(runs) == 3 and not any(s.startswith("calibrating") for s in said)  # measured once, nothing to train
+
+
+def test_the_pretrain_figure_draws_each_encoder_s_knn_and_probe_against_its_minutes(tmp_path, monkeypatch):
+    from vitlab.studies import report
+    from vitlab.studies.claims import pretrain_study, probe_label
+    study = pretrain_study((1, 3), ("dino",))
+    rows = _rows({"no pre-training, 1x, 10% labels": [0.30, 0.31, 0.32], "DINO 1x, 10% labels": [0.33, 0.34, 0.35],
+                  "DINO 3x, 10% labels": [0.40, 0.41, 0.42]})
+    for r, x in zip(rows, (0, 1, 3)):
+        r.update(x=x, panel="10% labels", group=next(a.group for a in study.arms if a.label == r["label"]),
+                 teacher=False)
+    for encoder, knn, probe in (("DINO 1x", 0.25, 0.30), ("DINO 3x", 0.35, 0.40), ("random encoder", 0.29, 0.36)):
+        rows.append({"label": probe_label(encoder, 1.0), "group": "linear probe", "encoder": encoder, "knn": knn,
+                     "top1_mean": probe, "teacher": False})
+    figures = []
+    monkeypatch.setattr(report, "save", lambda fig, path: figures.append(fig) or path)
+    result = {"study": "pretrain", "rows": rows, "recipe": {"time_budget": 1.5}, "per_run": 224, "unit": "steps",
+              "budget": "1.5 min per run", "data": "cifar10"}
+    report.plot_study(result, study, tmp_path / "pretrain.png")
+    tuned, frozen = figures[0].axes
+    assert tuned.get_xlabel() == frozen.get_xlabel() == "pre-training budget (minutes)"
+    dino = next(bars for bars in tuned.containers if bars.get_label() == "DINO")
+    assert list(dino.lines[0].get_xdata()) == [0, 1.5, 4.5]  # the scratch run's 0, then each encoder's own minutes
+    lines = {line.get_label(): (list(line.get_xdata()), list(line.get_ydata())) for line in frozen.get_lines()}
+    assert lines["DINO k-NN"][0] == lines["DINO linear probe"][0] == [1.5, 4.5]
+    assert lines["DINO k-NN"][1] == pytest.approx([25.0, 35.0])
+    assert lines["DINO linear probe"][1] == pytest.approx([30.0, 40.0])
+    assert lines["untrained k-NN"][1] == pytest.approx([29.0, 29.0])
+    assert lines["untrained linear probe"][1] == pytest.approx([36.0, 36.0])

@@ -34,6 +34,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     st.add_argument("--pretrain-budgets", default=None, metavar="B,B,...",
                     help="pretrain study: its pre-training runs, in fine-tuning budgets (default 1,3; 10,20,40 with "
                     "the default 1.5 minutes: 15, 30 and 60 minutes of pre-training)")
+    st.add_argument("--methods", default=None, metavar="M,M,...",
+                    help="pretrain study: its pre-training methods, comma-separated, among mpp, mae and dino "
+                    "(default mae,dino)")
     st.add_argument("--arm", action="append", dest="arms", metavar="PATTERN",
                     help="train only the arms whose name matches (a shell pattern, e.g. 'MAE 79x*'; repeat for more) "
                     "and the runs they start from; the report holds every finished arm, its verdict 'incomplete' "
@@ -83,7 +86,8 @@ def run_study(args: argparse.Namespace) -> int:
     with claim_folder(args.out, "study"):
         result = run_study(args.name, out=args.out, data=args.data, budget=args.budget, epochs=args.epochs,
                            seeds=seeds, jobs=args.jobs, threads=args.threads, quick=args.quick,
-                           cache_dir=args.cache_dir, pretrain_budgets=budgets, arms=args.arms)
+                           cache_dir=args.cache_dir, pretrain_budgets=budgets, arms=args.arms,
+                           pretrain_methods=args.methods.split(",") if args.methods is not None else None)
     print((Path(args.out) / f"{args.name}.md").read_text())
     print(f"table: {Path(args.out) / (args.name + '.md')}  figure: {Path(args.out) / (args.name + '.png')}")
     return 0 if result else 1

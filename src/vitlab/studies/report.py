@@ -9,7 +9,7 @@ from typing import Any
 from ..runs.figures import new_figure, save
 from ..runs.format import is_finished, read_summary
 from ..train.recipe import Recipe
-from .claims import Arm, Study
+from .claims import PRETRAIN_METHODS, RANDOM_ENCODER, Arm, Study, encoder_name
 
 
 def write_report(result: dict[str, Any], study: Study, out: Path) -> None:
@@ -123,15 +123,19 @@ def plot_study(result: dict[str, Any], study: Study, path: Path) -> Path:
     """Bars (one per arm, a dot per seed, the standard deviation as an error bar), or lines (top-1 against the x
     axis, one per group, a panel per share of the labels) with, where the study names two groups, their gap."""
     rows = [r for r in result["rows"] if not r["teacher"] and r["group"] != "linear probe"]
+    probes = [r for r in result["rows"] if r["group"] == "linear probe" and r.get("knn") is not None]
     if study.x:
         panels = list(dict.fromkeys(r["panel"] for r in rows))
-        fig = new_figure(5.5 * (len(panels) + bool(study.gap)), 4.5)
-        axes = fig.subplots(1, len(panels) + bool(study.gap), squeeze=False)[0]
+        extra = bool(study.gap) + bool(probes)
+        fig = new_figure(5.5 * (len(panels) + extra), 4.5)
+        axes = fig.subplots(1, len(panels) + extra, squeeze=False)[0]
         for ax, panel in zip(axes, panels):
             _lines(ax, [r for r in rows if r["panel"] == panel], result, study)
             ax.set_title(panel or "test top-1", fontsize=10)
         if study.gap:
             _gap_lines(axes[-1], rows, study.gap)
+        if probes:
+            _probe_lines(axes[-1], probes, result, study)
         fig.suptitle(f"{result['study']}: {result['budget']} on {Path(str(result['data'])).name}")
         return save(fig, path)
     fig = new_figure(7.5 if len(rows) <= 6 else 0.75 * len(rows) + 2, 4.5 if len(rows) <= 6 else 6)
@@ -142,8 +146,37 @@ def plot_study(result: dict[str, Any], study: Study, path: Path) -> Path:
 
 
 def _x(r: dict[str, Any], result: dict[str, Any]) -> float:
-    """A row's place on the line figure: its x in budgets times the per-run budget, else its training images."""
-    return r["x"] * result["per_run"] if r.get("x") is not None else r["train_images"]
+    """A row's place on the line figure: its x in budgets times the per-run budget (in minutes where the budget is
+    minutes: a pre-training arm's minutes are its own method's), else its training images."""
+    return r["x"] * _per_x(result)[0] if r.get("x") is not None else r["train_images"]
+
+
+def _per_x(result: dict[str, Any]) -> tuple[float, str]:
+    """One budget on the line figure's x axis, and its unit: minutes for a budget in minutes, else the result's."""
+    minutes = (result.get("recipe") or {}).get("time_budget")
+    return (minutes, "minutes") if minutes else (result["per_run"], result["unit"])
+
+
+def _probe_lines(ax, probes: list[dict[str, Any]], result: dict[str, Any], study: Study) -> None:
+    """Each method's frozen encoder on every label against its pre-training: weighted k-NN (solid) and linear probe
+    (dashed), the untrained encoder's as horizontal lines."""
+    arms = {encoder_name(a.label): a for a in study.arms if a.pretraining}
+    every = [r for r in probes if r["encoder"] in arms]
+    for method in dict.fromkeys(arms[r["encoder"]].values["pretrain"] for r in every):
+        mine = sorted((r for r in every if arms[r["encoder"]].values["pretrain"] == method),
+                      key=lambda r: arms[r["encoder"]].scale)
+        xs = [arms[r["encoder"]].scale * _per_x(result)[0] for r in mine]
+        line, = ax.plot(xs, [100 * r["knn"] for r in mine], marker="o", label=f"{PRETRAIN_METHODS[method]} k-NN")
+        ax.plot(xs, [100 * r["top1_mean"] for r in mine], marker="s", ls="--", color=line.get_color(),
+                label=f"{PRETRAIN_METHODS[method]} linear probe")
+    for r in probes:
+        if r["encoder"] == RANDOM_ENCODER:
+            ax.axhline(100 * r["knn"], color="grey", lw=1, label="untrained k-NN")
+            ax.axhline(100 * r["top1_mean"], color="grey", lw=1, ls="--", label="untrained linear probe")
+    ax.set(xlabel=f"{study.x} ({_per_x(result)[1]})", ylabel="test top-1 (%)",
+           title="frozen encoder, every label: k-NN and linear probe")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
 
 
 def _lines(ax, rows: list[dict[str, Any]], result: dict[str, Any], study: Study) -> None:
@@ -160,7 +193,7 @@ def _lines(ax, rows: list[dict[str, Any]], result: dict[str, Any], study: Study)
                        color=line.lines[0].get_color(), alpha=0.5)
     if study.x == "training images":
         ax.set_xscale("log")
-    unit = "" if study.x == "training images" else f" ({result['unit']})"
+    unit = "" if study.x == "training images" else f" ({_per_x(result)[1]})"
     ax.set(xlabel=f"{study.x}{unit}", ylabel="test top-1 (%)")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)

@@ -90,10 +90,13 @@ def arm_recipe(arm: Arm, seed: int, out: Path, common: dict[str, Any], teacher_r
         own = recipe_values(BASE_RECIPE.parent / arm.recipe)
         base = {**{k: v for k, v in own.items() if k not in OWN_RECIPE_SKIP}, **OWN_RECIPE_OVERRIDES}
     values = {**base, **scaled_budget(common, arm), **arm.values, "seed": seed}
-    rate = values.pop("rate", None)
-    if rate:  # the arm's minutes at the study's calibrated rate, as steps of its batch
+    rate, rates = values.pop("rate", None), values.pop("pretrain_rates", None) or {}
+    rate = rates.get(arm.values.get("pretrain"), rate) if arm.pretraining else rate
+    if rate:  # the arm's minutes at the study's calibrated rate (a pre-training method's own), as steps of its batch
         batch = values.get("batch_size") or FIELDS["batch_size"].default
         values["steps"] = max(1, round(rate * values.pop("time_budget") / batch))
+        values["pretrain_args"] = {**{k: max(1, round(f * values["steps"])) for k, f in arm.step_args.items()},
+                                   **values.get("pretrain_args", {})}
     if share < 1:
         values["train_fraction"] = values.get("train_fraction", 1.0) * share
     if values.get("teacher") == TEACHER:
@@ -318,28 +321,40 @@ CALIBRATION = "calibration.json"  # OUT/calibration.json: the training images a 
 CALIBRATION_SECONDS = 60.0  # how long the measurement trains (a shorter budget: the budget)
 
 
-def calibrate(out: Path, common: dict[str, Any], log: Callable[[str], None]) -> dict[str, Any]:
+def calibrate(out: Path, common: dict[str, Any], log: Callable[[str], None], arm: Arm | None = None) -> dict[str, Any]:
     """The training images a minute of a study's runs takes on its data with its threads per run: read from
     OUT/calibration.json, or measured once now by a short timed run of the base recipe's ViT (its schedule, progressive
     resizing included, laid over the measurement) and recorded there, so that every arm of every study in OUT, on
-    every re-run, turns its minutes into the same steps whatever loads the machine when it trains."""
+    every re-run, turns its minutes into the same steps whatever loads the machine when it trains. ``arm``: a
+    pre-training arm, whose method's own rate is measured the same way with its recipe (a DINO step, with its crops
+    and teacher, costs more than a supervised one; an MAE step, whose encoder sees a quarter of the patches, less)."""
+    method = arm.values["pretrain"] if arm else None
     path, key = out / CALIBRATION, f"{common['data']}, {common['threads']} thread(s) per run"
+    key += f", {method} pre-training" if method else ""
     recorded = read_json_object(path) if path.is_file() else {}
     if isinstance(recorded.get(key), dict) and (recorded[key].get("images_per_minute") or 0) > 0:
         return recorded[key]
     seconds = min(CALIBRATION_SECONDS, 60 * common["time_budget"])
-    log(f"calibrating the study budget: {seconds:g} s of {VIT} training on {common['data']} with "
+    what = f"{VIT} {method} pre-training" if method else f"{VIT} training"
+    log(f"calibrating the study budget: {seconds:g} s of {what} on {common['data']} with "
         f"{common['threads']} thread(s), once for {out} ({path})")
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out, prefix=".calibration-") as tmp:
-        values = {**base_values(), "model": VIT, "data": common["data"], "threads": common["threads"],
-                  "cache_dir": common.get("cache_dir"), "time_budget": seconds / 60, "seed": 0}
-        summary = train(load_recipe(None, out=str(Path(tmp) / "run"), **values), log=lambda s: None)
+        timed = {k: v for k, v in common.items() if k not in ("rate", "pretrain_rates")}
+        if arm:
+            recipe = arm_recipe(replace(arm, scale=1.0, time_share=1.0), 0, Path(tmp) / "run",
+                                {**timed, "time_budget": seconds / 60}, None)
+        else:
+            recipe = load_recipe(None, out=str(Path(tmp) / "run"), **{
+                **base_values(), "model": VIT, "data": common["data"], "threads": common["threads"],
+                "cache_dir": common.get("cache_dir"), "time_budget": seconds / 60, "seed": 0})
+        summary = train(recipe, log=lambda s: None)
     entry = {"images_per_minute": 60 * summary["images"] / max(summary["train_seconds"], 1e-9),
-             "measured_with": VIT, "seconds": round(summary["train_seconds"], 2), "steps": summary["steps"],
+             "measured_with": what, "seconds": round(summary["train_seconds"], 2), "steps": summary["steps"],
              "images": summary["images"]}
     atomic_write_json(path, {**recorded, key: entry})
-    log(f"study budget: {entry['images_per_minute']:.0f} training images a minute ({path})")
+    log(f"study budget{' of ' + method if method else ''}: {entry['images_per_minute']:.0f} training images a "
+        f"minute ({path})")
     return entry
 
 
@@ -353,39 +368,50 @@ def budget_said(common: dict[str, Any], quick: bool, calibration: dict[str, Any]
         return {"budget": f"{common['epochs']} epochs", "unit": "epochs", "per_run": common["epochs"]}
     minutes, rate = common["time_budget"], calibration["images_per_minute"]
     steps = max(1, round(rate * minutes / base_values()["batch_size"]))
+    own = calibration.get("pretraining") or {}
+    pre = "".join(f"; {m} pre-training at its own {c['images_per_minute']:,.0f}" for m, c in own.items())
     return {"budget": f"{minutes:g} min per run, trained as {steps:,} steps of {base_values()['batch_size']} images "
-                      f"(an arm's minutes at {rate:,.0f} training images a minute, measured once: {CALIBRATION}; "
-                      "the same steps whatever loads the machine)",
+                      f"(an arm's minutes at {rate:,.0f} training images a minute{pre}, measured once: "
+                      f"{CALIBRATION}; the same steps whatever loads the machine)",
             "unit": "steps", "per_run": steps, "calibration": calibration}
 
 
 def run_study(name: str, out: str | os.PathLike = "studies", data: str = "cifar10", budget: float | None = None,
               epochs: int | None = None, seeds: Sequence[int] = SEEDS, jobs: int = 1, threads: int | None = None,
               quick: bool = False, cache_dir: str | None = None, log: Callable[[str], None] = print,
-              pretrain_budgets: Sequence[float] | None = None, arms: Sequence[str] | None = None) -> dict[str, Any]:
+              pretrain_budgets: Sequence[float] | None = None, arms: Sequence[str] | None = None,
+              pretrain_methods: Sequence[str] | None = None) -> dict[str, Any]:
     """Train what is missing of study ``name`` and write its table, figure and JSON; returns the JSON. ``budget``:
     minutes per run (default: the study's own, which fits 90 minutes with two jobs and three seeds);
     ``pretrain_budgets``: the pretrain study's pre-training runs, in fine-tuning budgets (default 1 and 3);
+    ``pretrain_methods``: its pre-training methods (default MAE and DINO, each trained at its own calibrated rate);
     ``arms``: train only the arms these shell patterns match (and the runs they start from). The report holds every
     arm with a finished run (its finished seeds); while an arm or seed is missing the verdict is 'incomplete' and
     names them."""
     if name not in STUDIES:
         raise ValueError(f"no study {name!r}; accepted: {', '.join(STUDIES)}")
-    if pretrain_budgets is not None and name != "pretrain":
-        raise ValueError(f"pretrain budgets are not valid for the {name} study; accepted: with the pretrain study")
+    if (pretrain_budgets is not None or pretrain_methods is not None) and name != "pretrain":
+        raise ValueError(f"pretrain budgets and methods are not valid for the {name} study; accepted: with the "
+                         "pretrain study")
     if jobs < 1:
         raise ValueError(f"jobs={jobs!r} is not valid; accepted: an integer >= 1")
     if not seeds or any(not isinstance(s, int) or s < 0 for s in seeds):
         raise ValueError(f"seeds={list(seeds)!r} is not valid; accepted: integers >= 0, e.g. 0,1,2")
     if threads is not None and threads < 1:
         raise ValueError(f"threads={threads!r} is not valid; accepted: an integer >= 1")
-    study = STUDIES[name] if pretrain_budgets is None else pretrain_study(tuple(pretrain_budgets))
+    study = STUDIES[name]
+    if pretrain_budgets is not None or pretrain_methods is not None:
+        study = pretrain_study(*([tuple(pretrain_budgets)] if pretrain_budgets is not None else []),
+                               **({"methods": tuple(pretrain_methods)} if pretrain_methods is not None else {}))
     out = Path(out)
     threads = threads or max(1, (os.cpu_count() or 1) // jobs)
     common = {**_common(study, data, budget, epochs, quick), "threads": threads, "cache_dir": cache_dir}
     calibration = calibrate(out, common, log) if common.get("time_budget") else None
     if calibration:
         common["rate"] = calibration["images_per_minute"]
+        methods = {a.values["pretrain"]: a for a in study.arms if a.pretraining}  # each method's own minutes
+        calibration["pretraining"] = {m: calibrate(out, common, log, a) for m, a in methods.items()}
+        common["pretrain_rates"] = {m: c["images_per_minute"] for m, c in calibration["pretraining"].items()}
     plan = _plan(study, out / STUDY_RUNS, common, seeds, quick)
     chosen = select_runs(study, plan, arms)
     todo = [(a, s, r) for a, s, r in chosen if not is_finished(Path(r.out))]
@@ -416,7 +442,8 @@ def run_study(name: str, out: str | os.PathLike = "studies", data: str = "cifar1
     result = {"study": name, "claim": study.claim, "source": study.source, "paper": study.paper,
               **budget_said(common, quick, calibration),
               "data": common["data"], "seeds": list(seeds), "threads_per_run": threads, "runs_at_a_time": jobs,
-              "recipe": {**base_values(), **{k: v for k, v in common.items() if k not in ("cache_dir", "rate")}},
+              "recipe": {**base_values(), **{k: v for k, v in common.items()
+                                             if k not in ("cache_dir", "rate", "pretrain_rates")}},
               "rows": rows, "verdict": verdict, "answer": answer, "notes": study.notes, **extra}
     write_report(result, study, out)
     return result
