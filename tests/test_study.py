@@ -438,6 +438,9 @@ def test_each_pre_training_method_trains_its_own_minutes_and_dino_its_schedules_
     tuned, scratch = plan["DINO 10x, 10% labels"], plan["no pre-training, 11x, 10% labels"]
     assert tuned.steps == 150 and tuned.pretrain_args == {}  # fine-tunes and scratch at the supervised rate
     assert scratch.steps == 1650 and scratch.lr == pytest.approx(1.5e-3)
+    ibot = next(a for a in pretrain_study((2,), ("ibot",)).arms if a.pretraining)  # iBOT: DINO's lr and schedules
+    assert ibot.label == "iBOT pre-training, 2x" and ibot.values["lr"] == pytest.approx(5e-4)
+    assert ibot.step_args == {"momentum_steps": 1.0, "teacher_temp_steps": 0.3}
     assert [a.values["pretrain"] for a in pretrain_study(methods=("mpp", "mae", "dino")).arms if a.pretraining] == [
         "mpp", "mpp", "mae", "mae", "dino", "dino"]
     with pytest.raises(ValueError, match=r"pretrain methods \['byol'\] are not valid; accepted: one or more of mpp, "

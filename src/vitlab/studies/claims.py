@@ -202,12 +202,14 @@ def _answer_locality(rows) -> tuple[str, str]:
 
 PRETRAIN_FRACTIONS = (0.1, 1.0)
 # Every pre-training method the study can train: its name in the table, and the recipe values its arm sets besides
-# ``pretrain`` (DINO at its own lr of 5e-4: the study's 1.5e-3, 12 times DINO's rule at this batch, is MAE's here;
-# its teacher's momentum reaches 1 and its temperature warm-up ends at these shares of the run's steps, DINO's own
-# schedule shape, which its step defaults fit only to runs of thousands of steps).
-PRETRAIN_METHODS = {"mpp": "MPP", "mae": "MAE", "dino": "DINO"}
-PRETRAIN_VALUES: dict[str, dict[str, Any]] = {"dino": {"lr": 5e-4}}
-PRETRAIN_STEP_ARGS: dict[str, dict[str, float]] = {"dino": {"momentum_steps": 1.0, "teacher_temp_steps": 0.3}}
+# ``pretrain`` (DINO, and iBOT, DINO plus a masked-patch loss, at DINO's lr of 5e-4: the study's 1.5e-3, 12 times
+# DINO's rule at this batch, is MAE's here; its teacher's momentum reaches 1 and its temperature warm-up ends at
+# these shares of the run's steps, DINO's own schedule shape, which its step defaults fit only to runs of thousands
+# of steps).
+PRETRAIN_METHODS = {"mpp": "MPP", "mae": "MAE", "dino": "DINO", "ibot": "iBOT"}
+_DINO_STEPS = {"momentum_steps": 1.0, "teacher_temp_steps": 0.3}
+PRETRAIN_VALUES: dict[str, dict[str, Any]] = {"dino": {"lr": 5e-4}, "ibot": {"lr": 5e-4}}
+PRETRAIN_STEP_ARGS: dict[str, dict[str, float]] = {"dino": _DINO_STEPS, "ibot": _DINO_STEPS}
 DEFAULT_METHODS = ("mae", "dino")  # the study's own two (fits 90 minutes); --methods chooses others
 PRETRAIN_SCALES = (1, 3)  # pre-training budgets, in fine-tuning budgets: the curve's points besides 0
 # A pre-trained encoder is fine-tuned with MAE's layer-wise lr decay (the head at the full lr, each block below at
@@ -344,7 +346,7 @@ STUDIES: dict[str, Study] = {s.name: s for s in [
           _pretrain_arms(), _answer_pretrain, probe=PRETRAIN_FRACTIONS, x="pre-training budget", minutes=1.5,
           paper="ViT-B/16 on ImageNet: masked patch prediction 79.9%, 2 points above training from scratch; MAE on "
                 "CIFAR-10 (small ViTs, 400-2,000 epochs): 74-78% from scratch to 89-90%",
-          notes=["Each pre-training run (MAE and DINO; --methods chooses among MPP, MAE and DINO) uses the whole "
+          notes=["Each pre-training run (MAE and DINO; --methods chooses among MPP, MAE, DINO and iBOT) uses the whole "
                  "training split without its labels, for 1x or 3x the fine-tuning budget (--pretrain-budgets sets "
                  "others), trained as the steps its own method takes in those minutes (each method's rate is "
                  "measured once, as the study's); each pre-trained arm is fine-tuned for 1x, "
