@@ -150,6 +150,8 @@ HF = {
     "hf_dinov3_gated": ("DINOv3ViTModel", "DINOv3ViTConfig", dict(HF_TINY, intermediate_size=40, use_gated_mlp=True,
                                                                   hidden_act="silu", num_register_tokens=2,
                                                                   layerscale_value=0.1), (20, 28)),
+    # DINOv2's giant MLP: SwiGLU, fused gate and value saved as mlp.weights_in (hidden 2/3 of 32, rounded up to 8s)
+    "hf_dinov2_giant": ("Dinov2Model", "Dinov2Config", dict(HF_TINY, mlp_ratio=2, use_swiglu_ffn=True), (24, 20)),
 }
 
 # SigLIP 2 (transformers): patch-flattened inputs, the position table resized per image. name -> (class, vision

@@ -32,7 +32,7 @@ EXPECTED = {"timm_deit3", "timm_dinov2", "timm_dinov2_reg4", "timm_vit_reg4_gap"
             "timm_pe_core", "timm_pe_core_gigantic", "timm_pe_spatial", "timm_pe_lang",
             "timm_vit_xp", "timm_dinov2_giant", "timm_tipsv2_giant",
             "timm_eva02_enormous", "timm_lingbot",
-            "timm_lingbot_giant", "timm_sapiens2"}
+            "timm_lingbot_giant", "timm_sapiens2", "hf_dinov2_giant"}
 DYNAMIC = sorted(p.parent.name for p in BACKBONES.glob("*/io_dynamic.safetensors"))
 TOL = 1e-4
 
@@ -98,6 +98,17 @@ def test_dinov2_classifier_reads_class_and_mean_patch_token(tmp_path):
     for to in ("timm", "hf"):
         with pytest.raises(ValueError, match="global_pool='token_avg'|pooling other than the class token"):
             export(model, to, tmp_path / to)
+
+
+def test_dinov2_swiglu_reads_as_the_packed_swiglu(tmp_path):
+    model = vitlab.load(BACKBONES / "hf_dinov2_giant")
+    mlp = model.blocks[0].mlp  # transformers: two thirds of int(16 * 2) rounded up to a multiple of 8, gate first
+    assert model.mlp_layer == "swiglu_packed" and mlp.fc1.out_features == 48 and mlp.fc2.in_features == 24
+    assert isinstance(mlp.act, torch.nn.SiLU)  # whatever hidden_act says
+    from vitlab.export import export
+
+    with pytest.raises(ValueError, match="SwiGLU"):  # vitlab writes transformers' ViT/DeiT, which have none
+        export(model, "hf", tmp_path / "hf")
 
 
 def test_size_only_in_pretrained_cfg_builds_at_that_size():

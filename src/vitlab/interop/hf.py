@@ -90,19 +90,28 @@ def _family_args(cfg: dict[str, Any], model_type: str, role: str, dim: int) -> d
         return dict(qkv_bias=bool(_get(cfg, "qkv_bias", True)), distilled=role == "distilled",
                     reg_tokens=1 if (model_type == "deit" and role != "distilled") else 0)
     if model_type.startswith("dinov2"):
-        if cfg.get("use_swiglu_ffn"):
-            raise ValueError("a DINOv2 with use_swiglu_ffn=True (SwiGLU MLP) is not supported")
         regs = int(_get(cfg, "num_register_tokens", 0)) if model_type == "dinov2_with_registers" else 0
         return dict(qkv_bias=bool(_get(cfg, "qkv_bias", True)), init_values=float(_get(cfg, "layerscale_value", 1.0)),
                     reg_tokens=regs, no_embed_class=regs > 0, dynamic_img_size=True,
                     pos_embed_antialias=regs > 0,  # transformers' Dinov2 resamples its table without antialiasing
-                    mlp_ratio=float(_get(cfg, "mlp_ratio", 4.0)),
-                    global_pool="token_avg" if role == "token_avg" else "token")
+                    global_pool="token_avg" if role == "token_avg" else "token",
+                    **_dinov2_mlp(cfg, dim))
     if model_type == "clip_vision_model":  # pooler_output: post_layernorm on the class token
         return dict(pre_norm=True, fc_norm=True)
     if not _get(cfg, "vision_use_head", True):
         raise ValueError("a SigLIP vision model with vision_use_head=False is not supported")
     return dict(class_token=False, global_pool="map")
+
+
+def _dinov2_mlp(cfg: dict[str, Any], dim: int) -> dict[str, Any]:
+    """DINOv2's MLP: fc1 int(dim * mlp_ratio) wide, or with use_swiglu_ffn the giants' SwiGLU, whose gate and value
+    (``mlp.weights_in``, side by side) are each two thirds of that rounded up to a multiple of 8 (transformers'
+    Dinov2SwiGLUFFN, silu whatever hidden_act says): vitlab's packed SwiGLU with fc1 twice that wide."""
+    ratio = float(_get(cfg, "mlp_ratio", 4.0))
+    if not cfg.get("use_swiglu_ffn"):
+        return dict(mlp_ratio=ratio)
+    hidden = (int(int(dim * ratio) * 2 / 3) + 7) // 8 * 8
+    return dict(mlp_ratio=2 * hidden / dim, mlp_layer="swiglu_packed", act_layer="silu")
 
 
 def _num_classes(cfg: dict[str, Any], role: str) -> int:
@@ -297,6 +306,7 @@ _LAYER_KEYS = {  # ViT, DeiT
     "layernorm_after": "norm2",
 }
 _DINOV2_LAYER_KEYS = {"attention.output.dense": "attn.proj", "mlp.fc1": "mlp.fc1", "mlp.fc2": "mlp.fc2",
+                      "mlp.weights_in": "mlp.fc1", "mlp.weights_out": "mlp.fc2",  # use_swiglu_ffn (gate first)
                       "norm1": "norm1", "norm2": "norm2", "layer_scale1": "ls1", "layer_scale2": "ls2"}
 _CLIP_LAYER_KEYS = {"self_attn.out_proj": "attn.proj", "mlp.fc1": "mlp.fc1", "mlp.fc2": "mlp.fc2",
                     "layer_norm1": "norm1", "layer_norm2": "norm2"}
