@@ -21,6 +21,7 @@ class KnnPoint(NamedTuple):
     rate: float        # images a second it pre-trained at
     knn: float         # top-1 (%) of the pre-trained encoder's features
     untrained: float   # top-1 (%) of the untrained encoder's
+    cpu: str = "a 2-core AMD EPYC (Zen 4, AVX-512), one thread per run, float32"  # where it was measured
 
     @property
     def epochs(self) -> float:
@@ -28,12 +29,18 @@ class KnnPoint(NamedTuple):
         return self.minutes * 60 * self.rate / self.images
 
 
-CPU = "a 2-core AMD EPYC (Zen 4, AVX-512), one thread per run, float32"
-# docs/pretraining.md (`vitlab study pretrain`, vit_nano_patch4_32): the curve at 1.5, 4.5 and 15 minutes, at 3 and 9
-# minutes and the 118.5-minute point, CIFAR-10's 50,000 training images; 20-NN on every label. The rates are the
-# runs' own where the docs give them (MAE 444 img/s at 15 minutes, 422 in the 3-and-9-minute study, 400 on the
-# 2-hour box; MPP 183 and 172), the nearest measured one elsewhere.
+NAMES = {"mae": "MAE", "mpp": "MPP", "dino": "DINO", "ibot": "iBOT", "distill": "distillation"}
+XEON = "a 2-core Intel Xeon with AMX, one thread per run, float32"
+# (minutes, 20-NN top-1 %, the untrained encoder's) on the AMX Xeon, 10% of CIFAR-10's labels (docs/pretraining.md)
+DINO_KNN = ((1.5, 24.64, 27.31), (3, 24.66, 27.31), (6, 25.77, 27.31), (9, 26.11, 27.31), (15, 26.26, 27.25),
+            (30, 27.80, 27.25), (60, 29.04, 27.25))
+IBOT_KNN = ((15, 27.55, 27.25),)
+DISTILL_KNN = ((1.5, 30.17, 27.25), (4.5, 39.30, 27.25), (15, 42.70, 27.25))
 MEASURED: tuple[KnnPoint, ...] = (
+    # docs/pretraining.md (`vitlab study pretrain`, vit_nano_patch4_32): the curve at 1.5, 4.5 and 15 minutes, at 3
+    # and 9 minutes and the 118.5-minute point, CIFAR-10's 50,000 training images; 20-NN on every label. The rates are
+    # the runs' own where the docs give them (MAE 444 img/s at 15 minutes, 422 in the 3-and-9-minute study, 400 on the
+    # 2-hour box; MPP 183 and 172), the nearest measured one elsewhere.
     KnnPoint("mae", "CIFAR-10", 50_000, "vit_nano_patch4_32", 1.5, 444, 24.81, 29.45),
     KnnPoint("mae", "CIFAR-10", 50_000, "vit_nano_patch4_32", 3, 422, 28.49, 29.45),
     KnnPoint("mae", "CIFAR-10", 50_000, "vit_nano_patch4_32", 4.5, 444, 32.35, 29.45),
@@ -45,6 +52,13 @@ MEASURED: tuple[KnnPoint, ...] = (
     KnnPoint("mpp", "CIFAR-10", 50_000, "vit_nano_patch4_32", 4.5, 183, 35.96, 29.45),
     KnnPoint("mpp", "CIFAR-10", 50_000, "vit_nano_patch4_32", 15, 183, 29.86, 29.45),
     KnnPoint("mpp", "CIFAR-10", 50_000, "vit_nano_patch4_32", 118.5, 172, 32.22, 29.45),
+    # DINO, iBOT and distillation on the AMX Xeon in calibrated minutes: the rate is the method's calibrated images a
+    # minute over 60, so minutes x rate is the images the run saw. Distillation's teacher: the same ViT trained with
+    # labels on five of CIFAR-10's ten classes (its figures depend on the teacher as much as on the minutes).
+    *(KnnPoint("dino", "CIFAR-10", 50_000, "vit_nano_patch4_32", m, 1770 / 60, k, u, XEON) for m, k, u in DINO_KNN),
+    *(KnnPoint("ibot", "CIFAR-10", 50_000, "vit_nano_patch4_32", m, 1151 / 60, k, u, XEON) for m, k, u in IBOT_KNN),
+    *(KnnPoint("distill", "CIFAR-10", 50_000, "vit_nano_patch4_32 from a teacher trained on five of its classes", m,
+               4175 / 60, k, u, XEON) for m, k, u in DISTILL_KNN),
 )
 
 
@@ -62,17 +76,17 @@ def guidance(method: str, images: int, planned_images: int | None = None) -> str
     """The line a pre-training run of ``method`` on ``images`` unlabelled images starts with: when the measured
     encoders first beat an untrained one, in epochs and in images seen for this data size."""
     points = [p for p in MEASURED if p.method == method]
-    said = method.upper()
+    said = NAMES.get(method, method)
     if not points:
-        points, said = [p for p in MEASURED if p.method == "mae"], f"{method.upper()} is not measured yet; MAE"
+        points, said = [p for p in MEASURED if p.method == "mae"], f"{said} is not measured yet; MAE"
     behind, ahead = first_ahead(points)
     if ahead is None:
         return (f"guidance: {said}'s encoder has not beaten an untrained one's k-NN in any run measured (the longest: "
                 f"{behind.minutes:g} min, {behind.epochs:.1f} epochs of {behind.images:,} {behind.data} images on "
-                f"{CPU})")
+                f"{behind.cpu})")
     text = (f"guidance: {said}'s encoder first beat an untrained one's k-NN after {ahead.epochs:.1f} epochs of "
-            f"{ahead.images:,} {ahead.data} images ({ahead.minutes:g} min of {ahead.model} on {CPU}: {ahead.knn:.2f}% "
-            f"against {ahead.untrained:.2f}%)")
+            f"{ahead.images:,} {ahead.data} images ({ahead.minutes:g} min of {ahead.model} on {ahead.cpu}: "
+            f"{ahead.knn:.2f}% against {ahead.untrained:.2f}%)")
     if behind is not None:
         text += f" and was below it after {behind.epochs:.1f} ({behind.minutes:g} min: {behind.knn:.2f}%)"
     need = round(ahead.epochs * images)
