@@ -154,6 +154,15 @@ HF = {
     "hf_dinov2_giant": ("Dinov2Model", "Dinov2Config", dict(HF_TINY, mlp_ratio=2, use_swiglu_ffn=True), (24, 20)),
 }
 
+# transformers' wrapper of a timm model (how the Hub ships Perception Encoder and other timm models for transformers):
+# name -> (class, timm architecture, its model_args, label names or None)
+TIMM_WRAPPER = {
+    "hf_timm_wrapper_pe_core": ("TimmWrapperModel", "vit_pe_core_tiny_patch16_384",
+                                dict(TINY, img_size=16, patch_size=4), None),
+    "hf_timm_wrapper_classifier": ("TimmWrapperForImageClassification", "deit3_small_patch16_224",
+                                   dict(TINY, img_size=16, patch_size=4), ["cat", "dog", "fox"]),
+}
+
 # SigLIP 2 (transformers): patch-flattened inputs, the position table resized per image. name -> (class, vision
 # config, second grid): io.safetensors at the table's own grid, io_dynamic.safetensors at another one, both with every
 # patch real; naflex.safetensors a batch of four aspect ratios built by Siglip2ImageProcessor, padded to NAFLEX_PATCHES
@@ -274,6 +283,25 @@ def hf_folder(name: str, cls: str, config_cls: str, config: dict[str, Any], seco
             write_io(folder / "io_dynamic.safetensors", x, *outputs(x, **kw))
 
 
+def timm_wrapper_folder(name: str, cls: str, arch: str, args: dict[str, Any], labels: list[str] | None) -> None:
+    """A TimmWrapperModel (timm's forward_features and its pooled features) or TimmWrapperForImageClassification
+    (timm's logits), written by save_pretrained: config.json names the timm architecture, weights are timm_model.*"""
+    folder = OUT / name
+    kw = dict(id2label=dict(enumerate(labels))) if labels else {}
+    config = transformers.TimmWrapperConfig(architecture=arch, model_args=args, **kw)
+    model_cls = getattr(transformers, cls)
+    ref = perturb(model_cls(config))
+    ref.save_pretrained(folder)
+    back = model_cls.from_pretrained(folder).eval()
+    x = torch.randn(BATCH, 3, args["img_size"], args["img_size"])
+    with torch.no_grad():
+        features = ref.timm_model.forward_features(x)
+        out = ref(pixel_values=x)
+        logits = out.logits if labels else out.pooler_output
+        assert torch.equal(back(pixel_values=x)[0], out[0]), f"{name}: transformers does not read back its folder"
+        write_io(folder / "io.safetensors", x, logits, features)
+
+
 def siglip2_folder(name: str, cls: str, vision: dict[str, Any], second: tuple[int, int]) -> None:
     from PIL import Image
     from transformers.models.siglip2.image_processing_siglip2 import convert_image_to_patches
@@ -346,8 +374,9 @@ def main() -> int:
     torch.set_num_threads(1)
     only = sys.argv[1:]
     writers = {**dict.fromkeys(TIMM, timm_folder), **dict.fromkeys(HF, hf_folder),
-               **dict.fromkeys(SIGLIP2, siglip2_folder), **dict.fromkeys(TIMM_NAFLEX, timm_naflex_folder)}
-    for seed, (name, spec) in enumerate({**TIMM, **HF, **SIGLIP2, **TIMM_NAFLEX}.items()):
+               **dict.fromkeys(SIGLIP2, siglip2_folder), **dict.fromkeys(TIMM_NAFLEX, timm_naflex_folder),
+               **dict.fromkeys(TIMM_WRAPPER, timm_wrapper_folder)}
+    for seed, (name, spec) in enumerate({**TIMM, **HF, **SIGLIP2, **TIMM_NAFLEX, **TIMM_WRAPPER}.items()):
         if only and name not in only:
             continue
         torch.manual_seed(seed)

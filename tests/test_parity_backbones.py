@@ -32,7 +32,8 @@ EXPECTED = {"timm_deit3", "timm_dinov2", "timm_dinov2_reg4", "timm_vit_reg4_gap"
             "timm_pe_core", "timm_pe_core_gigantic", "timm_pe_spatial", "timm_pe_lang",
             "timm_vit_xp", "timm_dinov2_giant", "timm_tipsv2_giant",
             "timm_eva02_enormous", "timm_lingbot",
-            "timm_lingbot_giant", "timm_sapiens2", "hf_dinov2_giant"}
+            "timm_lingbot_giant", "timm_sapiens2", "hf_dinov2_giant",
+            "hf_timm_wrapper_pe_core", "hf_timm_wrapper_classifier"}
 DYNAMIC = sorted(p.parent.name for p in BACKBONES.glob("*/io_dynamic.safetensors"))
 TOL = 1e-4
 
@@ -109,6 +110,24 @@ def test_dinov2_swiglu_reads_as_the_packed_swiglu(tmp_path):
 
     with pytest.raises(ValueError, match="SwiGLU"):  # vitlab writes transformers' ViT/DeiT, which have none
         export(model, "hf", tmp_path / "hf")
+
+
+def test_timm_wrapper_folders_read_as_the_timm_model_they_wrap(tmp_path):
+    pe = vitlab.load(BACKBONES / "hf_timm_wrapper_pe_core")  # its config says num_classes 2, LABEL_0 and LABEL_1
+    assert pe.arch == "vit_pe_core_tiny_patch16_384" and pe.num_classes == 0
+    assert pe.pretrained_cfg.get("label_names") is None
+    classifier = vitlab.load(BACKBONES / "hf_timm_wrapper_classifier")
+    assert classifier.num_classes == 3 and classifier.pretrained_cfg["label_names"] == ["cat", "dog", "fox"]
+    folder = tmp_path / "wrapped"
+    shutil.copytree(BACKBONES / "hf_timm_wrapper_pe_core", folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    for change, message in ((dict(architecture="resnet50"), "timm architecture 'resnet50'"),
+                            (dict(architectures=["TimmWrapperForSomething"]), "'TimmWrapperForSomething'.*accepted: "
+                             "TimmWrapperModel, TimmWrapperForImageClassification")):
+        (folder / "config.json").write_text(json.dumps({**cfg, **change}))
+        with pytest.raises(ValueError, match=message) as e:
+            vitlab.load(folder)
+        assert "\n" not in str(e.value)
 
 
 def test_size_only_in_pretrained_cfg_builds_at_that_size():

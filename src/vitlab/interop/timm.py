@@ -45,8 +45,27 @@ def missing_piece(name: str) -> str:
     return next((piece for pattern, piece in MISSING_PIECES if re.search(pattern, name)), "")
 
 
+# transformers' wrappers of a timm model (model_type timm_wrapper, weights under timm_model.) -> whether it has a head
+WRAPPER_HEADS = {"TimmWrapperModel": False, "TimmWrapperForImageClassification": True}
+
+
+def unwrapped(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The timm config inside transformers' TimmWrapper config.json: TimmWrapperModel builds the timm model without
+    its head (num_classes=0) whatever num_classes and label_names say."""
+    arch = (cfg.get("architectures") or ["TimmWrapperModel"])[0]
+    if arch not in WRAPPER_HEADS:
+        raise ValueError(f"Hugging Face architecture {arch!r} is not supported for model_type 'timm_wrapper'; "
+                         f"accepted: {', '.join(WRAPPER_HEADS)}")
+    if WRAPPER_HEADS[arch]:
+        return cfg
+    pre = {k: v for k, v in (cfg.get("pretrained_cfg") or {}).items() if k != "label_names"}
+    return {**cfg, "num_classes": 0, "label_names": None, "pretrained_cfg": pre}
+
+
 def model_args(cfg: dict[str, Any]) -> tuple[str, dict[str, Any], dict[str, Any]]:
-    """(vitlab name, its arguments, preprocessing) from a timm config.json."""
+    """(vitlab name, its arguments, preprocessing) from a timm config.json, or transformers' wrapper of one."""
+    if cfg.get("model_type") == "timm_wrapper":
+        cfg = unwrapped(cfg)
     name = cfg["architecture"]
     if name not in list_models(name):
         piece = missing_piece(name)
@@ -82,10 +101,11 @@ _CAIT_GAMMA = re.compile(r"^(blocks(?:_token_only)?\.\d+)\.gamma_([12])$")
 
 
 def convert_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """timm keys -> vitlab keys: identical but for CaiT's and BEiT's LayerScale (``gamma_1`` -> ``ls1.gamma``)."""
+    """timm keys -> vitlab keys: identical but for CaiT's and BEiT's LayerScale (``gamma_1`` -> ``ls1.gamma``);
+    the prefixes of a DataParallel (``module.``) and of transformers' TimmWrapper (``timm_model.``) go."""
     out = {}
     for k, v in state.items():
-        k = k.removeprefix("module.")
+        k = k.removeprefix("module.").removeprefix("timm_model.")
         if k.endswith((".relative_position_index", ".k_bias")):  # buffers older timm checkpoints hold (BEiT)
             continue
         k = _CAIT_GAMMA.sub(r"\1.ls\2.gamma", k)
