@@ -12,8 +12,9 @@ It reads the run folders and probe.json files that the commands in docs/pretrain
                                               with the task's prefix, e.g. five_scratch-3min-10-s0
 
 A point's fine-tunes are compared with the scratch runs of the same total time, mean +/- sample std over their
-seeds, and called separated when the gap exceeds the two spreads combined (sqrt(s1^2 + s2^2)); a scratch point with
-one seed takes the spread of the nearest scratch point with several.
+seeds, and called separated as the studies call it (vitlab.studies.claims.separated: the gap at least twice the two
+spreads combined, sqrt(s1^2 + s2^2)); a scratch point with one seed takes the spread of the nearest scratch point
+with several.
 
     python benchmarks/pretrain_curve.py WORK [--finetune-minutes 1.5] [--png docs/pretraining-curve.png]
     python benchmarks/pretrain_curve.py WORK --split ../shared/data/cifar10-jpg.tar.gz   # the two class folders
@@ -30,6 +31,8 @@ import re
 import statistics
 from collections import defaultdict
 from pathlib import Path
+
+from vitlab.studies.claims import separated
 
 PRETRAIN = re.compile(r"^(?:(?P<task>[a-z0-9]+)_)?(?P<method>[a-z]+)-(?P<minutes>[0-9.]+)min$")
 FINETUNE = re.compile(r"^(?:(?P<task>[a-z0-9]+)_)?(?P<method>[a-z]+)-(?P<minutes>[0-9.]+)min-ft(?P<share>\d+)-s\d+$")
@@ -111,7 +114,7 @@ def report(data: dict, ft_minutes: float) -> list[str]:
         gap = statistics.fmean(xs) - statistics.fmean(ys)
         s1, s2 = mean_std(xs)[1], spread(data["scratch"], key)
         noise = math.hypot(s1, s2) if s1 is not None and s2 is not None else None
-        sep = "n/a" if noise is None else ("yes" if abs(gap) > noise else "no")
+        sep = "n/a" if noise is None else ("yes" if separated(gap, noise) else "no")
         lines.append(f"| {label} | {method} {minutes:g} min | {fmt(xs)} | {fmt(ys)} ({total:g} min) | "
                      f"{gap:+.2f}" + (f" +/- {noise:.2f}" if noise is not None else "") + f" | {sep} |")
     return lines

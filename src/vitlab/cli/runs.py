@@ -35,7 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                     help="pretrain study: its pre-training runs, in fine-tuning budgets (default 1,3; 10,20,40 with "
                     "the default 1.5 minutes: 15, 30 and 60 minutes of pre-training)")
     st.add_argument("--methods", default=None, metavar="M,M,...",
-                    help="pretrain study: its pre-training methods, comma-separated, among mpp, mae and dino "
+                    help="pretrain study: its pre-training methods, comma-separated, among mpp, mae, dino and ibot "
                     "(default mae,dino)")
     st.add_argument("--arm", action="append", dest="arms", metavar="PATTERN",
                     help="train only the arms whose name matches (a shell pattern, e.g. 'MAE 79x*'; repeat for more) "

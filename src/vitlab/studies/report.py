@@ -133,7 +133,7 @@ def plot_study(result: dict[str, Any], study: Study, path: Path) -> Path:
             _lines(ax, [r for r in rows if r["panel"] == panel], result, study)
             ax.set_title(panel or "test top-1", fontsize=10)
         if study.gap:
-            _gap_lines(axes[-1], rows, study.gap)
+            _gap_lines(axes[len(panels)], rows, study.gap)  # the probes' panel, if any, comes last
         if probes:
             _probe_lines(axes[-1], probes, result, study)
         fig.suptitle(f"{result['study']}: {result['budget']} on {Path(str(result['data'])).name}")

@@ -39,10 +39,12 @@ from ..train.recipe import FIELDS, Recipe, load_recipe
 from ..train.trainer import train
 from .claims import (
     BASE_RECIPE,
+    DEFAULT_METHODS,
     INCOMPLETE,
     OWN_RECIPE_OVERRIDES,
     OWN_RECIPE_SKIP,
     PRETRAIN_BASE_KEYS,
+    PRETRAIN_SCALES,
     PRETRAINED,
     QUICK,
     QUICK_SHARE,
@@ -401,8 +403,8 @@ def run_study(name: str, out: str | os.PathLike = "studies", data: str = "cifar1
         raise ValueError(f"threads={threads!r} is not valid; accepted: an integer >= 1")
     study = STUDIES[name]
     if pretrain_budgets is not None or pretrain_methods is not None:
-        study = pretrain_study(*([tuple(pretrain_budgets)] if pretrain_budgets is not None else []),
-                               **({"methods": tuple(pretrain_methods)} if pretrain_methods is not None else {}))
+        study = pretrain_study(PRETRAIN_SCALES if pretrain_budgets is None else tuple(pretrain_budgets),
+                               DEFAULT_METHODS if pretrain_methods is None else tuple(pretrain_methods))
     out = Path(out)
     threads = threads or max(1, (os.cpu_count() or 1) // jobs)
     common = {**_common(study, data, budget, epochs, quick), "threads": threads, "cache_dir": cache_dir}
