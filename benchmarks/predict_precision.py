@@ -11,7 +11,7 @@ the images whose top-1 class differs. --commands times the whole command instead
 in a process of its own (the interpreter's start-up and the imports included), as a user runs it.
 
     python benchmarks/predict_precision.py --data ../shared/data/cifar10-jpg.tar.gz [--images 32] [--rounds 2]
-        [--commands]
+        [--commands] [--batch-size 16]
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 import vitlab
-from vitlab.devices import BF16_CPU_FLAG, cpu_flags, cpu_name
+from vitlab.devices import BF16_CPU_FLAG, PREDICT_BATCH, cpu_flags, cpu_name
 from vitlab.infer.predict import predict_files
 
 
@@ -49,24 +49,26 @@ def test_images(archive: Path, n: int, folder: Path) -> list[Path]:
     return paths
 
 
-def predict(model: str, images: list[Path], precision: str) -> tuple[float, list[str]]:
-    """Seconds of one ``predict_files`` call (what `vitlab predict` runs) and each image's top-1 class."""
+def predict(model: str, images: list[Path], precision: str, batch: int) -> tuple[float, list[list[dict]]]:
+    """Seconds of one ``predict_files`` call (what `vitlab predict` runs) and each image's top two classes."""
     t = time.perf_counter()
-    results = predict_files(model, images, top_k=1, device="cpu", precision=precision)
-    return time.perf_counter() - t, [r["top"][0]["class"] for r in results]
+    results = predict_files(model, images, top_k=2, device="cpu", precision=precision, batch_size=batch)
+    return time.perf_counter() - t, [r["top"] for r in results]
 
 
-def predict_command(model: str, images: list[Path], precision: str, threads: int) -> tuple[float, list[str]]:
+def predict_command(model: str, images: list[Path], precision: str, threads: int,
+                    batch: int) -> tuple[float, list[list[dict]]]:
     """Seconds of the whole command `vitlab predict MODEL IMAGES... --precision P` in a new process, and each
-    image's top-1 class."""
-    cmd = [sys.executable, "-m", "vitlab", "predict", model, *map(str, images), "--top-k", "1", "--json",
-           "--device", "cpu", "--precision", precision, "--threads", str(threads)]
+    image's top two classes."""
+    cmd = [sys.executable, "-m", "vitlab", "predict", model, *map(str, images), "--top-k", "2", "--json",
+           "--device", "cpu", "--precision", precision, "--threads", str(threads),
+           "--batch-size", str(batch)]
     t = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True)
     seconds = time.perf_counter() - t
     if proc.returncode != 0:
         sys.exit(f"vitlab predict failed:\n{proc.stderr[-2000:]}")
-    return seconds, [r["top"][0]["class"] for r in json.loads(proc.stdout)]
+    return seconds, [r["top"] for r in json.loads(proc.stdout)]
 
 
 def main() -> None:
@@ -76,6 +78,7 @@ def main() -> None:
     ap.add_argument("--images", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--batch-size", type=int, default=PREDICT_BATCH, help="images per forward pass (predict's own)")
     ap.add_argument("--commands", action="store_true", help="time whole `vitlab predict` commands, one process each")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -87,17 +90,21 @@ def main() -> None:
             model = str(vitlab.save(vitlab.create_model("vit_base_patch16_224", num_classes=10), folder / "vit_b16"))
         images = test_images(Path(args.data), args.images, folder)
         seconds: dict[str, list[float]] = {"fp32": [], "bf16": []}
-        classes: dict[str, list[str]] = {}
+        tops: dict[str, list[list[dict]]] = {}
         for _ in range(args.rounds):
             for precision in seconds:
-                s, classes[precision] = (predict_command(model, images, precision, args.threads) if args.commands
-                                         else predict(model, images, precision))
+                s, tops[precision] = (predict_command(model, images, precision, args.threads, args.batch_size)
+                                       if args.commands else predict(model, images, precision, args.batch_size))
                 seconds[precision].append(s)
     amx = "AMX (amx_bf16)" if BF16_CPU_FLAG in cpu_flags() else "no AMX"
     fp32, bf16 = statistics.median(seconds["fp32"]), statistics.median(seconds["bf16"])
-    differ = [i for i, (a, b) in enumerate(zip(classes["fp32"], classes["bf16"])) if a != b]
+    differ = [i for i, (a, b) in enumerate(zip(tops["fp32"], tops["bf16"])) if a[0]["class"] != b[0]["class"]]
+    margin = [a[0]["probability"] - a[1]["probability"] for a in tops["fp32"]]  # float32's top-1 over its second
+    moved = max(abs(a[0]["probability"] - next(p["probability"] for p in b if p["class"] == a[0]["class"]))
+                for a, b in zip(tops["fp32"], tops["bf16"]) if any(p["class"] == a[0]["class"] for p in b))
     print(f"CPU: {cpu_name()}, {amx}; torch {torch.__version__}; {args.threads} threads; model: "
-          f"{args.model or 'vit_base_patch16_224 (random weights, 10 classes)'}; {len(images)} CIFAR-10 test images")
+          f"{args.model or 'vit_base_patch16_224 (random weights, 10 classes)'}; {len(images)} CIFAR-10 test images, "
+          f"{args.batch_size} a forward pass")
     what = "whole command" if args.commands else "predict_files in one process"
     print(f"| precision | `vitlab predict`'s seconds ({what}, median of {args.rounds}) | img/s |")
     print("|---|---|---|")
@@ -106,7 +113,10 @@ def main() -> None:
     included = "start-up, imports, " if args.commands else ""
     print(f"bf16 / float32 speed: {fp32 / bf16:.2f}x ({included}loading the folder and decoding the files included); "
           f"same top-1 class: {len(images) - len(differ)} of {len(images)}"
-          + (f" (differ: {', '.join(images[i].name for i in differ)})" if differ else ""))
+          + (" (differ: " + "; ".join(f"{images[i].name}, float32's top-1 ahead of its second by {margin[i]:.4f}"
+                                      for i in differ) + ")" if differ else ""))
+    print(f"float32's top-1 is ahead of its second by {statistics.median(margin):.4f} (median over the images); bf16 "
+          f"moves a top-1 probability by {moved:.4f} at most")
 
 
 if __name__ == "__main__":

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
+import torch
 import yaml
 from conftest import checksums, error_line, run_cli
 
@@ -305,6 +307,40 @@ def test_predict_predicts_the_readable_files_and_reports_the_others(tmp_path, ca
     line = error_line(capsys, ["predict", str(folder), str(bad)])  # nothing readable: refused
     assert str(bad) in line
     assert checksums(tmp_path) == before
+
+
+def test_predict_in_batches_gives_each_file_its_own_answer_in_order(tmp_path, capsys):
+    from PIL import Image
+
+    from vitlab.infer.predict import predict_files
+    torch.manual_seed(0)
+    folder = vitlab.save(vitlab.create_model("vit_micro_patch2_8", embed_dim=16, depth=1, num_heads=2,
+                                             num_classes=5), tmp_path / "model")
+    files = []
+    for i in range(7):
+        files.append(tmp_path / f"{i}.png")
+        if i in (2, 3):  # a whole batch of two unreadable between readable ones
+            files[-1].write_bytes(b"not a png")
+        else:
+            Image.fromarray(np.random.default_rng(i).integers(0, 256, (8, 8), dtype=np.uint8)).save(files[-1])
+    def same(results, expected):  # each file in its place, its classes in order, the probabilities within 1e-5
+        def names(rs):
+            return [(r["image"], [p["class"] for p in r.get("top", [])]) for r in rs]
+
+        def probabilities(rs):
+            return [p["probability"] for r in rs for p in r.get("top", [])]
+        return names(results) == names(expected) and np.allclose(probabilities(results), probabilities(expected),
+                                                                 atol=1e-5)
+
+    whole = predict_files(folder, files, top_k=5, batch_size=16, precision="fp32")
+    for batch in (1, 2, 3):
+        assert same(predict_files(folder, files, top_k=5, batch_size=batch, precision="fp32"), whole)
+    assert [("error" in r, r["image"]) for r in whole] == [(i in (2, 3), str(f)) for i, f in enumerate(files)]
+    assert len({r["top"][0]["probability"] for r in whole if "top" in r}) > 1  # the images differ in answers
+    code, err, out = run_cli(capsys, ["predict", str(folder), *map(str, files), "--batch-size", "2", "--json"])
+    assert code == 1 and same(json.loads(out), whole)
+    line = error_line(capsys, ["predict", str(folder), str(files[0]), "--batch-size", "0"])
+    assert "--batch-size" in line and "accepted: an integer >= 1" in line
 
 
 # ----------------------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from . import progress
 from .checkpoint import load, save
 from .data.arrays import is_arrays, split_arrays, store_arrays
 from .data.augment import normalize
-from .devices import to_device
+from .devices import PREDICT_BATCH, to_device
 from .infer.eval import Options, evaluate_folder, evaluate_images, model_data
 from .infer.precision import inference_precision
 from .infer.predict import class_names, class_probabilities, decode_images
@@ -161,7 +161,7 @@ def evaluate(model: ModelLike, data: Any = None, *, batch_size: int = 256, preci
     return {**heads["logits"], "heads": heads, "data": bundle.name}
 
 
-def predict(model: ModelLike, images: Any, *, batch_size: int = 256, precision: str = "auto") -> np.ndarray:
+def predict(model: ModelLike, images: Any, *, batch_size: int = PREDICT_BATCH, precision: str = "auto") -> np.ndarray:
     """Class probabilities, an (N, classes) array, for image files, PIL images or uint8 arrays ((H, W, C) one image,
     (N, H, W, C) several), each prepared by the model's own preprocessing (as ``vitlab predict``); ``precision``
     as ``vitlab predict --precision`` (auto: a run folder's own, else bf16 where it pays for the model).

@@ -71,6 +71,9 @@ def cpu_bf16() -> tuple[bool, str]:
 # accuracy), inference from the hybrid and ViT-Ti/4 on: two lines, an order of magnitude apart.
 BF16_CPU_MIN_MACS = 1e9  # multiply-adds an image (linear and convolution layers) from which bf16 training pays
 BF16_CPU_MIN_MACS_INFERENCE = 0.1e9  # and from which bf16 inference pays, on a CPU with AMX
+# Images a forward pass of `vitlab predict` takes: small batches keep a CPU's caches warm (ViT-B/16 at 224 in bf16
+# on the AMX Xeon ran faster 16 at a time than 256 at once), and memory stays one batch's however many files.
+PREDICT_BATCH = 16
 
 
 def auto_precision(device: torch.device, macs: float, use: str = "training") -> tuple[str, str]:

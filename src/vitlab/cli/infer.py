@@ -5,7 +5,7 @@ import argparse
 import json
 import sys
 
-from ..devices import BF16_CPU_MIN_MACS_INFERENCE
+from ..devices import BF16_CPU_MIN_MACS_INFERENCE, PREDICT_BATCH
 from .options import add_option, integer
 
 DATA_HELP = "digits, cifar10, cifar100, an image folder or a .tar.gz"
@@ -35,6 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     pr.add_argument("--top-k", type=integer(1), default=5, help="classes shown per image [an integer >= 1; default 5]")
     pr.add_argument("--json", action="store_true", help="print JSON")
     add_option(pr, "device", help=DEVICE_HELP)
+    add_option(pr, "batch_size", default=PREDICT_BATCH, help="images per forward pass")
     add_option(pr, "precision", default="auto", help=AUTO_HELP)
     add_option(pr, "threads")
     pr.set_defaults(func=run_predict)
@@ -55,7 +56,7 @@ def run_eval(args: argparse.Namespace) -> int:
 def run_predict(args: argparse.Namespace) -> int:
     from ..infer.predict import predict_files
     results = predict_files(args.model, args.images, top_k=args.top_k, device=args.device,
-                            precision=args.precision)
+                            precision=args.precision, batch_size=args.batch_size)
     if args.json:
         print(json.dumps(results, indent=2))
     else:

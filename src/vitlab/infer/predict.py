@@ -14,7 +14,7 @@ from ..data.arrays import images_nchw
 from ..data.augment import normalize
 from ..data.sources import read_image
 from ..data.views import Preprocess
-from ..devices import resolve_device, to_device
+from ..devices import PREDICT_BATCH, resolve_device, to_device
 from ..finite import check_finite
 from ..runs.folder import check_model_written
 from ..train.metrics import head_logits
@@ -78,15 +78,20 @@ def class_probabilities(model: torch.nn.Module, images: torch.Tensor, source: ob
 
 @torch.no_grad()
 def predict_files(model_path: str | os.PathLike, images: Sequence[str | os.PathLike], top_k: int = 5,
-                  device: str = "auto", precision: str = "auto") -> list[dict]:
+                  device: str = "auto", precision: str = "auto", batch_size: int = PREDICT_BATCH) -> list[dict]:
     """Top-k classes with probabilities for each image file; a file that cannot be read gets ``error`` (why)
     instead, and the others are predicted (none readable: a ValueError).
 
     Each image is prepared as the model's pretrained config says (``Preprocess``: the resize rule, crop_pct
     and interpolation applied by Pillow as the file is decoded, as timm and transformers do; mean and std),
     the rule that decodes a run's test images. ``precision``: fp32, bf16, fp16 or auto (a run folder's own, else
-    bf16 where it pays for the model: ``infer.precision.inference_precision``).
+    bf16 where it pays for the model: ``infer.precision.inference_precision``). The files are decoded and run
+    ``batch_size`` at a time, so memory stays that of one batch however many files there are.
     """
+    if not images:
+        raise ValueError("no images given; accepted: one image file or more")
+    if batch_size < 1:
+        raise ValueError(f"batch size {batch_size} is not valid; accepted: an integer >= 1")
     dev = resolve_device(device)
     check_model_written(model_path)
     model = checkpoint.load(model_path).to(dev)
@@ -96,24 +101,25 @@ def predict_files(model_path: str | os.PathLike, images: Sequence[str | os.PathL
     cfg = model.pretrained_cfg
     names = class_names(model)
     prep = Preprocess.from_cfg(cfg)
-    decoded, results = [], []
-    for p in images:
-        try:
-            decoded.append(read_image(p, prep.size, cfg["input_size"][0], prep.fit))
-            results.append({"image": str(p)})
-        except ValueError as e:  # one unreadable file: the others are still predicted, and it is reported
-            results.append({"image": str(p), "error": str(e)})
-    if not decoded:
-        raise ValueError(results[0]["error"] if len(results) == 1 else
-                         f"none of the {len(results)} images could be read; the first: {results[0]['error']}")
     precision = inference_precision(model, precision, dev, model_path)
     model = cast_for_inference(model, precision)
-    probs = class_probabilities(model, torch.stack(decoded), model_path, precision).cpu()
-    top = probs.topk(min(top_k, probs.shape[1]), dim=1)
-    good = iter(range(len(decoded)))
-    for r in results:
-        if "error" not in r:
-            n = next(good)
-            r["top"] = [{"class": names[int(i)], "probability": float(v)}
-                        for v, i in zip(top.values[n], top.indices[n])]
+    results = []
+    for start in range(0, len(images), batch_size):
+        decoded, readable = [], []
+        for p in images[start:start + batch_size]:
+            try:
+                decoded.append(read_image(p, prep.size, cfg["input_size"][0], prep.fit))
+                readable.append({"image": str(p)})
+                results.append(readable[-1])
+            except ValueError as e:  # one unreadable file: the others are still predicted, and it is reported
+                results.append({"image": str(p), "error": str(e)})
+        if not decoded:
+            continue
+        probs = class_probabilities(model, torch.stack(decoded), model_path, precision).cpu()
+        top = probs.topk(min(top_k, probs.shape[1]), dim=1)
+        for r, values, indices in zip(readable, top.values, top.indices):
+            r["top"] = [{"class": names[int(i)], "probability": float(v)} for v, i in zip(values, indices)]
+    if not any("top" in r for r in results):
+        raise ValueError(results[0]["error"] if len(results) == 1 else
+                         f"none of the {len(results)} images could be read; the first: {results[0]['error']}")
     return results
