@@ -155,12 +155,13 @@ HF = {
 }
 
 # transformers' wrapper of a timm model (how the Hub ships Perception Encoder and other timm models for transformers):
-# name -> (class, timm architecture, its model_args, label names or None)
+# name -> (class, timm architecture, its model_args, label names or None, second input size: io_dynamic.safetensors
+# from the same weights in a wrapper whose model_args add dynamic_img_size)
 TIMM_WRAPPER = {
     "hf_timm_wrapper_pe_core": ("TimmWrapperModel", "vit_pe_core_tiny_patch16_384",
-                                dict(TINY, img_size=16, patch_size=4), None),
+                                dict(TINY, img_size=16, patch_size=4), None, (24, 20)),
     "hf_timm_wrapper_classifier": ("TimmWrapperForImageClassification", "deit3_small_patch16_224",
-                                   dict(TINY, img_size=16, patch_size=4), ["cat", "dog", "fox"]),
+                                   dict(TINY, img_size=16, patch_size=4), ["cat", "dog", "fox"], (20, 28)),
 }
 
 # SigLIP 2 (transformers): patch-flattened inputs, the position table resized per image. name -> (class, vision
@@ -283,9 +284,11 @@ def hf_folder(name: str, cls: str, config_cls: str, config: dict[str, Any], seco
             write_io(folder / "io_dynamic.safetensors", x, *outputs(x, **kw))
 
 
-def timm_wrapper_folder(name: str, cls: str, arch: str, args: dict[str, Any], labels: list[str] | None) -> None:
+def timm_wrapper_folder(name: str, cls: str, arch: str, args: dict[str, Any], labels: list[str] | None,
+                        second: tuple[int, int]) -> None:
     """A TimmWrapperModel (timm's forward_features and its pooled features) or TimmWrapperForImageClassification
-    (timm's logits), written by save_pretrained: config.json names the timm architecture, weights are timm_model.*"""
+    (timm's logits), written by save_pretrained: config.json names the timm architecture, weights are timm_model.*;
+    io_dynamic.safetensors at the ``second`` input size, from the same weights built with dynamic_img_size"""
     folder = OUT / name
     kw = dict(id2label=dict(enumerate(labels))) if labels else {}
     config = transformers.TimmWrapperConfig(architecture=arch, model_args=args, **kw)
@@ -300,6 +303,13 @@ def timm_wrapper_folder(name: str, cls: str, arch: str, args: dict[str, Any], la
         logits = out.logits if labels else out.pooler_output
         assert torch.equal(back(pixel_values=x)[0], out[0]), f"{name}: transformers does not read back its folder"
         write_io(folder / "io.safetensors", x, logits, features)
+        dyn = model_cls(transformers.TimmWrapperConfig(architecture=arch, model_args={**args, "dynamic_img_size": True},
+                                                       **kw)).eval()
+        dyn.load_state_dict(ref.state_dict())
+        x = torch.randn(BATCH, 3, *second)
+        out = dyn(pixel_values=x)
+        write_io(folder / "io_dynamic.safetensors", x, out.logits if labels else out.pooler_output,
+                 dyn.timm_model.forward_features(x))
 
 
 def siglip2_folder(name: str, cls: str, vision: dict[str, Any], second: tuple[int, int]) -> None:
