@@ -23,6 +23,20 @@ def test_every_command_of_before_is_there():
                                 "study", "inspect", "data", "cache"]
 
 
+def test_vitlab_help_lists_every_command_as_the_full_parser_does_without_importing_them(monkeypatch):
+    import os
+    import subprocess
+    import sys
+    code = ("import sys\nfrom vitlab.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'matplotlib', 'numpy')))")
+    env = {**os.environ, "COLUMNS": "100"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env).stdout
+    listing, imported = out.rstrip("\n").rsplit("\n", 1)
+    monkeypatch.setenv("COLUMNS", "100")
+    assert imported == "[]" and listing + "\n" == build_parser().format_help()
+    assert all(f"    {name} " in listing for name in commands())
+
+
 @pytest.mark.parametrize("command, flag, default", [
     ("eval", "--precision", "auto"), ("train", "--precision", None),  # train: None = the recipe's default
     ("predict", "--precision", "auto"), ("probe", "--precision", "auto"), ("inspect", "--precision", "auto"),

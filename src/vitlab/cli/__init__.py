@@ -28,6 +28,27 @@ from ..text import clip_quotes
 COMMANDS = {"models": "models", "train": "train", "pretrain": "pretrain", "eval": "infer", "predict": "infer",
             "probe": "probe", "export": "export", "compare": "runs", "study": "runs", "inspect": "inspect",
             "data": "data", "cache": "cache"}
+# each command's line in `vitlab --help`, which lists them without importing their modules (torch, matplotlib)
+HELP = {
+    "models": "list models with parameters and multiply-adds an image (GMACs)",
+    "train": "train (or fine-tune, or distil) a model and write a run folder",
+    "pretrain": "self-supervised pre-training (MAE, masked patch prediction, DINO, iBOT or distillation from a frozen "
+                "backbone) of a ViT encoder on images, labelled or not; writes a run folder",
+    "eval": "evaluate a model on a data set's test split (metrics and plots)",
+    "predict": "top-k classes for image files",
+    "probe": "judge a frozen model on a data set: k-NN and linear-probe top-1",
+    "export": "write a model as ONNX, a timm Hub folder or a Hugging Face folder",
+    "compare": "a table of run folders and their curves in one figure",
+    "study": "a paper's claim as runs that differ in one factor: table, figure, answer",
+    "inspect": "the ViT paper's analyses of a model: attention, rollout, distances, embeddings",
+    "data": "write a data set as WebDataset shards (pack), or shards as a folder (unpack)",
+    "cache": "list the data cache (stores, sizes, which are superseded) or clean it",
+}
+
+
+def add_command(sub: argparse._SubParsersAction, name: str, **kwargs: typing.Any) -> argparse.ArgumentParser:
+    """The parser of command ``name``, with its line of ``HELP``."""
+    return sub.add_parser(name, help=HELP[name], **kwargs)
 
 
 class Parser(argparse.ArgumentParser):
@@ -37,12 +58,17 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-def build_parser(command: str | None = None) -> argparse.ArgumentParser:
-    """The command line's parser: every command's, or only ``command``'s where it names one."""
+def build_parser(command: str | None = None, overview: bool = False) -> argparse.ArgumentParser:
+    """The command line's parser: every command's, or only ``command``'s where it names one; with ``overview``,
+    the commands' names and lines alone (what `vitlab --help` and a mistyped command need), no module imported."""
     from .. import __version__
     p = Parser(prog="vitlab", description="Build, train, distil and understand Vision Transformers.")
     p.add_argument("--version", action="version", version=f"vitlab {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    if overview:
+        for name in COMMANDS:
+            add_command(sub, name)
+        return p
     modules = [COMMANDS[command]] if command in COMMANDS else dict.fromkeys(COMMANDS.values())
     for module in modules:
         importlib.import_module(f".{module}", __name__).register(sub)
@@ -51,7 +77,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    parser = build_parser(argv[0] if argv else None)
+    command = argv[0] if argv else None
+    parser = build_parser(command) if command in COMMANDS else build_parser(overview=True)
     args, extra = parser.parse_known_args(argv)
     if extra:
         command = getattr(args, "command", None)

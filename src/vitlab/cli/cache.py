@@ -4,15 +4,16 @@ from __future__ import annotations
 import argparse
 import json
 
+from . import add_command
 from .options import add_option
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    c = sub.add_parser("cache", help="list the data cache (stores, sizes, which are superseded) or clean it",
-                       description="The data cache ($VITLAB_CACHE, else ~/.cache/vitlab) keeps one store per "
-                       "source and settings. 'list' shows them with their sizes and whether the source has changed "
-                       "since; 'clean' removes superseded stores: only the files vitlab wrote, in the folders it made "
-                       "(they hold its marker), and lists what it leaves.")
+    c = add_command(sub, "cache",
+                    description="The data cache ($VITLAB_CACHE, else ~/.cache/vitlab) keeps one store per "
+                    "source and settings. 'list' shows them with their sizes and whether the source has changed "
+                    "since; 'clean' removes superseded stores: only the files vitlab wrote, in the folders it made "
+                    "(they hold its marker), and lists what it leaves.")
     c.add_argument("action", choices=("list", "clean"), help="list, or clean")
     add_option(c, "cache_dir")
     c.add_argument("--all", action="store_true", help="clean: remove every store, unfinished build and download too")

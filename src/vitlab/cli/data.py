@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import argparse
 
+from . import add_command
 from .options import add_option
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    d = sub.add_parser("data", help="write a data set as WebDataset shards (pack), or shards as a folder (unpack)",
-                       description="Move a data set between the forms vitlab reads: 'pack' writes any source (a "
-                       "built-in set, an image folder, an archive, Parquet or CSV/TSV files, a store) as "
-                       "train-NNNNNN.tar and test-NNNNNN.tar shards with an _info.json, split as training splits it; "
-                       "'unpack' writes shards (wds:DIR, or a pattern) back as an image folder.")
+    d = add_command(sub, "data",
+                    description="Move a data set between the forms vitlab reads: 'pack' writes any source (a "
+                    "built-in set, an image folder, an archive, Parquet or CSV/TSV files, a store) as "
+                    "train-NNNNNN.tar and test-NNNNNN.tar shards with an _info.json, split as training splits it; "
+                    "'unpack' writes shards (wds:DIR, or a pattern) back as an image folder.")
     actions = d.add_subparsers(dest="action", metavar="ACTION", required=True)
     p = actions.add_parser("pack", help="write a source as WebDataset shards")
     p.add_argument("source", help="what --data takes: digits, cifar10, an image folder, a .tar.gz, ...")

@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import argparse
 
+from . import add_command
 from .options import add_option
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    x = sub.add_parser("export", help="write a model as ONNX, a timm Hub folder or a Hugging Face folder")
+    x = add_command(sub, "export")
     x.add_argument("model", help="anything vitlab.load reads: a model folder, a run folder or hf-hub:ORG/NAME")
     x.add_argument("--to", required=True, choices=("onnx", "timm", "hf"), help="the format to write")
     x.add_argument("--out", required=True, help="folder to write")

@@ -6,6 +6,7 @@ import json
 import sys
 
 from ..devices import BF16_CPU_MIN_MACS_INFERENCE, PREDICT_BATCH
+from . import add_command
 from .options import add_option, integer
 
 DATA_HELP = "digits, cifar10, cifar100, an image folder or a .tar.gz"
@@ -15,7 +16,7 @@ AUTO_HELP = ("auto: a run folder's own (its summary's figures), else bf16 where 
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    e = sub.add_parser("eval", help="evaluate a model on a data set's test split (metrics and plots)")
+    e = add_command(sub, "eval")
     e.add_argument("model", help="model folder (vitlab run, timm or Hugging Face)")
     add_option(e, "data", default=None, help=DATA_HELP + "; default: a run folder's own data set and split")
     e.add_argument("--out", help="folder for summary.json and confusion.png")
@@ -29,7 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_option(e, "threads")
     e.set_defaults(func=run_eval)
 
-    pr = sub.add_parser("predict", help="top-k classes for image files")
+    pr = add_command(sub, "predict")
     pr.add_argument("model", help="model folder (vitlab run, timm or Hugging Face) or hf-hub:ORG/NAME[@REV]")
     pr.add_argument("images", nargs="+", help="image files")
     pr.add_argument("--top-k", type=integer(1), default=5, help="classes shown per image [an integer >= 1; default 5]")

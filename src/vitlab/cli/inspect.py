@@ -12,6 +12,7 @@ from ..analysis.rollout import HEAD_FUSIONS
 from ..data.augment import normalize
 from ..data.sources import read_image
 from ..data.views import Preprocess, balanced_order
+from . import add_command
 from .options import add_option
 
 
@@ -45,8 +46,8 @@ def _pretraining_objective(folder: str):
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``inspect`` sub-command to a ``vitlab`` sub-parser set."""
-    p = subparsers.add_parser(
-        "inspect", help="the ViT paper's analyses of a model: attention, rollout, distances, embeddings",
+    p = add_command(
+        subparsers, "inspect",
         description="Write figures (attention per block and head, raw attention, rollout, gradient rollout and "
                     "relevance maps with their faithfulness scores, a parameter-randomisation sanity check, head "
                     "importance, mean attention distance, position-embedding similarity, patch-filter components, "

@@ -3,9 +3,11 @@ from __future__ import annotations
 
 import argparse
 
+from . import add_command
+
 
 def register(sub: argparse._SubParsersAction) -> None:
-    m = sub.add_parser("models", help="list models with parameters and multiply-adds an image (GMACs)")
+    m = add_command(sub, "models")
     m.add_argument("pattern", nargs="?", default="*", help="shell-style filter, e.g. 'vit_*' or cifar")
     m.set_defaults(func=run)
 

@@ -12,6 +12,7 @@ import argparse
 from pathlib import Path
 
 from ..train.recipe import AUGMENT_FIELDS, FIELDS, PRETRAIN_TAKES, SUPERVISED_ONLY
+from . import add_command
 from . import train as train_cli
 from .options import add_recipe_option, flag
 
@@ -21,11 +22,9 @@ TAKEN = tuple(sorted({name for names in PRETRAIN_TAKES.values() for name in name
 
 def register(sub: argparse._SubParsersAction) -> None:
     from ..pretrain import OBJECTIVES, objective_options
-    p = sub.add_parser("pretrain", help="self-supervised pre-training (MAE, masked patch prediction, DINO, iBOT "
-                       "or distillation from a frozen backbone) of a ViT encoder on images, labelled or not; writes a "
-                       "run folder",
-                       description="Pre-train a ViT/DeiT encoder without labels on any data vitlab reads, or a flat "
-                       "folder of images; then fine-tune it with `vitlab train --init RUN`.")
+    p = add_command(sub, "pretrain",
+                    description="Pre-train a ViT/DeiT encoder without labels on any data vitlab reads, or a flat "
+                    "folder of images; then fine-tune it with `vitlab train --init RUN`.")
     p.add_argument("--method", choices=list(OBJECTIVES), help="mae: masked autoencoder (He et al. 2022); mpp: masked "
                    "patch prediction (Dosovitskiy et al. 2021, appendix B.1.2); dino: self-distillation with an EMA "
                    "teacher on multi-crop views (Caron et al. 2021); ibot: dino plus a masked-patch token loss "

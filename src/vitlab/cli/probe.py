@@ -4,14 +4,15 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from . import add_command
 from .options import add_option, integer
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("probe", help="judge a frozen model on a data set: k-NN and linear-probe top-1",
-                       description="Extract a frozen model's features of a data set once (cached), then report DINO's "
-                       "weighted k-NN and a full-batch logistic-regression linear probe, both on the test split, "
-                       "split as `vitlab train` splits it.")
+    p = add_command(sub, "probe",
+                    description="Extract a frozen model's features of a data set once (cached), then report DINO's "
+                    "weighted k-NN and a full-batch logistic-regression linear probe, both on the test split, "
+                    "split as `vitlab train` splits it.")
     p.add_argument("model", help="run, timm or Hugging Face folder, hf-hub:ORG/NAME, or a registered model name "
                    "(random weights)")
     add_option(p, "data", default=None, help="digits, cifar10, cifar100, an image folder or a .tar.gz; default: a "

@@ -6,20 +6,21 @@ import json
 import sys
 from pathlib import Path
 
+from . import add_command
 from .options import add_option
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    c = sub.add_parser("compare", help="a table of run folders and their curves in one figure")
+    c = add_command(sub, "compare")
     c.add_argument("runs", nargs="+", metavar="RUN", help="run folders (finished or not)")
     c.add_argument("--out", default="compare.png",
                    help="figure to write: a new file, or one an earlier compare wrote (default: compare.png here)")
     c.add_argument("--json", action="store_true", help="print the table as JSON")
     c.set_defaults(func=run_compare)
 
-    st = sub.add_parser("study", help="a paper's claim as runs that differ in one factor: table, figure, answer",
-                        description="Train every arm of a study (skipping finished ones, resuming unfinished "
-                        "ones) and write OUT/NAME.md, .json and .png.")
+    st = add_command(sub, "study",
+                     description="Train every arm of a study (skipping finished ones, resuming unfinished "
+                     "ones) and write OUT/NAME.md, .json and .png.")
     st.add_argument("name", nargs="?", help="pos-embed, data-scale, hybrid, distill, locality or pretrain (--list)")
     st.add_argument("--list", action="store_true", help="list the studies and their claims")
     add_option(st, "data", default="cifar10", help="data set (a .tar.gz or folder works)")

@@ -6,16 +6,17 @@ from pathlib import Path
 
 from ..runs.folder import new_run_folder
 from ..train.recipe import AUGMENT_FIELDS, FIELDS, SECTIONS
+from . import add_command
 from .options import add_recipe_option, flag
 
 SKIP = ("model_args", "pretrain_args", "augment", "out")  # recipe fields with options of their own (or none)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    t = sub.add_parser("train", help="train (or fine-tune, or distil) a model and write a run folder",
-                       description="Train a model; options override the --config recipe, which overrides defaults. "
-                       "A default given per data set or model applies where the option is not given, and not with "
-                       "--init (which keeps the general ones).")
+    t = add_command(sub, "train",
+                    description="Train a model; options override the --config recipe, which overrides defaults. "
+                    "A default given per data set or model applies where the option is not given, and not with "
+                    "--init (which keeps the general ones).")
     add_run_options(t)
     t.set_defaults(func=run)
 
