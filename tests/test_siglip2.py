@@ -68,6 +68,7 @@ def test_a_siglip2_tower_exported_to_timm_keeps_its_outputs(tmp_path):
     folder = export(model, "timm", tmp_path / "t")
     cfg = json.loads((folder / "config.json").read_text())
     assert cfg["architecture"] == "naflexvit_base_patch16_siglip" and "pos_embed_pad_first" not in cfg["model_args"]
+    assert cfg["pretrained_cfg"]["fixed_input_size"] is False  # any size, as timm's own NaFlex configs say
     back = vitlab.load(folder)
     io, batch = naflex_io("hf_siglip2_vision")
     x = load_file(PARITY / "hf_siglip2_vision" / "io_dynamic.safetensors")["input"]

@@ -153,7 +153,8 @@ def export_config(model: nn.Module, args: dict[str, Any]) -> dict[str, Any]:
     own = make_pretrained_cfg(model, model_args.get("in_chans", 3))  # the model's input size; defaults
     pre = {**own, **(getattr(model, "pretrained_cfg", None) or {}), "input_size": own["input_size"]}
     prep = Preprocess.from_cfg(pre)  # what vitlab applies, in the keys timm's eval transform reads
-    fixed_size = hasattr(model, "patch_embed") and not model_args.get("dynamic_img_size", False)  # CNNs: any size
+    fixed_size = (hasattr(model, "patch_embed") and not model_args.get("dynamic_img_size", False)  # CNNs: any size
+                  and not getattr(model, "any_input_size", False))  # nor a NaFlex ViT (timm's traits say so too)
     classifier = list(model.classifier_names)
     pretrained_cfg = {
         "custom_load": False, "input_size": list(own["input_size"]), "fixed_input_size": fixed_size,

@@ -169,6 +169,7 @@ class NaFlexVit(Model):
     Neither changes a real token's output or the pooled one.
     """
 
+    any_input_size = True  # every grid, every aspect ratio: its table is resized to each image's
     no_weight_decay_names = ("embeds.pos_embed", "embeds.pos_embed_y", "embeds.pos_embed_x", "embeds.cls_token",
                              "embeds.reg_token", "pos_embed", "cls_token", "reg_token")
     no_pretrain = ("MAE and MPP embed patches with a convolution over a fixed grid; the NaFlex ViT's linear "
