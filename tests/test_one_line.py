@@ -339,6 +339,7 @@ def test_predict_in_batches_gives_each_file_its_own_answer_in_order(tmp_path, ca
     assert len({r["top"][0]["probability"] for r in whole if "top" in r}) > 1  # the images differ in answers
     code, err, out = run_cli(capsys, ["predict", str(folder), *map(str, files), "--batch-size", "2", "--json"])
     assert code == 1 and same(json.loads(out), whole)
+    assert "predict" in err and "7/7" in err  # more files than one batch: a progress bar on stderr, stdout clean
     line = error_line(capsys, ["predict", str(folder), str(files[0]), "--batch-size", "0"])
     assert "--batch-size" in line and "accepted: an integer >= 1" in line
 

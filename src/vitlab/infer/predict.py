@@ -16,6 +16,7 @@ from ..data.sources import read_image
 from ..data.views import Preprocess
 from ..devices import PREDICT_BATCH, resolve_device, to_device
 from ..finite import check_finite
+from ..progress import progress_bar
 from ..runs.folder import check_model_written
 from ..train.metrics import head_logits
 from ..train.step import autocast
@@ -86,7 +87,8 @@ def predict_files(model_path: str | os.PathLike, images: Sequence[str | os.PathL
     and interpolation applied by Pillow as the file is decoded, as timm and transformers do; mean and std),
     the rule that decodes a run's test images. ``precision``: fp32, bf16, fp16 or auto (a run folder's own, else
     bf16 where it pays for the model: ``infer.precision.inference_precision``). The files are decoded and run
-    ``batch_size`` at a time, so memory stays that of one batch however many files there are.
+    ``batch_size`` at a time, so memory stays that of one batch however many files there are; more files than one
+    batch show a progress bar (with its ETA) on stderr.
     """
     if not images:
         raise ValueError("no images given; accepted: one image file or more")
@@ -104,6 +106,7 @@ def predict_files(model_path: str | os.PathLike, images: Sequence[str | os.PathL
     precision = inference_precision(model, precision, dev, model_path)
     model = cast_for_inference(model, precision)
     results = []
+    bar = progress_bar(total=len(images), unit="img", desc="predict", disable=len(images) <= batch_size)
     for start in range(0, len(images), batch_size):
         decoded, readable = [], []
         for p in images[start:start + batch_size]:
@@ -119,6 +122,8 @@ def predict_files(model_path: str | os.PathLike, images: Sequence[str | os.PathL
         top = probs.topk(min(top_k, probs.shape[1]), dim=1)
         for r, values, indices in zip(readable, top.values, top.indices):
             r["top"] = [{"class": names[int(i)], "probability": float(v)} for v, i in zip(values, indices)]
+        bar.update(len(images[start:start + batch_size]))
+    bar.close()
     if not any("top" in r for r in results):
         raise ValueError(results[0]["error"] if len(results) == 1 else
                          f"none of the {len(results)} images could be read; the first: {results[0]['error']}")
