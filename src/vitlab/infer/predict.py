@@ -108,21 +108,22 @@ def predict_files(model_path: str | os.PathLike, images: Sequence[str | os.PathL
     results = []
     bar = progress_bar(total=len(images), unit="img", desc="predict", disable=len(images) <= batch_size)
     for start in range(0, len(images), batch_size):
+        chunk = images[start:start + batch_size]
         decoded, readable = [], []
-        for p in images[start:start + batch_size]:
+        for p in chunk:
             try:
                 decoded.append(read_image(p, prep.size, cfg["input_size"][0], prep.fit))
                 readable.append({"image": str(p)})
                 results.append(readable[-1])
             except ValueError as e:  # one unreadable file: the others are still predicted, and it is reported
                 results.append({"image": str(p), "error": str(e)})
+        bar.update(len(chunk))
         if not decoded:
             continue
         probs = class_probabilities(model, torch.stack(decoded), model_path, precision).cpu()
         top = probs.topk(min(top_k, probs.shape[1]), dim=1)
         for r, values, indices in zip(readable, top.values, top.indices):
             r["top"] = [{"class": names[int(i)], "probability": float(v)} for v, i in zip(values, indices)]
-        bar.update(len(images[start:start + batch_size]))
     bar.close()
     if not any("top" in r for r in results):
         raise ValueError(results[0]["error"] if len(results) == 1 else
