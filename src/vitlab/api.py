@@ -23,6 +23,7 @@ from .checkpoint import load, save
 from .data.arrays import is_arrays, split_arrays, store_arrays
 from .data.augment import normalize
 from .devices import PREDICT_BATCH, to_device
+from .errors import NotFoundError, VitlabError
 from .infer.eval import Options, evaluate_folder, evaluate_images, model_data
 from .infer.precision import inference_precision
 from .infer.predict import class_names, class_probabilities, decode_images
@@ -62,8 +63,8 @@ class FitResult:
     def confusion(self) -> Figure:
         """The confusion matrix of the trained model on the run's test split (the run's confusion.png)."""
         if self.summary.get("top1") is None:
-            raise ValueError(f"{self.out} is a pre-training run ({self.summary.get('pretrain')}): it has no classes "
-                             "to confuse; accepted: a supervised run")
+            raise VitlabError(f"{self.out} is a pre-training run ({self.summary.get('pretrain')}): it has no classes "
+                              "to confuse; accepted: a supervised run")
         if self._confusion is None:
             self._confusion = evaluate(self.out)["confusion"]
         return confusion_figure(self._confusion, self.summary["classes"],
@@ -96,12 +97,12 @@ def fit(model: ModelLike | None = None, data: Any = None, *, out: str | os.PathL
     """
     if resume is not None:
         if model is not None or data is not None or out is not None or class_names is not None:
-            raise ValueError("fit(resume=RUN) goes on with the run's own model, data and folder; accepted with "
-                             f"resume: {', '.join(ON_RESUME)}")
+            raise VitlabError("fit(resume=RUN) goes on with the run's own model, data and folder; accepted with "
+                              f"resume: {', '.join(ON_RESUME)}")
         return train_recipe(resumed_recipe(resume, checked(options)), resume=True)
     if model is None or data is None:
-        raise ValueError("fit needs a model and data, e.g. vitlab.fit('vit_micro_patch2_8', 'digits'); or "
-                         "resume=RUN to continue a run")
+        raise VitlabError("fit needs a model and data, e.g. vitlab.fit('vit_micro_patch2_8', 'digits'); or "
+                          "resume=RUN to continue a run")
     return train_recipe(new_recipe(model, data, out, class_names, checked(options)), resume=False)
 
 
@@ -149,12 +150,12 @@ def evaluate(model: ModelLike, data: Any = None, *, batch_size: int = 256, preci
         x, y = test if test is not None else train
         classes = class_names(module)
         if len(y) and int(y.max()) >= len(classes):
-            raise ValueError(f"the labels hold {int(y.max())}, the model predicts {len(classes)} classes; accepted: "
-                             f"labels 0..{len(classes) - 1}")
+            raise VitlabError(f"the labels hold {int(y.max())}, the model predicts {len(classes)} classes; accepted: "
+                              f"labels 0..{len(classes) - 1}")
         heads = evaluate_images(module, torch.from_numpy(x), torch.from_numpy(y), classes, "the arrays", options)
         return {**heads["logits"], "heads": heads, "data": "arrays"}
     if data is None:
-        raise ValueError("a model in memory has no test split of its own: give data (a source or arrays)")
+        raise VitlabError("a model in memory has no test split of its own: give data (a source or arrays)")
     bundle = model_data(module, os.fspath(data), cache_dir=cache_dir, download=download)
     heads = evaluate_images(module, bundle.test.images, bundle.test.labels, bundle.classes, os.fspath(data), options,
                             bundle.num_train)
@@ -216,8 +217,8 @@ def classifier(model: ModelLike) -> nn.Module:
     """A module, or the model of a folder, that has a classifier head (one line otherwise)."""
     module = loaded(model)
     if getattr(module, "num_classes", 0) == 0:
-        raise ValueError("the model has no classifier head (a pre-trained encoder): nothing to predict; accepted: a "
-                         "classifier, e.g. one fine-tuned with vitlab.fit(ENCODER_RUN, data)")
+        raise VitlabError("the model has no classifier head (a pre-trained encoder): nothing to predict; accepted: a "
+                          "classifier, e.g. one fine-tuned with vitlab.fit(ENCODER_RUN, data)")
     return module
 
 
@@ -225,7 +226,7 @@ def checked(options: dict[str, Any]) -> dict[str, Any]:
     """The options, each a recipe field (one line naming the unknown ones and listing the accepted)."""
     unknown = sorted(set(options) - set(FIELDS) - set(AUGMENT_FIELDS))
     if unknown:
-        raise ValueError(f"unknown option(s) {', '.join(unknown)}; accepted: {', '.join(accepted_options())}")
+        raise VitlabError(f"unknown option(s) {', '.join(unknown)}; accepted: {', '.join(accepted_options())}")
     return options
 
 
@@ -237,13 +238,13 @@ def new_recipe(model: ModelLike, data: Any, out: str | os.PathLike | None, names
                options: dict[str, Any]) -> Recipe:
     """The recipe of a new run: the model as a name or as ``init``, the data as a source, the folder."""
     if {"model", "init", "data"} & set(options):
-        raise ValueError(f"{', '.join(sorted({'model', 'init', 'data'} & set(options)))}: given as fit's model and "
-                         "data arguments, not as options")
+        raise VitlabError(f"{', '.join(sorted({'model', 'init', 'data'} & set(options)))}: given as fit's model and "
+                          "data arguments, not as options")
     folder = Path(out) if out is not None else new_run_folder(model_name(model))
     start = folder.with_name(folder.name + ".init").absolute()  # where a module is saved to start from
     values = {**options, **model_values(model, start)}
     if names is not None and not is_arrays(data):
-        raise ValueError("class_names names the classes of arrays; a data source names its own")
+        raise VitlabError("class_names names the classes of arrays; a data source names its own")
     values["data"] = "arrays" if is_arrays(data) else os.fspath(data)
     checked_recipe = load_recipe(None, out=str(folder), **values)  # every option checked before anything is written
     check_new_folder(folder)
@@ -264,9 +265,9 @@ def model_values(model: ModelLike, start: Path) -> dict[str, str]:
         return {"model": str(model)}
     if str(model).startswith("hf-hub:") or Path(model).is_dir():
         return {"init": os.fspath(model)}
-    raise ValueError(f"model {str(model)!r} is neither a registered name (vitlab.list_models()) nor a run or model "
-                     "folder; accepted: a name, a module from vitlab.create_model or vitlab.load, a folder or an "
-                     "hf-hub: id")
+    raise VitlabError(f"model {str(model)!r} is neither a registered name (vitlab.list_models()) nor a run or model "
+                      "folder; accepted: a name, a module from vitlab.create_model or vitlab.load, a folder or an "
+                      "hf-hub: id")
 
 
 def model_name(model: ModelLike) -> str:
@@ -284,14 +285,14 @@ def check_new_folder(folder: Path) -> None:
     check_out_dir(folder, resume=False)
     others = sorted(p.name for p in folder.iterdir() if p.name not in (*STARTED, LOCK))
     if others:
-        raise ValueError(f"{folder} holds files that vitlab train did not write ({', '.join(others[:3])}); accepted: "
-                         "a new or empty out")
+        raise VitlabError(f"{folder} holds files that vitlab train did not write ({', '.join(others[:3])}); accepted: "
+                          "a new or empty out")
 
 
 def save_start(model: nn.Module, folder: Path) -> Path:
     """Save a module to start a run from, as ``<out>.init`` beside the run folder (the run's ``init``)."""
     if folder.exists():
-        raise ValueError(f"{folder} exists: the module to train would be saved there; accepted: another out")
+        raise VitlabError(f"{folder} exists: the module to train would be saved there; accepted: another out")
     return save(model, folder)
 
 
@@ -302,20 +303,20 @@ def resumed_recipe(folder: str | os.PathLike, given: dict[str, Any], refused: Se
     refused in one line that names them as the caller does (``named``: an option's name, e.g. its flag)."""
     folder = Path(folder)
     if not (folder / CONFIG_YAML).is_file():
-        raise FileNotFoundError(f"{folder} is not a run folder: it has no {CONFIG_YAML}")
+        raise NotFoundError(f"{folder} is not a run folder: it has no {CONFIG_YAML}")
     config = read_config(folder)
     given = {k: v for k, v in given.items() if v is not None}
     changed = [named(n) for n in given if n not in ON_RESUME] + list(refused)
     if changed:
-        raise ValueError(f"{', '.join(changed)} cannot change on {named('resume')}; accepted with {named('resume')}: "
-                         f"{', '.join(named(n) for n in ON_RESUME)}")
+        raise VitlabError(f"{', '.join(changed)} cannot change on {named('resume')}; accepted with {named('resume')}: "
+                          f"{', '.join(named(n) for n in ON_RESUME)}")
     for name in ("epochs", "time_budget"):
         old, new = config.get(name), given.get(name)
         if new is not None and old is None:
-            raise ValueError(f"{named(name)} cannot be given on {named('resume')} of a run without one")
+            raise VitlabError(f"{named(name)} cannot be given on {named('resume')} of a run without one")
         if new is not None and not _number(new) >= old:
-            raise ValueError(f"{named(name)} {new!r} is not valid on {named('resume')}; accepted: a number >= the "
-                             f"run's {old!r}")
+            raise VitlabError(f"{named(name)} {new!r} is not valid on {named('resume')}; accepted: a number >= the "
+                              f"run's {old!r}")
     return load_recipe(folder / CONFIG_YAML, out=str(folder), **given)
 
 

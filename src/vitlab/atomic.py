@@ -22,6 +22,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from .errors import VitlabError
+
 TEMP_PATTERN = re.compile(r"\.(?P<name>.+)\.[0-9a-z_]{8}\.tmp")  # also matches tempfile.mkstemp's names
 STALE_AFTER_S = 60.0  # a temporary file this old with no writer holding its lock is debris
 
@@ -106,7 +108,7 @@ def _create_temp(path: Path) -> tuple[Path, int]:
     raise FileExistsError(f"could not create a temporary file beside {path}")
 
 
-class DiskFullError(ValueError):
+class DiskFullError(VitlabError):
     """A write that failed for lack of space; the file it was to replace is unchanged."""
 
 
@@ -196,10 +198,10 @@ def read_json_object(path: str | os.PathLike) -> dict[str, Any]:
     try:
         value = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path} is not valid JSON ({e})") from None
+        raise VitlabError(f"{path} is not valid JSON ({e})") from None
     except RecursionError:  # 100k nested '[': Python's JSON reader gives up
-        raise ValueError(f"{path} nests its JSON values deeper than vitlab reads; accepted: a JSON object of "
-                         "ordinary depth") from None
+        raise VitlabError(f"{path} nests its JSON values deeper than vitlab reads; accepted: a JSON object of "
+                          "ordinary depth") from None
     if not isinstance(value, dict):
-        raise ValueError(f"{path} must hold a JSON object, not {type(value).__name__}")
+        raise VitlabError(f"{path} must hold a JSON object, not {type(value).__name__}")
     return value

@@ -12,6 +12,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from .errors import VitlabError
+
 FACTS_FILE = Path(__file__).parent / "models" / "facts.json"
 
 
@@ -40,8 +42,8 @@ def model_table(pattern: str = "*", path: Path = FACTS_FILE) -> str:
     (forward multiply-adds of one image at the default input size, every matrix product counted)."""
     facts = read_facts(path)
     if not facts:
-        raise ValueError(f"the model facts file {path} is missing or unreadable; accepted: the file "
-                         "benchmarks/make_model_facts.py writes (reinstall vitlab, or run that script)")
+        raise VitlabError(f"the model facts file {path} is missing or unreadable; accepted: the file "
+                          "benchmarks/make_model_facts.py writes (reinstall vitlab, or run that script)")
     names = matching(facts, pattern)
     if not names:
         return f"no model matches {pattern!r}"

@@ -23,6 +23,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from .atomic import atomic_path, atomic_write_json, read_json_object
+from .errors import NotFoundError, VitlabError
 from .interop import hf, hub, timm
 from .models.base import make_pretrained_cfg
 from .models.beit import resize_rel_pos_table
@@ -88,11 +89,11 @@ def no_loop(path: Path) -> Path:
         os.stat(path)
     except OSError as e:
         if e.errno == errno.ELOOP:
-            raise ValueError(f"{path} is a symlink loop (it leads back to itself); accepted: a file, or a link to "
-                             "one") from None
+            raise VitlabError(f"{path} is a symlink loop (it leads back to itself); accepted: a file, or a link to "
+                              "one") from None
         if path.is_symlink():
-            raise ValueError(f"{path} is a symlink to {os.readlink(path)}, which does not exist; accepted: a file, "
-                             "or a link to one") from None
+            raise VitlabError(f"{path} is a symlink to {os.readlink(path)}, which does not exist; accepted: a file, "
+                              "or a link to one") from None
     return path
 
 
@@ -101,8 +102,8 @@ def _shards(index: Path) -> list[str]:
     weight_map = read_json_object(index).get("weight_map")
     if not isinstance(weight_map, dict) or not weight_map or not all(
             isinstance(v, str) and v and "/" not in v and v not in (".", "..") for v in weight_map.values()):
-        raise ValueError(f"{index}: 'weight_map' is {quote(weight_map) if weight_map is not None else 'missing'}; "
-                         "accepted: an object mapping each tensor name to a shard file of the folder")
+        raise VitlabError(f"{index}: 'weight_map' is {quote(weight_map) if weight_map is not None else 'missing'}; "
+                          "accepted: an object mapping each tensor name to a shard file of the folder")
     return sorted(set(weight_map.values()))
 
 
@@ -111,11 +112,11 @@ def read_config(path: str | os.PathLike) -> tuple[Path, dict[str, Any]]:
     p = resolve(path)
     folder = no_loop(p.parent if p.name == CONFIG else p)
     if not folder.exists():
-        raise FileNotFoundError(f"no model at {folder}: expected a folder with {CONFIG} and {WEIGHTS}")
+        raise NotFoundError(f"no model at {folder}: expected a folder with {CONFIG} and {WEIGHTS}")
     cfg_path = no_loop(folder / CONFIG)
     if not cfg_path.is_file():
-        raise FileNotFoundError(f"{folder} has no {CONFIG}; a model folder holds {CONFIG} and {WEIGHTS} "
-                                "(written by vitlab.save, timm's save_for_hf or transformers' save_pretrained)")
+        raise NotFoundError(f"{folder} has no {CONFIG}; a model folder holds {CONFIG} and {WEIGHTS} "
+                            "(written by vitlab.save, timm's save_for_hf or transformers' save_pretrained)")
     return folder, read_json_object(cfg_path)
 
 
@@ -138,11 +139,11 @@ def read_weights(folder: Path, expected_sha256: str | None = None) -> dict[str, 
     st = no_loop(folder / WEIGHTS)
     if st.is_file():
         if expected_sha256 and _sha256(st) != expected_sha256:
-            raise ValueError(f"{st} is corrupt or was changed: its sha256 does not match the one in {CONFIG}")
+            raise VitlabError(f"{st} is corrupt or was changed: its sha256 does not match the one in {CONFIG}")
         try:
             return load_file(st)
         except (SafetensorError, OSError, RuntimeError) as e:
-            raise ValueError(f"{st} is truncated or corrupt ({e})") from None
+            raise VitlabError(f"{st} is truncated or corrupt ({e})") from None
     index = folder / "model.safetensors.index.json"
     if no_loop(index).is_file():
         state: dict[str, torch.Tensor] = {}
@@ -150,12 +151,12 @@ def read_weights(folder: Path, expected_sha256: str | None = None) -> dict[str, 
             try:
                 state.update(load_file(no_loop(folder / shard)))
             except (SafetensorError, OSError, RuntimeError) as e:
-                raise ValueError(f"{folder / shard} is missing, truncated or corrupt ({e})") from None
+                raise VitlabError(f"{folder / shard} is missing, truncated or corrupt ({e})") from None
         return state
     pt = no_loop(folder / "pytorch_model.bin")
     if pt.is_file():
         return load_plain(pt, "cannot be read as plain tensors")
-    raise FileNotFoundError(f"{folder} has no weights: expected {WEIGHTS}")
+    raise NotFoundError(f"{folder} has no weights: expected {WEIGHTS}")
 
 
 def load_plain(path: Path, broken: str = "is truncated or corrupt") -> Any:
@@ -166,10 +167,10 @@ def load_plain(path: Path, broken: str = "is truncated or corrupt") -> Any:
     except Exception as e:  # noqa: BLE001 - any failure here means an unusable file
         found = re.search(r"GLOBAL ([\w.]+)", str(e)) if isinstance(e, pickle.UnpicklingError) else None
         if found:
-            raise ValueError(f"{path} cannot be read as plain tensors: it holds a Python object ({found.group(1)}) "
-                             "that vitlab never unpickles; accepted: tensors and plain values (model.safetensors, or "
-                             "torch.save of a state_dict)") from None
-        raise ValueError(f"{path} {broken} ({(str(e).strip().splitlines() or [type(e).__name__])[0]})") from None
+            raise VitlabError(f"{path} cannot be read as plain tensors: it holds a Python object ({found.group(1)}) "
+                              "that vitlab never unpickles; accepted: tensors and plain values (model.safetensors, or "
+                              "torch.save of a state_dict)") from None
+        raise VitlabError(f"{path} {broken} ({(str(e).strip().splitlines() or [type(e).__name__])[0]})") from None
 
 
 def _adapt_patch_embed(model: nn.Module, state: dict[str, torch.Tensor]) -> tuple[int, int] | None:
@@ -235,7 +236,7 @@ def load_state_strict(model: nn.Module, state: dict[str, torch.Tensor], source: 
     """Load every tensor or none: missing, unexpected and mis-shaped keys are named in the error."""
     problems = state_problems(model.state_dict(), state)
     if problems:
-        raise ValueError(f"{source} does not fit a {type(model).__name__}: {problems}")
+        raise VitlabError(f"{source} does not fit a {type(model).__name__}: {problems}")
     model.load_state_dict(state, strict=True)
 
 
@@ -243,10 +244,10 @@ def _check_config_types(cfg: dict[str, Any], path: Path) -> None:
     """One line for a config.json whose names are not text or whose argument tables are not objects."""
     for key in ("library", "architecture", "class", "model_type"):
         if cfg.get(key) is not None and not isinstance(cfg[key], str):
-            raise ValueError(f"{path}: {key!r} must be text, not {type(cfg[key]).__name__}")
+            raise VitlabError(f"{path}: {key!r} must be text, not {type(cfg[key]).__name__}")
     for key in ("model_args", "pretrained_cfg"):
         if cfg.get(key) is not None and not isinstance(cfg[key], dict):
-            raise ValueError(f"{path}: {key!r} must be a JSON object, not {type(cfg[key]).__name__}")
+            raise VitlabError(f"{path}: {key!r} must be a JSON object, not {type(cfg[key]).__name__}")
 
 
 def _kind(cfg: dict[str, Any], folder: Path) -> tuple[str | None, Any, dict, dict, Any, str | None]:
@@ -266,14 +267,14 @@ def _kind(cfg: dict[str, Any], folder: Path) -> tuple[str | None, Any, dict, dic
             preprocess.update(hf.preprocessing(folder, cfg))
             return None, cls, args, preprocess, lambda s: hf.convert_state_dict(s, cfg), None
     except ValueError as e:  # named with its file, once
-        raise ValueError(str(e) if str(folder) in str(e) else f"{folder / CONFIG}: {e}") from None
+        raise VitlabError(str(e) if str(folder) in str(e) else f"{folder / CONFIG}: {e}") from None
     except KeyError as e:
-        raise ValueError(f"{folder / CONFIG} has no {e} field, which its model type needs") from None
+        raise VitlabError(f"{folder / CONFIG} has no {e} field, which its model type needs") from None
     except (TypeError, AttributeError, OverflowError) as e:
-        raise ValueError(f"{folder / CONFIG}: a field holds a value of the wrong kind ({e}); accepted: the "
-                         "config.json its library writes") from None
-    raise ValueError(f"{folder / CONFIG} is not a model config vitlab knows: expected 'library': 'vitlab', "
-                     "'architecture' (timm) or 'model_type' (Hugging Face)")
+        raise VitlabError(f"{folder / CONFIG}: a field holds a value of the wrong kind ({e}); accepted: the "
+                          "config.json its library writes") from None
+    raise VitlabError(f"{folder / CONFIG} is not a model config vitlab knows: expected 'library': 'vitlab', "
+                      "'architecture' (timm) or 'model_type' (Hugging Face)")
 
 
 def _build(arch: str | None, cls: Any, args: dict[str, Any], cfg: dict[str, Any], folder: Path) -> nn.Module:
@@ -281,7 +282,7 @@ def _build(arch: str | None, cls: Any, args: dict[str, Any], cfg: dict[str, Any]
     try:
         return create_model(arch, **args) if arch else build(cls, args)
     except (TypeError, OverflowError, RuntimeError) as e:  # a value of the wrong kind or size (text, -1)
-        raise ValueError(f"{folder / CONFIG}: its model arguments do not build a model ({e})") from None
+        raise VitlabError(f"{folder / CONFIG}: its model arguments do not build a model ({e})") from None
     except ValueError as e:
         if arch:
             raise
@@ -343,7 +344,7 @@ def load(path: str | os.PathLike, **overrides: Any) -> nn.Module:
     own = {k: v for k, v in shell.state_dict().items() if not (new_head and k.startswith(heads))}
     problems = state_problems(own, state)
     if problems:
-        raise no_architecture(cfg, folder, ValueError(
+        raise no_architecture(cfg, folder, VitlabError(
             f"{folder} does not fit a {type(shell).__name__}: {folder / CONFIG} describes {_size(own.values())} "
             f"values, its weights hold {_size(state.values())}; {problems}"))
     with contextlib.nullcontext() if new_head else random_init_skipped():  # a new head needs its own draw
@@ -378,19 +379,19 @@ def check_preprocess(preprocess: dict[str, Any], model: nn.Module, where: Path) 
         values = _numbers(preprocess[key])
         if values is None or len(values) not in (1, chans) or (key == "std" and min(values) <= 0):
             each = ", each > 0" if key == "std" else ""
-            raise ValueError(f"{where}: pretrained_cfg {key} is {quote(preprocess[key])}; accepted: {chans} finite "
-                             f"number{'s' if chans > 1 else ''} (one per input channel){each}")
+            raise VitlabError(f"{where}: pretrained_cfg {key} is {quote(preprocess[key])}; accepted: {chans} finite "
+                              f"number{'s' if chans > 1 else ''} (one per input channel){each}")
     names = preprocess.get("label_names")
     if names and model.num_classes and (not isinstance(names, (list, tuple)) or len(names) != model.num_classes
                                         or not all(isinstance(n, str) for n in names)):
         got = f"{len(names)} names" if isinstance(names, (list, tuple)) else quote(names)
-        raise ValueError(f"{where}: pretrained_cfg label_names holds {got} for a model of {model.num_classes} "
-                         f"classes; accepted: {model.num_classes} names (text), one per class, or none")
+        raise VitlabError(f"{where}: pretrained_cfg label_names holds {got} for a model of {model.num_classes} "
+                          f"classes; accepted: {model.num_classes} names (text), one per class, or none")
 
 
 def no_architecture(cfg: dict[str, Any], folder: Path, e: ValueError) -> ValueError:
     """A vitlab config.json without its model's name, said as such (its class's defaults are what then failed)."""
     if cfg.get("library") != "vitlab" or cfg.get("architecture"):
         return e
-    return ValueError(f"{folder / CONFIG} names no 'architecture' (accepted: a registered model name, see `vitlab "
-                      f"models`); its class and model_args alone do not make the saved model: {e}")
+    return VitlabError(f"{folder / CONFIG} names no 'architecture' (accepted: a registered model name, see `vitlab "
+                       f"models`); its class and model_args alone do not make the saved model: {e}")

@@ -19,6 +19,7 @@ from torch import nn
 
 from .atomic import atomic_path, atomic_write_json
 from .checkpoint import CONFIG, WEIGHTS, current_args, load
+from .errors import VitlabError
 from .interop import hf, timm
 from .interop.onnx import export_onnx
 from .models.registry import check_model, get_spec
@@ -70,7 +71,7 @@ def export(model: nn.Module | str | os.PathLike, to: str, out: str | os.PathLike
     the largest difference (or that onnxruntime is missing). Returns the written file (ONNX) or folder.
     """
     if to not in FORMATS:
-        raise ValueError(f"unknown export format {to!r}; accepted: {', '.join(FORMATS)}")
+        raise VitlabError(f"unknown export format {to!r}; accepted: {', '.join(FORMATS)}")
     if not isinstance(model, nn.Module):
         model = load(model)
     check_model(model, "export")

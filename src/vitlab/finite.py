@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import torch
 
+from .errors import VitlabError
+
 BROKEN = ("its weights hold NaN or Inf, or its mean/std (pretrained_cfg in config.json) make the input so; accepted: "
           "a model whose outputs are finite")
 
@@ -23,4 +25,4 @@ def check_finite(values: torch.Tensor | int, total: int, what: str, source: obje
         return  # the meta device holds shapes only: there is nothing to read
     bad = int(values) if not isinstance(values, torch.Tensor) or values.dim() == 0 else int(nonfinite_rows(values))
     if bad:
-        raise ValueError(f"{source} gives non-finite {what} (NaN or Inf) for {bad} of {total} images: {BROKEN}")
+        raise VitlabError(f"{source} gives non-finite {what} (NaN or Inf) for {bad} of {total} images: {BROKEN}")

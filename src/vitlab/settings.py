@@ -10,6 +10,8 @@ import annotated_types as at
 from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator
 from pydantic.fields import FieldInfo
 
+from .errors import VitlabError
+
 
 class Settings(BaseModel):
     """A set of declared options. Text coerces to the declared type (``"1e-3"`` is the float 0.001, ``"no"`` is
@@ -30,20 +32,20 @@ class Settings(BaseModel):
         numeric = bool({int, float} & kinds) and bool not in kinds
         if isinstance(value, bool) and numeric or bool in kinds and isinstance(value, (int, float)) and not \
                 isinstance(value, bool):
-            raise ValueError(f"{info.field_name}={value!r} is not valid; accepted: {accepted(field)}")
+            raise VitlabError(f"{info.field_name}={value!r} is not valid; accepted: {accepted(field)}")
         return value
 
     def __init__(self, **values: Any) -> None:
         try:
             super().__init__(**values)
         except ValidationError as e:
-            raise ValueError(one_line(e, type(self))) from None
+            raise VitlabError(one_line(e, type(self))) from None
 
     def __setattr__(self, name: str, value: Any) -> None:
         try:
             super().__setattr__(name, value)
         except ValidationError as e:
-            raise ValueError(one_line(e, type(self))) from None
+            raise VitlabError(one_line(e, type(self))) from None
 
 
 def accepted(info: FieldInfo) -> str:

@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..errors import VitlabError
 from ..models.layers import QuickGELU
 from .capture import attention_modules, explicit_attention, prefix_token_names
 from .gradients import class_targets
@@ -141,9 +142,9 @@ def explained_logit(model: nn.Module, x: torch.Tensor, target_class, token: str 
     """The logits of target_class, one per image, (B,): the class head's for token 'cls' (a distilled model's
     class-token head), the distillation head's for 'dist'."""
     if token not in ("cls", "dist"):
-        raise ValueError(f"token {token!r} is not one of ('cls', 'dist')")
+        raise VitlabError(f"token {token!r} is not one of ('cls', 'dist')")
     if token == "dist" and "dist" not in prefix_token_names(model):
-        raise ValueError("token='dist' needs a distilled model (DeiT with a distillation token)")
+        raise VitlabError("token='dist' needs a distilled model (DeiT with a distillation token)")
     heads = model.forward_heads(model.forward_features(x))
     logits = heads[1 if token == "dist" else 0]
     target = class_targets(target_class, logits)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ..errors import VitlabError
 from ..models.cait import ClassAttn, TalkingHeadAttn
 from ..models.convit import GPSA
 from ..models.layers import Attention, AttentionPoolLatent
@@ -56,8 +57,8 @@ def attention_modules(model: nn.Module) -> list[tuple[str, str, nn.Module]]:
         if kind is not None and hasattr(module, "attn_map"):
             found.append((name.removesuffix(".attn"), kind, module))
     if not found:
-        raise ValueError(f"{type(model).__name__} has no attention: attention analyses need a Vision Transformer "
-                         "(VisionTransformer/DeiT, ConVit, Cait or HybridVisionTransformer), not a CNN")
+        raise VitlabError(f"{type(model).__name__} has no attention: attention analyses need a Vision Transformer "
+                          "(VisionTransformer/DeiT, ConVit, Cait or HybridVisionTransformer), not a CNN")
     return found
 
 
@@ -142,7 +143,7 @@ def maps_of(maps_or_model: Sequence[AttentionMap] | nn.Module, images: torch.Ten
     """Captured maps as given, or captured from a model on normalised images."""
     if isinstance(maps_or_model, nn.Module):
         if images is None:
-            raise ValueError(f"{caller}(model, images): images are needed when a model is given")
+            raise VitlabError(f"{caller}(model, images): images are needed when a model is given")
         return attention_maps(maps_or_model, images)
     return list(maps_or_model)
 
@@ -150,10 +151,10 @@ def maps_of(maps_or_model: Sequence[AttentionMap] | nn.Module, images: torch.Ten
 def token_index(prefix: Sequence[str], token: str) -> int | None:
     """Index of the chosen token in the full sequence, or None to average over the patch queries."""
     if token not in TOKENS:
-        raise ValueError(f"token {token!r} is not one of {TOKENS}")
+        raise VitlabError(f"token {token!r} is not one of {TOKENS}")
     if token in prefix:
         return list(prefix).index(token)
     if token == "dist":
-        raise ValueError("token='dist' needs a distilled model (DeiT with a distillation token); "
-                         f"this model's prefix tokens are {tuple(prefix) or 'none'}")
+        raise VitlabError("token='dist' needs a distilled model (DeiT with a distillation token); "
+                          f"this model's prefix tokens are {tuple(prefix) or 'none'}")
     return None  # no class token: average over patch queries

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from ..errors import VitlabError
 from ..models.convit import relative_indices
 from .capture import ONE_QUERY, AttentionMap, attention_maps, attention_modules
 
@@ -32,8 +33,8 @@ def attention_distance(attn: torch.Tensor, grid_size: tuple[int, int], patch_siz
     N = grid_size[0] * grid_size[1]
     a = attn[..., num_prefix:, num_prefix:].float().clamp(min=0)  # (B, H, N, N) patch-to-patch only
     if a.shape[-2:] != (N, N):
-        raise ValueError(f"expected a map with {num_prefix} prefix tokens and {N} patch queries and keys "
-                         f"({grid_size[0]}x{grid_size[1]} grid), got shape {tuple(attn.shape)}")
+        raise VitlabError(f"expected a map with {num_prefix} prefix tokens and {N} patch queries and keys "
+                          f"({grid_size[0]}x{grid_size[1]} grid), got shape {tuple(attn.shape)}")
     a = a / a.sum(dim=-1, keepdim=True).clamp_min(1e-12)
     dist = patch_distances(grid_size, patch_size).to(a.device)
     return (a * dist).sum(dim=-1).mean(dim=(0, 2))  # weighted distance per query, then mean over images, queries
@@ -59,10 +60,10 @@ def mean_attention_distance(model: nn.Module, images: torch.Tensor, batch_size: 
     progress: a tqdm bar; None shows one when there is more than one batch.
     """
     if batch_size < 1:
-        raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        raise VitlabError(f"batch_size must be at least 1, got {batch_size}")
     starts = range(0, len(images), batch_size)
     if not starts:
-        raise ValueError("mean_attention_distance needs at least one image")
+        raise VitlabError("mean_attention_distance needs at least one image")
     show = len(starts) > 1 if progress is None else progress
     total, count = None, 0
     for s in tqdm(starts, desc="attention distance", unit="batch", disable=not show):
@@ -76,8 +77,8 @@ def mean_attention_distance(model: nn.Module, images: torch.Tensor, batch_size: 
 def _gpsa_modules(model: nn.Module, what: str) -> list[nn.Module]:
     gpsa = [m for _, kind, m in attention_modules(model) if kind == "gpsa"]
     if not gpsa:
-        raise ValueError(f"{what} needs a ConViT (gated positional self-attention blocks); "
-                         f"{type(model).__name__} has none")
+        raise VitlabError(f"{what} needs a ConViT (gated positional self-attention blocks); "
+                          f"{type(model).__name__} has none")
     return gpsa
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from ..errors import VitlabError
 from .attnlrp import attnlrp
 from .capture import prefix_token_names
 from .gradients import gradient_saliency
@@ -107,9 +108,9 @@ def explain(model: nn.Module, images: torch.Tensor, method: str, target_class: i
     method: one of METHODS; the class-agnostic ones (rollout, raw attention) ignore target_class.
     """
     if method not in REGISTRY:
-        raise ValueError(f"method {method!r} is not one of {tuple(REGISTRY)}")
+        raise VitlabError(f"method {method!r} is not one of {tuple(REGISTRY)}")
     m = REGISTRY[method]
     if token not in m.tokens:
-        raise ValueError(f"method {method!r} is read from the token(s) {m.tokens}, not {token!r}")
+        raise VitlabError(f"method {method!r} is read from the token(s) {m.tokens}, not {token!r}")
     given = dict(target_class=target_class, token=token, head_fusion=head_fusion, discard_ratio=discard_ratio)
     return m.function(model, images, **{k: v for k, v in given.items() if k in m.options})

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..errors import VitlabError
 from ..progress import progress_bar
 from .capture import attention_modules
 from .explain import explain, explanation_methods, method_key, method_label
@@ -44,9 +45,9 @@ def baseline_images(images: torch.Tensor, kind: str, mean: Sequence[float], std:
         return torch.zeros_like(images)
     if kind == "blur":
         if blur_sigma <= 0:
-            raise ValueError(f"blur_sigma must be positive, got {blur_sigma}")
+            raise VitlabError(f"blur_sigma must be positive, got {blur_sigma}")
         return gaussian_blur(images, blur_sigma)
-    raise ValueError(f"baseline {kind!r} is not one of {BASELINES}")
+    raise VitlabError(f"baseline {kind!r} is not one of {BASELINES}")
 
 
 def gaussian_blur(images: torch.Tensor, sigma: float) -> torch.Tensor:
@@ -92,7 +93,7 @@ def trapezoid(xs: Sequence[float], ys: torch.Tensor) -> torch.Tensor:
 def curve_fractions(num_patches: int, steps: int) -> list[int]:
     """Patch counts 0 .. N at ``steps`` + 1 evenly spaced points (rounded), for deletion and insertion."""
     if steps < 1:
-        raise ValueError(f"curve steps must be at least 1, got {steps}")
+        raise VitlabError(f"curve steps must be at least 1, got {steps}")
     steps = min(steps, num_patches)
     return [round(i * num_patches / steps) for i in range(steps + 1)]
 
@@ -243,15 +244,15 @@ def _protocol(total: int, grid: tuple[int, int], counts: list[int], fractions: l
 def _check_arguments(images: torch.Tensor, batch_size: int, perturbation_steps: Sequence[float],
                      deletion_baseline: str, insertion_baseline: str, perturbation_baseline: str) -> None:
     if len(images) == 0:
-        raise ValueError("faithfulness needs at least one image")
+        raise VitlabError("faithfulness needs at least one image")
     if batch_size < 1:
-        raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        raise VitlabError(f"batch_size must be at least 1, got {batch_size}")
     if sorted(perturbation_steps) != list(perturbation_steps) or not all(0 <= f < 1 for f in perturbation_steps):
-        raise ValueError(f"perturbation steps must rise within [0, 1), got {list(perturbation_steps)}")
+        raise VitlabError(f"perturbation steps must rise within [0, 1), got {list(perturbation_steps)}")
     for name, kind in (("deletion", deletion_baseline), ("insertion", insertion_baseline),
                        ("perturbation", perturbation_baseline)):
         if kind not in BASELINES:
-            raise ValueError(f"{name} baseline {kind!r} is not one of {BASELINES}")
+            raise VitlabError(f"{name} baseline {kind!r} is not one of {BASELINES}")
 
 
 def _accumulate(acc: dict, dele: torch.Tensor, ins: torch.Tensor, d_auc: torch.Tensor, i_auc: torch.Tensor,

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..errors import VitlabError
 from .capture import AttentionMap, capture_attention
 
 
@@ -19,7 +20,7 @@ def class_targets(target_class: int | Sequence[int] | torch.Tensor, logits: torc
     if target.numel() == 1:
         target = target.expand(logits.shape[0])
     if target.numel() != logits.shape[0] or not (0 <= int(target.min()) and int(target.max()) < logits.shape[1]):
-        raise ValueError(f"target_class must be one class index in [0, {logits.shape[1]}) or one per image, "
+        raise VitlabError(f"target_class must be one class index in [0, {logits.shape[1]}) or one per image, "
                          f"got {target_class}")
     return target
 

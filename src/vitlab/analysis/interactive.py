@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from ..errors import VitlabError
 from .capture import AttentionMap
 
 
@@ -44,7 +45,7 @@ def encode_attention(maps: Sequence[AttentionMap], index: int, bits: int = 4) ->
     """One image's attention of every block: row-max-scaled rows in 4 or 8 bits (4: two per byte, high nibble
     first, padded to whole bytes per block) + float32 row maxima, zlib, base64."""
     if bits not in BITS:
-        raise ValueError(f"bits must be one of {BITS}, got {bits}")
+        raise VitlabError(f"bits must be one of {BITS}, got {bits}")
     levels = 2 ** bits - 1
     parts = []
     for m in maps:

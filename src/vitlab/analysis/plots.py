@@ -19,6 +19,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
 from ..atomic import atomic_path
+from ..errors import VitlabError
 from .capture import AttentionMap
 from .distance import patch_distances
 from .explain import split_key
@@ -314,7 +315,7 @@ def plot_class_attention(maps: Sequence[AttentionMap], images: np.ndarray, indic
     """Per image and class-attention block (rows) and head (columns): the class token's attention to the patches."""
     ca = [m for m in maps if m.kind == "class_attn"]
     if not ca:
-        raise ValueError("plot_class_attention needs class-attention maps (CaiT's blocks_token_only)")
+        raise VitlabError("plot_class_attention needs class-attention maps (CaiT's blocks_token_only)")
     H = ca[0].num_heads
     rows = [(i, m) for i in indices for m in ca]
     fig = new_figure(1.3 * (H + 1) + 1.6, 1.3 * len(rows) + 1.0)

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from ..errors import VitlabError
 from .capture import AttentionMap, token_index
 from .gradients import attention_gradients
 
@@ -34,7 +35,7 @@ def relevance_from_maps(maps: Sequence[AttentionMap], grads: Sequence[torch.Tens
     minimum and maximum as in the authors' code.
     """
     if not maps:
-        raise ValueError("relevance needs at least one attention map")
+        raise VitlabError("relevance needs at least one attention map")
     prefix = max((m.prefix_tokens for m in maps), key=len)
     P = len(prefix)
     gh, gw = maps[-1].grid_size
@@ -52,14 +53,14 @@ def relevance_from_maps(maps: Sequence[AttentionMap], grads: Sequence[torch.Tens
             continue
         keys = torch.cat([torch.arange(m.num_prefix), torch.arange(P, T)]).to(device)  # this block's tokens
         if keys.numel() != K:
-            raise ValueError(f"{m.name}: {K} keys do not fit prefix {m.prefix_tokens} and a {gh}x{gw} grid")
+            raise VitlabError(f"{m.name}: {K} keys do not fit prefix {m.prefix_tokens} and a {gh}x{gw} grid")
         full = torch.zeros(B, T, T, device=device)
         if Q == K:
             full[:, keys[:, None], keys[None, :]] = cam
         elif Q == 1:  # class attention: only the class token (token 0) queries
             full[:, :1, keys] = cam
         else:
-            raise ValueError(f"{m.name}: cannot propagate relevance through {Q} queries and {K} keys")
+            raise VitlabError(f"{m.name}: cannot propagate relevance through {Q} queries and {K} keys")
         R = R + full @ R
     if pool is not None and token == "cls":
         rel = pool[:, 0, P:]

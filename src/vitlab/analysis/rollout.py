@@ -21,6 +21,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from ..errors import VitlabError
 from .capture import AttentionMap, maps_of, token_index
 from .gradients import attention_gradients
 
@@ -35,13 +36,13 @@ def fuse_heads(attn: torch.Tensor, head_fusion: str = "mean") -> torch.Tensor:
         return attn.amax(dim=1)
     if head_fusion == "min":
         return attn.amin(dim=1)
-    raise ValueError(f"head_fusion {head_fusion!r} is not one of {HEAD_FUSIONS}")
+    raise VitlabError(f"head_fusion {head_fusion!r} is not one of {HEAD_FUSIONS}")
 
 
 def discard_lowest(fused: torch.Tensor, ratio: float, protect: Sequence[tuple[int, int]] = ()) -> torch.Tensor:
     """Zero the lowest ``ratio`` fraction of each row of (B, Q, K); the (query, key) entries in protect are kept."""
     if not 0.0 <= ratio < 1.0:
-        raise ValueError(f"discard_ratio must lie in [0, 1), got {ratio}")
+        raise VitlabError(f"discard_ratio must lie in [0, 1), got {ratio}")
     K = fused.shape[-1]
     n = min(int(K * ratio), K - 1)
     if n == 0:
@@ -58,7 +59,7 @@ def rollout_from_fused(maps: Sequence[AttentionMap], fused: Sequence[torch.Tenso
                        discard_ratio: float = 0.0) -> torch.Tensor:
     """Rollout of per-layer head-fused maps (B, Q, K), described by ``maps``; returns (B, grid_h, grid_w)."""
     if not maps:
-        raise ValueError("rollout needs at least one attention map")
+        raise VitlabError("rollout needs at least one attention map")
     prefix = max((m.prefix_tokens for m in maps), key=len)  # the longest: the full prefix
     P = len(prefix)
     gh, gw = maps[-1].grid_size
@@ -86,7 +87,7 @@ def rollout_from_fused(maps: Sequence[AttentionMap], fused: Sequence[torch.Tenso
         elif Q == 1:  # class attention: only the class token (token 0) moves; the patches are copied through
             a = torch.cat([a + eye[:, :1], eye[:, 1:]], dim=1)
         else:
-            raise ValueError(f"{m.name}: cannot roll out a map with {Q} queries and {K} keys")
+            raise VitlabError(f"{m.name}: cannot roll out a map with {Q} queries and {K} keys")
         a = a / a.sum(dim=-1, keepdim=True)
         if K != T:  # prefix tokens not in this block yet (ConViT GPSA, CaiT self-attention): they keep themselves
             idx = torch.cat([torch.arange(m.num_prefix), torch.arange(P, T)]).to(a.device)
@@ -136,14 +137,14 @@ def raw_attention(maps_or_model: Sequence[AttentionMap] | nn.Module, images: tor
     """
     maps = maps_of(maps_or_model, images, "raw_attention")
     if not maps:
-        raise ValueError("raw_attention needs at least one attention map")
+        raise VitlabError("raw_attention needs at least one attention map")
     m = maps[-1]
     prefix = max((x.prefix_tokens for x in maps), key=len)
     t = token_index(prefix, token)
     a = m.attn.float().clamp(min=0).mean(dim=1)  # (B, Q, K)
     P = m.num_prefix
     if t is not None and t >= P:
-        raise ValueError(f"{m.name} holds no {token!r} token")
+        raise VitlabError(f"{m.name} holds no {token!r} token")
     if a.shape[1] == 1:  # class attention: its one query is the class token
         row = a[:, 0, P:]
     else:

@@ -16,11 +16,13 @@ import signal
 import sys
 import tempfile
 import threading
+import traceback
 import typing
 from pathlib import Path
 
 from safetensors import SafetensorError
 
+from ..errors import VitlabError
 from ..text import clip_quotes
 
 # each command's module (one module a command group), in the order `vitlab --help` lists them; a command line that
@@ -106,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"vitlab study: error: {e}", file=sys.stderr)
         return 1
-    except (ValueError, FileNotFoundError) as e:
+    except (VitlabError, FileNotFoundError) as e:  # a refusal of what the user gave, or a path that is not there
         print(f"vitlab {args.command}: error: {clip_quotes(str(e))}", file=sys.stderr)
         return 2
     except SafetensorError as e:  # a weights file that safetensors cannot read, reached by a reader that did not say
@@ -122,6 +124,11 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except FloatingPointError as e:
         print(f"vitlab {args.command}: stopped: {e}", file=sys.stderr)
+        return 1
+    except ValueError:  # not a refusal: a fault in vitlab or beneath it, which keeps its traceback
+        traceback.print_exc()
+        print(f"vitlab {args.command}: internal error: the traceback above is a bug in vitlab or a library beneath it, "
+              "not a problem with your input; please report it with the command line", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         if int(os.environ.get("RANK", "0")) == 0:  # under torchrun every rank is stopped: the first says so, once
@@ -213,8 +220,8 @@ def check_writable(path: str, option: str) -> None:
         with tempfile.TemporaryFile(dir=folder):
             pass
     except OSError as e:
-        raise ValueError(f"--{option} {path}: {folder} cannot be written ({e.strerror}); accepted: a place on a "
-                         "writable file system") from None
+        raise VitlabError(f"--{option} {path}: {folder} cannot be written ({e.strerror}); accepted: a place on a "
+                          "writable file system") from None
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from ..analysis.rollout import HEAD_FUSIONS
 from ..data.augment import normalize
 from ..data.sources import read_image
 from ..data.views import Preprocess, balanced_order
+from ..errors import VitlabError
 from . import add_command
 from .options import add_option
 
@@ -29,7 +30,7 @@ def _load_test_split(source: str, input_size: Sequence[int], args: argparse.Name
                        fit=fit, **split)
     check_data(args.model, bundle.identity, "inspect", own=args.data is None)
     if len(bundle.test.images) == 0:
-        raise ValueError(f"the test split of {source!r} is empty")
+        raise VitlabError(f"the test split of {source!r} is empty")
     return bundle.test.images, bundle.test.labels, list(bundle.classes)
 
 
@@ -87,17 +88,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     """Claim the output folder (runs.folder.claim_folder), then analyse the model into it."""
     if args.num_images < 1:
-        raise ValueError(f"--num-images must be at least 1, got {args.num_images}")
+        raise VitlabError(f"--num-images must be at least 1, got {args.num_images}")
     if not 0.0 <= args.discard_ratio < 1.0:
-        raise ValueError(f"--discard-ratio must lie in [0, 1), got {args.discard_ratio}")
+        raise VitlabError(f"--discard-ratio must lie in [0, 1), got {args.discard_ratio}")
     if args.faithfulness_images < 0:
-        raise ValueError(f"--faithfulness-images must be 0 or more, got {args.faithfulness_images}")
+        raise VitlabError(f"--faithfulness-images must be 0 or more, got {args.faithfulness_images}")
     if args.faithfulness_images and not args.data:
-        raise ValueError("--faithfulness-images needs --data SET: the perturbation test runs over a test split")
+        raise VitlabError("--faithfulness-images needs --data SET: the perturbation test runs over a test split")
     if args.curve_steps < 1:
-        raise ValueError(f"--curve-steps must be at least 1, got {args.curve_steps}")
+        raise VitlabError(f"--curve-steps must be at least 1, got {args.curve_steps}")
     if args.explorer_images < 1:
-        raise ValueError(f"--explorer-images must be at least 1, got {args.explorer_images}")
+        raise VitlabError(f"--explorer-images must be at least 1, got {args.explorer_images}")
     from ..runs.folder import claim_folder
     out = Path(args.out) if args.out else Path(f"inspect_{Path(args.model).resolve().name}")
     with claim_folder(out, "inspect"):
@@ -122,7 +123,7 @@ def _run(args: argparse.Namespace, out: Path) -> int:
         if not getattr(model, "no_attention", ""):
             attention_modules(model)
     except ValueError as e:
-        raise ValueError(f"{args.model}: {e}") from None
+        raise VitlabError(f"{args.model}: {e}") from None
     cfg = model.pretrained_cfg
     input_size = tuple(int(s) for s in cfg["input_size"])
     mean, std = cfg["mean"], cfg["std"]
@@ -139,13 +140,13 @@ def _run(args: argparse.Namespace, out: Path) -> int:
         source = args.data or read_split(args.model).get("data")
         if source is None:
             if input_size != (1, 8, 8):
-                raise ValueError(f"{args.model} takes {'x'.join(map(str, input_size))} images: give --images FILE... "
-                                 "or --data SET (digits, cifar10, an image folder or a .tar.gz)")
+                raise VitlabError(f"{args.model} takes {'x'.join(map(str, input_size))} images: give --images FILE... "
+                                  "or --data SET (digits, cifar10, an image folder or a .tar.gz)")
             source = "digits"  # the embedded 8x8 digits fit a 1-channel 8x8 model
         test_images, all_labels, class_names = _load_test_split(source, input_size, args, fit)
         if args.faithfulness_images > len(test_images):
-            raise ValueError(f"--faithfulness-images {args.faithfulness_images} is more than the "
-                             f"{len(test_images)} test images of {source!r}")
+            raise VitlabError(f"--faithfulness-images {args.faithfulness_images} is more than the "
+                              f"{len(test_images)} test images of {source!r}")
         # test splits are often sorted by class: take the images with the classes in turn (a seeded order)
         pick = balanced_order(all_labels)[:max(args.faithfulness_images, args.distance_images, args.num_images)]
         rows, where = pick.sort()  # read the rows in file order (a mapped store), then put them in pick's order

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ..errors import VitlabError
 from ..train.recipe import AUGMENT_FIELDS, FIELDS, PRETRAIN_TAKES, SUPERVISED_ONLY
 from . import add_command
 from . import train as train_cli
@@ -49,21 +50,21 @@ def run(args: argparse.Namespace) -> int:
     from ..runs.format import read_config
     supervised = [flag(name) for name in SUPERVISED_ONLY if name not in TAKEN and getattr(args, name) is not None]
     if supervised:
-        raise ValueError(f"{', '.join(supervised)}: supervised training's, which pre-training does not use (it learns "
-                         "without labels, a classifier head or a teacher); accepted: the options `vitlab pretrain "
-                         "--help` lists")
+        raise VitlabError(f"{', '.join(supervised)}: supervised training's, which pre-training does not use (it learns "
+                          "without labels, a classifier head or a teacher); accepted: the options `vitlab pretrain "
+                          "--help` lists")
     if args.resume:
         method = read_config(Path(args.resume)).get("pretrain", "none")
         if args.pretrain_arg or (args.method and args.method != method):
-            raise ValueError("--method and --pretrain-arg cannot change on --resume: the run goes on as it began "
-                             f"({method})")
+            raise VitlabError("--method and --pretrain-arg cannot change on --resume: the run goes on as it began "
+                              f"({method})")
         if method == "none":
-            raise ValueError(f"{args.resume} is not a pre-training run; continue it with `vitlab train --resume`")
+            raise VitlabError(f"{args.resume} is not a pre-training run; continue it with `vitlab train --resume`")
         args.pretrain = None  # train's --resume reads the method from the run's config.yaml
         return train_cli.run(args)
     from ..pretrain import OBJECTIVES
     if not args.method:
-        raise ValueError(f"--method is required; accepted: {', '.join(OBJECTIVES)}")
+        raise VitlabError(f"--method is required; accepted: {', '.join(OBJECTIVES)}")
     from ..train import load_recipe, train
     given = {name: getattr(args, name) for name in [*FIELDS, *AUGMENT_FIELDS] if name not in (*train_cli.SKIP, *OWN)}
     if args.model_arg:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ..errors import VitlabError
 from . import add_command
 from .options import add_option, integer
 
@@ -46,12 +47,12 @@ def run(args: argparse.Namespace) -> int:
     split = read_split(args.model) if Path(args.model).is_dir() else {}
     data = args.data or split.get("data")
     if data is None:
-        raise ValueError(f"{args.model} is not a run folder (no config.yaml names its data): give --data (digits, "
-                         "cifar10, cifar100, an image folder or a .tar.gz)")
+        raise VitlabError(f"{args.model} is not a run folder (no config.yaml names its data): give --data (digits, "
+                          "cifar10, cifar100, an image folder or a .tar.gz)")
     if args.probe_wd < 0:
-        raise ValueError(f"--probe-wd {args.probe_wd:g} is not valid; accepted: a number >= 0")
+        raise VitlabError(f"--probe-wd {args.probe_wd:g} is not valid; accepted: a number >= 0")
     if args.precision not in ("fp32", "bf16", "auto"):
-        raise ValueError(f"--precision {args.precision} is not valid for features; accepted: fp32, bf16, auto")
+        raise VitlabError(f"--precision {args.precision} is not valid for features; accepted: fp32, bf16, auto")
     seed = args.seed if args.seed is not None else split.get("seed", 0)
     val_fraction = args.val_fraction if args.val_fraction is not None else split.get("val_fraction", 0.2)
     with claim_folder(args.out, "probe") if args.out else contextlib.nullcontext():

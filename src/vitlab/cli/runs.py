@@ -6,6 +6,7 @@ import json
 import sys
 from pathlib import Path
 
+from ..errors import VitlabError
 from . import add_command
 from .options import add_option
 
@@ -75,15 +76,15 @@ def run_study(args: argparse.Namespace) -> int:
     try:
         seeds = [int(s) for s in args.seeds.split(",")]
     except ValueError:
-        raise ValueError(f"--seeds {args.seeds!r} is not valid; accepted: integers >= 0 separated by commas, "
-                         "e.g. 0,1,2") from None
+        raise VitlabError(f"--seeds {args.seeds!r} is not valid; accepted: integers >= 0 separated by commas, "
+                          "e.g. 0,1,2") from None
     budgets = None
     if args.pretrain_budgets is not None:
         try:
             budgets = [float(b) for b in args.pretrain_budgets.split(",")]
         except ValueError:
-            raise ValueError(f"--pretrain-budgets {args.pretrain_budgets!r} is not valid; accepted: numbers > 0 "
-                             "separated by commas, e.g. 1,3,10") from None
+            raise VitlabError(f"--pretrain-budgets {args.pretrain_budgets!r} is not valid; accepted: numbers > 0 "
+                              "separated by commas, e.g. 1,3,10") from None
     with claim_folder(args.out, "study"):
         result = run_study(args.name, out=args.out, data=args.data, budget=args.budget, epochs=args.epochs,
                            seeds=seeds, jobs=args.jobs, threads=args.threads, quick=args.quick,

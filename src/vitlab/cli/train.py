@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ..errors import VitlabError
 from ..runs.folder import new_run_folder
 from ..train.recipe import AUGMENT_FIELDS, FIELDS, SECTIONS
 from . import add_command
@@ -45,7 +46,7 @@ def parse_model_args(items: list[str], flag: str = "--model-arg", example: str =
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise ValueError(f"{flag} {item!r} is not KEY=VALUE (e.g. {example})")
+            raise VitlabError(f"{flag} {item!r} is not KEY=VALUE (e.g. {example})")
         out[key.strip()] = yaml.safe_load(value)
     return out
 

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..errors import VitlabError
 from .cache import CACHE_VERSION, cache_key, default_cache_dir
 from .download import Log
 from .sources import _stratified_split
@@ -36,7 +37,7 @@ def split_arrays(data: Any) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.nda
     """((x_train, y_train), (x_test, y_test) or None) checked: images uint8 (N, C, H, W), labels int64 (N,); a
     ValueError (one line) names what is wrong and what is accepted."""
     if not is_arrays(data) or len(data) != 2:
-        raise ValueError(f"data of type {type(data).__name__} is not valid; accepted: {ACCEPTED}")
+        raise VitlabError(f"data of type {type(data).__name__} is not valid; accepted: {ACCEPTED}")
     if all(is_arrays(part) for part in data):
         train, test = data
         return pair(train, "train"), pair(test, "test")
@@ -46,7 +47,7 @@ def split_arrays(data: Any) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.nda
 def pair(data: Any, name: str) -> tuple[np.ndarray, np.ndarray]:
     """One (images, labels) pair, checked; images as (N, C, H, W)."""
     if not is_arrays(data) or len(data) != 2:
-        raise ValueError(f"the {name} part is not an (images, labels) pair; accepted: {ACCEPTED}")
+        raise VitlabError(f"the {name} part is not an (images, labels) pair; accepted: {ACCEPTED}")
     return images_nchw(data[0], f"{name} images"), labels_of(data[1], len(data[0]), f"{name} labels")
 
 
@@ -55,12 +56,12 @@ def images_nchw(x: Any, name: str = "images") -> np.ndarray:
     x = np.asarray(x)
     if x.dtype != np.uint8:
         hint = " (scale to 0..255 and convert: (x * 255).round().astype('uint8'))" if x.dtype.kind == "f" else ""
-        raise ValueError(f"{name} of dtype {x.dtype} are not valid; accepted: uint8{hint}")
+        raise VitlabError(f"{name} of dtype {x.dtype} are not valid; accepted: uint8{hint}")
     if x.ndim == 3:
         x = x[..., None]
     if x.ndim != 4 or x.shape[-1] not in (1, 3) or min(x.shape[1:3]) < 1:
-        raise ValueError(f"{name} of shape {x.shape} are not valid; accepted: (N, H, W, C) with C 1 or 3, or "
-                         "(N, H, W)")
+        raise VitlabError(f"{name} of shape {x.shape} are not valid; accepted: (N, H, W, C) with C 1 or 3, or "
+                          "(N, H, W)")
     return np.ascontiguousarray(x.transpose(0, 3, 1, 2))
 
 
@@ -70,12 +71,12 @@ def labels_of(y: Any, n: int, name: str = "labels") -> np.ndarray:
     if y.ndim == 2 and y.shape[1] == 1:
         y = y[:, 0]
     if y.dtype.kind not in "iu" or y.ndim != 1:
-        raise ValueError(f"{name} of dtype {y.dtype} and shape {y.shape} are not valid; accepted: integers of shape "
-                         f"(N,) or (N, 1)")
+        raise VitlabError(f"{name} of dtype {y.dtype} and shape {y.shape} are not valid; accepted: integers of shape "
+                          f"(N,) or (N, 1)")
     if len(y) != n:
-        raise ValueError(f"{name} number {len(y)}, the images {n}; accepted: one label an image")
+        raise VitlabError(f"{name} number {len(y)}, the images {n}; accepted: one label an image")
     if len(y) and y.min() < 0:
-        raise ValueError(f"{name} hold {int(y.min())}; accepted: class indices 0, 1, ...")
+        raise VitlabError(f"{name} hold {int(y.min())}; accepted: class indices 0, 1, ...")
     return y.astype(np.int64)
 
 
@@ -87,8 +88,8 @@ def class_list(labels: Sequence[np.ndarray], class_names: Sequence[str] | None) 
     names = [str(c) for c in class_names]
     if len(names) < k or len(set(names)) != len(names):
         twice = " (some twice)" if len(set(names)) < len(names) else ""
-        raise ValueError(f"class_names holds {len(names)} names{twice}; accepted: {k} distinct names or more, one for "
-                         f"each label 0..{k - 1}")
+        raise VitlabError(f"class_names holds {len(names)} names{twice}; accepted: {k} distinct names or more, one for "
+                          f"each label 0..{k - 1}")
     return names
 
 
@@ -98,8 +99,8 @@ def store_arrays(data: Any, *, class_names: Sequence[str] | None = None, cache_d
     ``seed`` split ``(x, y)`` alone as ``load_data`` splits a source without a test split."""
     (x, y), test = split_arrays(data)
     if test is not None and test[0].shape[1:] != x.shape[1:]:
-        raise ValueError(f"the test images are {test[0].shape[1]}x{test[0].shape[2]}x{test[0].shape[3]} (C x H x W), "
-                         f"the training images {x.shape[1]}x{x.shape[2]}x{x.shape[3]}; accepted: the same shape")
+        raise VitlabError(f"the test images are {test[0].shape[1]}x{test[0].shape[2]}x{test[0].shape[3]} (C x H x W), "
+                          f"the training images {x.shape[1]}x{x.shape[2]}x{x.shape[3]}; accepted: the same shape")
     classes = class_list([y] if test is None else [y, test[1]], class_names)
     images = x if test is None else np.concatenate([x, test[0]])
     labels = y if test is None else np.concatenate([y, test[1]])

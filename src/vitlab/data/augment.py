@@ -32,6 +32,7 @@ from pydantic import Field, field_validator
 from torch import Tensor
 
 from ..devices import to_device
+from ..errors import VitlabError
 from ..settings import Settings
 
 __all__ = [
@@ -112,7 +113,7 @@ class AugmentConfig(Settings):
     @classmethod
     def _ordered(cls, scale: tuple[float, float]) -> tuple[float, float]:
         if not 0.0 < scale[0] <= scale[1] <= 1.0:
-            raise ValueError(f"rrc_scale={scale!r} is not valid; accepted: {RRC_SCALE_ACCEPTED}")
+            raise VitlabError(f"rrc_scale={scale!r} is not valid; accepted: {RRC_SCALE_ACCEPTED}")
         return scale
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -210,7 +211,7 @@ def pad_crop_flip(
         valid = ((rows >= 0) & (rows < hi)).view(b, 1, h, 1) & ((cols >= 0) & (cols < wi)).view(b, 1, 1, w)
         rows, cols = rows.clamp(0, hi - 1), cols.clamp(0, wi - 1)
     else:
-        raise ValueError(f"pad_mode={pad_mode!r} is invalid; expected one of {PAD_MODES}")
+        raise VitlabError(f"pad_mode={pad_mode!r} is invalid; expected one of {PAD_MODES}")
     index = (rows.view(b, h, 1) * wi + cols.view(b, 1, w)).view(b, 1, h * w).expand(b, c, h * w)
     out = images.reshape(b, c, hi * wi).gather(2, index).view(b, c, h, w)
     if valid is not None:
@@ -508,7 +509,7 @@ def mix_batch(
         images[:, :, y0:y1, x0:x1] = images[:, :, y0:y1, x0:x1].flip(0)  # flip() copies before the write
         lam = 1.0 - (y1 - y0) * (x1 - x0) / float(h * w)
     else:
-        raise ValueError(f"mode={mode!r} is invalid; expected one of {MIX_MODES}")
+        raise VitlabError(f"mode={mode!r} is invalid; expected one of {MIX_MODES}")
     return images, torch.lerp(targets.flip(0), targets, lam)
 
 
@@ -530,7 +531,7 @@ class BatchAugment(torch.nn.Module):
     ) -> None:
         super().__init__()
         if len(mean) != len(std):
-            raise ValueError(f"mean and std must have the same length, got {len(mean)} and {len(std)}")
+            raise VitlabError(f"mean and std must have the same length, got {len(mean)} and {len(std)}")
         self.cfg = cfg
         self.img_size = (int(img_size[0]), int(img_size[1]))
         self.num_classes = num_classes
@@ -566,12 +567,12 @@ class BatchAugment(torch.nn.Module):
         if cfg.crop == "pad":
             p = cfg.padding
             if hi + 2 * p < h or wi + 2 * p < w:
-                raise ValueError(f"crop size {(h, w)} is larger than the padded image {(hi + 2 * p, wi + 2 * p)}")
+                raise VitlabError(f"crop size {(h, w)} is larger than the padded image {(hi + 2 * p, wi + 2 * p)}")
             top = torch.randint(hi + 2 * p - h + 1, (b,))
             left = torch.randint(wi + 2 * p - w + 1, (b,))
             return pad_crop_flip(images, top, left, flip, p, (h, w), cfg.pad_mode)
         if (hi, wi) != (h, w):
-            raise ValueError(f"crop='none' needs images of img_size {(h, w)}, got {(hi, wi)}")
+            raise VitlabError(f"crop='none' needs images of img_size {(h, w)}, got {(hi, wi)}")
         if not cfg.hflip:
             return images
         return torch.where(to_device(flip, images.device).view(b, 1, 1, 1), images.flip(-1), images)
@@ -625,9 +626,9 @@ class BatchAugment(torch.nn.Module):
         _check_uint8(images)
         b, c = images.shape[:2]
         if labels.shape != (b,):
-            raise ValueError(f"labels must have shape ({b},), got {tuple(labels.shape)}")
+            raise VitlabError(f"labels must have shape ({b},), got {tuple(labels.shape)}")
         if self.norm_scale.shape[0] not in (1, c):
-            raise ValueError(f"mean/std have {self.norm_scale.shape[0]} channels but the images have {c}")
+            raise VitlabError(f"mean/std have {self.norm_scale.shape[0]} channels but the images have {c}")
         dev = images.device
         x = self.crop_flip(images)  # (B, C, h, w) uint8 (float 0..255 after 'rrc')
         x = self.auto_augment(x.float())  # float 0..255, a tensor of our own (never `images`), so in-place ops are safe

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..errors import NotFoundError, VitlabError
 from .disk import disk_usage, format_sizes, free_bytes
 from .owned import FEATURES_FILE, owned_name, owner_marker, remove_owned
 from .scan import walk
@@ -160,7 +161,7 @@ def source_identity(kind: str, where: str | os.PathLike, listing: Listing | None
         return None
     path = Path(where)
     if not path.exists():
-        raise FileNotFoundError(f"{path} does not exist")
+        raise NotFoundError(f"{path} does not exist")
     if kind == "table":
         listing = listing or list_table(path, lambda s: None)
         return [str(path), file_digest(path), files_fingerprint(listing.payloads(0))]
@@ -218,8 +219,8 @@ def cache_entries(cache_dir: str | os.PathLike | None = None,
     identify = identify or source_identity
     cache = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     if cache.exists() and not cache.is_dir():
-        raise ValueError(f"the data cache {cache} is a file, not a folder; accepted: a folder, new or the cache's "
-                         "own (--cache-dir, else $VITLAB_CACHE)")
+        raise VitlabError(f"the data cache {cache} is a file, not a folder; accepted: a folder, new or the cache's "
+                          "own (--cache-dir, else $VITLAB_CACHE)")
     entries = (_entry(path, identify) for path in (sorted(cache.iterdir()) if cache.is_dir() else []))
     return [e for e in entries if e is not None]
 
@@ -254,8 +255,8 @@ def clean(cache_dir: str | os.PathLike | None = None, everything: bool = False, 
         try:
             e.left = remove_owned(e.path, _owns(e), dry_run)
         except OSError as err:
-            raise ValueError(f"cannot clean the data cache: {e.path} cannot be removed ({err.strerror}); "
-                             "nothing of it that vitlab did not write was touched") from None
+            raise VitlabError(f"cannot clean the data cache: {e.path} cannot be removed ({err.strerror}); "
+                              "nothing of it that vitlab did not write was touched") from None
     return removed, kept
 
 
@@ -267,7 +268,7 @@ def _check_removable(cache: Path) -> None:
         probe.unlink()
     except OSError as e:
         why = "a read-only file system" if e.errno == errno.EROFS else e.strerror or type(e).__name__
-        raise ValueError(f"cannot clean the data cache {cache} ({why}); nothing was removed") from None
+        raise VitlabError(f"cannot clean the data cache {cache} ({why}); nothing was removed") from None
 
 
 def clean_cache(cache_dir: str | os.PathLike | None = None, everything: bool = False, dry_run: bool = False,

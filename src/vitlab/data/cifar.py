@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from ..atomic import DiskFullError
+from ..errors import VitlabError
 from .disk import DISK_FULL, check_writable, free_bytes, space_message
 from .download import Log, download_url, safe_extract
 from .owned import mark_owned
@@ -78,8 +79,8 @@ class _NumpyUnpickler(pickle.Unpickler):
         try:
             return _PICKLE_GLOBALS[(module, name)]
         except KeyError:
-            raise ValueError(f"refusing to unpickle {module}.{name}: CIFAR batch files may only hold numpy "
-                             "arrays, lists, dicts, numbers and strings") from None
+            raise VitlabError(f"refusing to unpickle {module}.{name}: CIFAR batch files may only hold numpy "
+                              "arrays, lists, dicts, numbers and strings") from None
 
 
 def _read_batch(data: bytes, what: str) -> dict[str, Any]:
@@ -87,11 +88,11 @@ def _read_batch(data: bytes, what: str) -> dict[str, Any]:
     try:
         obj = _NumpyUnpickler(io.BytesIO(data), encoding="bytes").load()
     except ValueError as e:
-        raise ValueError(f"{what}: {e}") from None
+        raise VitlabError(f"{what}: {e}") from None
     except Exception as e:  # noqa: BLE001 - any other failure means a broken file
-        raise ValueError(f"{what} is not a readable CIFAR batch file ({type(e).__name__}: {e})") from None
+        raise VitlabError(f"{what} is not a readable CIFAR batch file ({type(e).__name__}: {e})") from None
     if not isinstance(obj, dict):
-        raise ValueError(f"{what} is not a CIFAR batch file: it holds a {type(obj).__name__}, not a dict")
+        raise VitlabError(f"{what} is not a CIFAR batch file: it holds a {type(obj).__name__}, not a dict")
     return {k.decode("latin1") if isinstance(k, bytes) else str(k): v for k, v in obj.items()}
 
 
@@ -111,7 +112,7 @@ def load_cifar(variant: str, read: Callable[[str], bytes],
     layout = CIFAR_LAYOUTS[variant]
     meta = _read_batch(read(layout.meta), f"{where}/{layout.meta}")
     if layout.names_key not in meta:
-        raise ValueError(f"{where}/{layout.meta} has no {layout.names_key!r} entry (keys: {', '.join(meta)})")
+        raise VitlabError(f"{where}/{layout.meta} has no {layout.names_key!r} entry (keys: {', '.join(meta)})")
     classes = [n.decode("utf-8") if isinstance(n, bytes) else str(n) for n in meta[layout.names_key]]
 
     def split(files: tuple[str, ...]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -122,10 +123,10 @@ def load_cifar(variant: str, read: Callable[[str], bytes],
             x, y = batch.get("data"), batch.get(layout.labels_key)
             if not isinstance(x, np.ndarray) or x.dtype != np.uint8 or x.ndim != 2 or x.shape[1] != 3072:
                 got = f"{x.dtype} {x.shape}" if isinstance(x, np.ndarray) else type(x).__name__
-                raise ValueError(f"{what}: 'data' must be a uint8 array of shape (N, 3072), got {got}")
+                raise VitlabError(f"{what}: 'data' must be a uint8 array of shape (N, 3072), got {got}")
             y = np.asarray(y, dtype=np.int64) if y is not None else None
             if y is None or y.shape != (len(x),) or (len(y) and (y.min() < 0 or y.max() >= len(classes))):
-                raise ValueError(f"{what}: {layout.labels_key!r} must hold {len(x)} labels in 0..{len(classes) - 1}")
+                raise VitlabError(f"{what}: {layout.labels_key!r} must hold {len(x)} labels in 0..{len(classes) - 1}")
             xs.append(x.reshape(-1, 3, 32, 32))
             ys.append(y)
         return torch.from_numpy(np.concatenate(xs)), torch.from_numpy(np.concatenate(ys))
@@ -146,7 +147,7 @@ def _fetch_and_extract(variant: str, archive: Path, cache: Path, log: Log) -> Pa
     if not archive.is_file():
         free = free_bytes(cache)
         if free is not None and free < _NEEDS_BYTES:
-            raise ValueError(space_message("not enough disk space", variant, cache, _NEEDS_BYTES, free))
+            raise VitlabError(space_message("not enough disk space", variant, cache, _NEEDS_BYTES, free))
         log(f"downloading {variant} from {remote.url}")
         download_url(remote.url, archive, md5=remote.md5, log=log)
         downloaded = True
@@ -168,18 +169,18 @@ def find_or_fetch_cifar(variant: str, cache: Path, download: bool, log: Log) -> 
         return found[1]
     archive = cache / remote.filename
     if not archive.is_file() and not download:
-        raise ValueError(f"{variant} is not in the cache folder: looked for {cache / remote.folder} and "
-                         f"{archive}. Pass download=True (CLI: --download) to fetch it from {remote.url}, "
-                         f"or give the path of a {remote.folder} folder or of {remote.filename}")
+        raise VitlabError(f"{variant} is not in the cache folder: looked for {cache / remote.folder} and "
+                          f"{archive}. Pass download=True (CLI: --download) to fetch it from {remote.url}, "
+                          f"or give the path of a {remote.folder} folder or of {remote.filename}")
     try:
         folder = _fetch_and_extract(variant, archive, cache, log)
     except (OSError, DiskFullError) as e:
         if isinstance(e, DiskFullError) or e.errno in DISK_FULL:
-            raise ValueError(space_message("disk full", f"{variant}", cache, _NEEDS_BYTES)) from None
-        raise ValueError(str(e)) from None
+            raise VitlabError(space_message("disk full", f"{variant}", cache, _NEEDS_BYTES)) from None
+        raise VitlabError(str(e)) from None
     found = cifar_variant(folder)
     if not found or found[0] != variant:
-        raise ValueError(f"{archive} does not hold the {variant} batch files in {remote.folder}/")
+        raise VitlabError(f"{archive} does not hold the {variant} batch files in {remote.folder}/")
     return folder
 
 

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from PIL import ExifTags, Image, ImageOps
 
+from ..errors import VitlabError
 from ..progress import progress_bar
 from .views import INTERPOLATIONS, crop_offsets, parse_fit, resized_size
 
@@ -153,21 +154,21 @@ def read_image(path: str | os.PathLike, img_size: int | tuple[int, int] | None =
         img_size = (img_size, img_size)
     if img_size is not None and not (isinstance(img_size, (tuple, list)) and len(img_size) == 2
                                      and all(isinstance(s, int) and s > 0 for s in img_size)):
-        raise ValueError(f"img_size must be a positive int or a (height, width) pair of them, got {img_size!r}")
+        raise VitlabError(f"img_size must be a positive int or a (height, width) pair of them, got {img_size!r}")
     if in_chans not in (1, 3) or isinstance(in_chans, bool):
-        raise ValueError(f"in_chans must be 1 (grayscale) or 3 (RGB), got {in_chans!r}")
+        raise VitlabError(f"in_chans must be 1 (grayscale) or 3 (RGB), got {in_chans!r}")
     path = Path(path)
     if not path.is_file():
-        raise ValueError(f"image {path} does not exist or is not a file")
+        raise VitlabError(f"image {path} does not exist or is not a file")
     try:
         arr = _decode(str(path), tuple(img_size) if img_size else None, in_chans, fit)
     except Exception as e:  # noqa: BLE001 - report any decoder failure as an unreadable file
         big = too_large(str(path)) if isinstance(e, Image.DecompressionBombError) else None
         if big:
-            raise ValueError(f"{path} is {big}; accepted: images of at most {2 * Image.MAX_IMAGE_PIXELS / 1e6:.0f} M "
-                             "pixels") from None
-        raise ValueError(f"{path} is not an image Pillow can read ({type(e).__name__}: {e}); accepted: "
-                         f"{' '.join(IMAGE_EXTENSIONS)}") from None
+            raise VitlabError(f"{path} is {big}; accepted: images of at most {2 * Image.MAX_IMAGE_PIXELS / 1e6:.0f} M "
+                              "pixels") from None
+        raise VitlabError(f"{path} is not an image Pillow can read ({type(e).__name__}: {e}); accepted: "
+                          f"{' '.join(IMAGE_EXTENSIONS)}") from None
     return torch.from_numpy(arr.copy()).permute(2, 0, 1).contiguous()
 
 

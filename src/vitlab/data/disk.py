@@ -6,6 +6,8 @@ import errno
 import os
 from pathlib import Path
 
+from ..errors import VitlabError
+
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 NOT_WRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
 
@@ -74,8 +76,8 @@ def check_writable(cache: Path) -> None:
         probe.unlink()
     except OSError as e:
         why = "a read-only file system" if e.errno == errno.EROFS else e.strerror or type(e).__name__
-        raise ValueError(f"cannot write the data cache {cache} ({why}); set VITLAB_CACHE or --cache-dir to a "
-                         "writable folder") from None
+        raise VitlabError(f"cannot write the data cache {cache} ({why}); set VITLAB_CACHE or --cache-dir to a "
+                          "writable folder") from None
 
 
 def space_message(problem: str, what: str, cache: Path, need: int, free: int | None = None) -> str:

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..atomic import atomic_path, locked_temp_folder, remove_stale_temps
+from ..errors import VitlabError
 from ..progress import progress_bar
 
 ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar", ".tar.bz2", ".tbz2", ".tar.xz", ".txz")
@@ -45,8 +46,8 @@ def download_url(url: str, dest: str | os.PathLike, md5: str | None = None, sha2
         for algo, expected in (("md5", md5), ("sha256", sha256)):
             got = hashes[algo].hexdigest()
             if expected is not None and got != expected.lower():
-                raise ValueError(f"checksum mismatch for {url}: {algo} is {got}, expected {expected}; "
-                                 "the download was deleted (try again, or fetch the file by hand)")
+                raise VitlabError(f"checksum mismatch for {url}: {algo} is {got}, expected {expected}; "
+                                  "the download was deleted (try again, or fetch the file by hand)")
     log(f"downloaded {url} to {dest} ({dest.stat().st_size / 2**20:.1f} MiB)")
     return dest
 
@@ -69,8 +70,8 @@ def check_member(member: tarfile.TarInfo, archive: Path) -> None:
     elif not (member.isfile() or member.isdir()):
         problem = "is a device, FIFO or other special file"
     if problem:
-        raise ValueError(f"refusing to read {archive}: member {name!r} {problem}; "
-                         "vitlab reads only plain files and folders with relative paths from archives")
+        raise VitlabError(f"refusing to read {archive}: member {name!r} {problem}; "
+                          "vitlab reads only plain files and folders with relative paths from archives")
 
 
 def is_archive(path: Path) -> bool:
@@ -94,7 +95,7 @@ def safe_extract(archive: Path, dest: Path, folder: str) -> Path:
                 check_member(m, archive)
             wanted = [m for m in members if member_parts(m.name)[:1] == (folder,)]
             if not wanted:
-                raise ValueError(f"{archive} holds no {folder}/ folder")
+                raise VitlabError(f"{archive} holds no {folder}/ folder")
             remove_stale_temps(dest, folder)
             with locked_temp_folder(dest, folder) as tmp:
                 if hasattr(tarfile, "data_filter"):
@@ -103,7 +104,7 @@ def safe_extract(archive: Path, dest: Path, folder: str) -> Path:
                     tf.extractall(tmp, members=wanted)
                 os.replace(tmp / folder, dest / folder)
     except (tarfile.TarError, EOFError) as e:
-        raise ValueError(f"{archive} is not a readable tar archive ({e})") from None
+        raise VitlabError(f"{archive} is not a readable tar archive ({e})") from None
     return dest / folder
 
 

@@ -23,6 +23,7 @@ import numpy as np
 from PIL import Image
 
 from ..atomic import atomic_path, atomic_write_json
+from ..errors import VitlabError
 from ..progress import progress_bar
 from .download import Log
 from .shards import INFO, Piece, encode_png, image_bytes, label_of, open_shards, read_piece
@@ -36,7 +37,7 @@ def parse_size(text: str | int) -> int:
     """Bytes from '1GB', '500MB', '64KB' or a plain number (powers of 1024)."""
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?B?)\s*", str(text).upper())
     if not m or float(m.group(1)) <= 0:
-        raise ValueError(f"--shard-size {text!r} is not a size; accepted: a number of bytes or e.g. 64KB, 500MB, 1GB")
+        raise VitlabError(f"--shard-size {text!r} is not a size; accepted: a number of bytes or e.g. 64KB, 500MB, 1GB")
     unit = m.group(2) if m.group(2).endswith("B") or not m.group(2) else m.group(2) + "B"
     return max(1, int(float(m.group(1)) * _UNITS[unit]))
 
@@ -106,9 +107,9 @@ class _Shards:
 
 def _check_out(out: Path) -> None:
     if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out} is a file; accepted: a new or empty folder")
+        raise VitlabError(f"--out {out} is a file; accepted: a new or empty folder")
     if out.is_dir() and any(out.iterdir()):
-        raise ValueError(f"--out {out} is not empty (nothing in it is overwritten); accepted: a new or empty folder")
+        raise VitlabError(f"--out {out} is not empty (nothing in it is overwritten); accepted: a new or empty folder")
 
 
 def pack(source: str | os.PathLike, out: str | os.PathLike, shard_size: int = 1 << 30, *, val_fraction: float = 0.2,

@@ -15,6 +15,7 @@ import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..errors import VitlabError
 from ..progress import progress_bar
 from .cifar import CIFAR_FILE_NAMES, CIFAR_LAYOUTS
 from .decode import IMAGE_EXTENSIONS
@@ -106,7 +107,7 @@ def read_archive(path: Path) -> Tree:
                     elif _is_image_name(parts[-1]) or parts[-1] in CIFAR_FILE_NAMES:
                         tree.add_file(parts, tf.extractfile(member).read())
     except (tarfile.TarError, EOFError, OSError, zlib.error, lzma.LZMAError) as e:
-        raise ValueError(f"{path} is not a readable tar archive ({type(e).__name__}: {e})") from None
+        raise VitlabError(f"{path} is not a readable tar archive ({type(e).__name__}: {e})") from None
     return tree
 
 
@@ -162,7 +163,7 @@ def _classes_under(tree: Tree, root: tuple[str, ...]) -> dict[str, list[tuple[st
     n = len(root)
     classes = sorted({d[n] for d in tree.dirs if len(d) > n and d[:n] == root})
     if not classes:
-        raise ValueError(f"{tree.describe(root)} has no class sub-folders; {_LAYOUT_HELP}")
+        raise VitlabError(f"{tree.describe(root)} has no class sub-folders; {_LAYOUT_HELP}")
     by_class: dict[str, list[tuple[str, ...]]] = {c: [] for c in classes}
     for p in sorted(tree.files):
         if len(p) > n + 1 and p[:n] == root:
@@ -171,16 +172,16 @@ def _classes_under(tree: Tree, root: tuple[str, ...]) -> dict[str, list[tuple[st
         if not paths:
             folder = tree.describe((*root, c))
             link = f" (it is a link to {_link_target(folder)})" if os.path.islink(folder) else ""
-            raise ValueError(f"class folder {folder} holds no images{link} "
-                             f"(accepted extensions: {' '.join(IMAGE_EXTENSIONS)})")
+            raise VitlabError(f"class folder {folder} holds no images{link} "
+                              f"(accepted extensions: {' '.join(IMAGE_EXTENSIONS)})")
     return by_class
 
 
 def _layout(tree: Tree, log: Log) -> tuple[dict[str, list], dict[str, list] | None]:
     """(train class -> files, test class -> files or None when the train files must be split)."""
     if not tree.files:
-        raise ValueError(f"no images found in {tree.where} (accepted extensions: {' '.join(IMAGE_EXTENSIONS)}); "
-                         f"{_LAYOUT_HELP}")
+        raise VitlabError(f"no images found in {tree.where} (accepted extensions: {' '.join(IMAGE_EXTENSIONS)}); "
+                          f"{_LAYOUT_HELP}")
     tops = {d[0] for d in tree.dirs}
     if all(len(p) == 1 for p in tree.files):  # a flat folder: images without labels
         log(f"{tree.where} holds images without class folders: one class, {UNLABELLED!r}, for pre-training")
@@ -195,8 +196,8 @@ def _layout(tree: Tree, log: Log) -> tuple[dict[str, list], dict[str, list] | No
     test = _classes_under(tree, (test_dir,))
     extra = sorted(set(test) - set(train))
     if extra:
-        raise ValueError(f"{tree.describe((test_dir,))} has class folders that {tree.describe(('train',))} lacks: "
-                         f"{', '.join(extra)}; the train classes are {', '.join(train)}")
+        raise VitlabError(f"{tree.describe((test_dir,))} has class folders that {tree.describe(('train',))} lacks: "
+                          f"{', '.join(extra)}; the train classes are {', '.join(train)}")
     if test_dir == "val":
         log(f"{tree.where}: using val/ as the test split")
     return train, test

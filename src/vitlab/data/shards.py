@@ -32,6 +32,7 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from ..errors import VitlabError
 from .decode import decode_image
 
 IMAGE_SUFFIXES = ("jpg", "jpeg", "png", "webp")
@@ -53,8 +54,8 @@ def _webdataset():
     try:
         import webdataset
     except ImportError:
-        raise ValueError("reading WebDataset shards needs webdataset: pip install 'vitlab[shards]' "
-                         "(or webdataset)") from None
+        raise VitlabError("reading WebDataset shards needs webdataset: pip install 'vitlab[shards]' "
+                          "(or webdataset)") from None
     return webdataset
 
 
@@ -71,13 +72,13 @@ def expand(pattern: str) -> list[str]:
     for part in pattern.split("::"):
         urls.extend(braceexpand(part))  # pipe: commands too, as webdataset expands them
     if not urls:
-        raise ValueError(f"the shard pattern {pattern!r} names no shard; accepted: e.g. DIR/train-{{000000..000009}}"
-                         ".tar, pipe:COMMAND, an http(s) URL or wds:DIR")
+        raise VitlabError(f"the shard pattern {pattern!r} names no shard; accepted: e.g. DIR/train-{{000000..000009}}"
+                          ".tar, pipe:COMMAND, an http(s) URL or wds:DIR")
     local = [u for u in urls if _is_local(u)]
     missing = [u for u in local if not Path(u).is_file()]
     if missing:
-        raise ValueError(f"{len(missing)} of the {len(urls)} shards of {pattern!r} do not exist, e.g. {missing[0]}; "
-                         "accepted: a pattern whose every shard exists (braces as in train-{000000..000099}.tar)")
+        raise VitlabError(f"{len(missing)} of the {len(urls)} shards of {pattern!r} do not exist, e.g. {missing[0]}; "
+                          "accepted: a pattern whose every shard exists (braces as in train-{000000..000099}.tar)")
     return urls
 
 
@@ -85,12 +86,12 @@ def folder_patterns(source: str) -> tuple[str, str | None]:
     """``wds:DIR`` as (its train shards, its test shards or None), each a '::'-joined list."""
     folder = Path(source.removeprefix("wds:")).expanduser()
     if not folder.is_dir():
-        raise ValueError(f"{source}: {folder} is not a folder; accepted: wds:DIR with DIR holding train-*.tar "
-                         "(and test-*.tar)")
+        raise VitlabError(f"{source}: {folder} is not a folder; accepted: wds:DIR with DIR holding train-*.tar "
+                          "(and test-*.tar)")
     train, test = sorted(folder.glob("train-*.tar")), sorted(folder.glob("test-*.tar"))
     if not train:
-        raise ValueError(f"{source}: {folder} holds no train-*.tar shard; accepted: wds:DIR with DIR holding "
-                         "train-*.tar (and test-*.tar)")
+        raise VitlabError(f"{source}: {folder} holds no train-*.tar shard; accepted: wds:DIR with DIR holding "
+                          "train-*.tar (and test-*.tar)")
     return "::".join(map(str, train)), "::".join(map(str, test)) if test else None
 
 
@@ -127,8 +128,8 @@ def read_info(urls: list[str]) -> tuple[dict[str, Any], list[str] | None]:
         try:
             info = json.loads((folder / INFO).read_text())
         except (OSError, ValueError) as e:
-            raise ValueError(f"{folder / INFO} is unreadable ({e}); accepted: the JSON vitlab data pack writes, "
-                             "or no such file") from None
+            raise VitlabError(f"{folder / INFO} is unreadable ({e}); accepted: the JSON vitlab data pack writes, "
+                              "or no such file") from None
         info = info if isinstance(info, dict) else {}
     names = info.get("classes") if isinstance(info.get("classes"), list) else None
     if names is None and (folder / CLASSES).is_file():
@@ -158,16 +159,16 @@ def open_shards(pattern: str, labels: bool = False) -> ShardSet:
         counts, labels = [len(p) for p in per_shard], np.concatenate([np.asarray(p, np.int64) for p in per_shard])
     empty = [u for u, n in zip(urls, counts) if n == 0]
     if empty:
-        raise ValueError(f"shard {empty[0]} holds no sample (an image {'|'.join(IMAGE_SUFFIXES)} with a "
-                         f"{' or '.join(LABEL_SUFFIXES)} label); accepted: shards of KEY.jpg + KEY.cls samples")
+        raise VitlabError(f"shard {empty[0]} holds no sample (an image {'|'.join(IMAGE_SUFFIXES)} with a "
+                          f"{' or '.join(LABEL_SUFFIXES)} label); accepted: shards of KEY.jpg + KEY.cls samples")
     if classes is None:
         if labels is None:
-            raise ValueError(f"{pattern}: _info.json gives the shards' lengths but no classes; accepted: its "
-                             "'classes' list or a classes.txt beside the shards")
+            raise VitlabError(f"{pattern}: _info.json gives the shards' lengths but no classes; accepted: its "
+                              "'classes' list or a classes.txt beside the shards")
         classes = [str(k) for k in range(int(labels.max()) + 1)]
     if labels is not None and len(labels) and labels.max() >= len(classes):
-        raise ValueError(f"{pattern}: label {int(labels.max())} is out of range for the {len(classes)} classes "
-                         f"named beside the shards; accepted: 0..{len(classes) - 1}")
+        raise VitlabError(f"{pattern}: label {int(labels.max())} is out of range for the {len(classes)} classes "
+                          f"named beside the shards; accepted: 0..{len(classes) - 1}")
     return ShardSet(pattern, urls, counts, classes, info, labels)
 
 
@@ -189,7 +190,7 @@ def _members(url: str) -> Iterator[tuple[str, bytes | None]]:
                 if m.isreg():
                     yield m.name, tar.extractfile(m).read() if wanted(m.name) else None
     except (tarfile.TarError, OSError) as e:
-        raise ValueError(f"shard {url} cannot be read as a tar file ({e}); accepted: WebDataset .tar shards") from None
+        raise VitlabError(f"shard {url} cannot be read as a tar file ({e}); accepted: WebDataset .tar shards") from None
 
 
 def _key_and_suffix(name: str) -> tuple[str, str]:
@@ -210,8 +211,8 @@ def _shard_labels(url: str, classes: list[str] | None) -> list[int]:
     labels = []
     for key, sample in samples.items():
         if _image_suffix(sample) is None:
-            raise ValueError(f"shard {url}: sample {key} has no image ({', '.join(sorted(sample))}); accepted: "
-                             f"KEY.{'|'.join(IMAGE_SUFFIXES)} beside its label")
+            raise VitlabError(f"shard {url}: sample {key} has no image ({', '.join(sorted(sample))}); accepted: "
+                              f"KEY.{'|'.join(IMAGE_SUFFIXES)} beside its label")
         labels.append(label_of(sample, url, key, classes))
     return labels
 
@@ -233,10 +234,10 @@ def label_of(sample: dict[str, Any], url: str, key: str, classes: list[str] | No
                 return classes.index(value)
             return int(value)
     except (ValueError, StopIteration, TypeError, UnicodeDecodeError):
-        raise ValueError(f"shard {url}: sample {key} has an unreadable label; accepted: KEY.cls holding an integer "
-                         "or KEY.json holding {\"label\": integer}") from None
-    raise ValueError(f"shard {url}: sample {key} has no label; accepted: KEY.cls (the class index) or KEY.json "
-                     "({\"label\": index}) beside each image")
+        raise VitlabError(f"shard {url}: sample {key} has an unreadable label; accepted: KEY.cls holding an integer "
+                          "or KEY.json holding {\"label\": integer}") from None
+    raise VitlabError(f"shard {url}: sample {key} has no label; accepted: KEY.cls (the class index) or KEY.json "
+                      "({\"label\": index}) beside each image")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -293,8 +294,8 @@ def read_piece(url: str, piece: Piece) -> Iterator[tuple[str, dict[str, Any]]]:
             yield sample["__key__"], sample
         k += 1
     if k < piece.stop:
-        raise ValueError(f"shard {url} holds {k} samples, {piece.stop} were counted (it changed since, or "
-                         f"_info.json is out of date); accepted: shards as listed")
+        raise VitlabError(f"shard {url} holds {k} samples, {piece.stop} were counted (it changed since, or "
+                          f"_info.json is out of date); accepted: shards as listed")
 
 
 def shuffled(samples: Iterator[Any], size: int, rng: np.random.Generator) -> Iterator[Any]:
@@ -318,8 +319,8 @@ def decode_sample(sample: dict[str, Any], url: str, key: str, size: tuple[int, i
     data = sample[_image_suffix(sample)]
     a = decode_image(data, size, chans, fit)
     if a is None or (size is not None and a.shape[:2] != tuple(size)):
-        raise ValueError(f"shard {url}: the image of sample {key} cannot be read by Pillow; accepted: "
-                         f"{'|'.join(IMAGE_SUFFIXES)} images (vitlab data pack writes readable ones only)")
+        raise VitlabError(f"shard {url}: the image of sample {key} cannot be read by Pillow; accepted: "
+                          f"{'|'.join(IMAGE_SUFFIXES)} images (vitlab data pack writes readable ones only)")
     return np.ascontiguousarray(a.transpose(2, 0, 1))
 
 

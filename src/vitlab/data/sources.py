@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from ..atomic import DiskFullError
+from ..errors import VitlabError
 from ..progress import progress_bar
 from .cache import (
     CACHE_VERSION,
@@ -133,7 +134,7 @@ def _match_channels(images: torch.Tensor, chans: int) -> torch.Tensor:
         w = torch.tensor([299, 587, 114], dtype=torch.int32).view(1, 3, 1, 1)
         parts = [((x.to(torch.int32) * w).sum(1, keepdim=True) + 500) // 1000 for x in images.split(4096)]
         return torch.cat(parts).to(torch.uint8)
-    raise ValueError(f"cannot turn {c}-channel images into {chans} channels")
+    raise VitlabError(f"cannot turn {c}-channel images into {chans} channels")
 
 
 def _resize_tensor(images: torch.Tensor, size: tuple[int, int], fit: str = "squash") -> torch.Tensor:
@@ -189,13 +190,13 @@ def _check_args(img_size: Any, in_chans: Any, val_fraction: Any, seed: Any) -> t
               and all(isinstance(s, int) and not isinstance(s, bool) for s in img_size)):
             size = (int(img_size[0]), int(img_size[1]))
         if size is None or min(size) < 1:
-            raise ValueError(f"img_size must be a positive int or a (height, width) pair of them, got {img_size!r}")
+            raise VitlabError(f"img_size must be a positive int or a (height, width) pair of them, got {img_size!r}")
     if in_chans not in (None, 1, 3) or isinstance(in_chans, bool):
-        raise ValueError(f"in_chans must be 1 (grayscale), 3 (RGB) or None (the source's own), got {in_chans!r}")
+        raise VitlabError(f"in_chans must be 1 (grayscale), 3 (RGB) or None (the source's own), got {in_chans!r}")
     if isinstance(val_fraction, bool) or not isinstance(val_fraction, (int, float)) or not 0 <= val_fraction < 1:
-        raise ValueError(f"val_fraction must be a number in [0, 1), got {val_fraction!r}")
+        raise VitlabError(f"val_fraction must be a number in [0, 1), got {val_fraction!r}")
     if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ValueError(f"seed must be an int, got {seed!r}")
+        raise VitlabError(f"seed must be an int, got {seed!r}")
     return size
 
 
@@ -203,12 +204,12 @@ def _check_args(img_size: Any, in_chans: Any, val_fraction: Any, seed: Any) -> t
 
 def _check_more(store_size: Any, workers: Any, size: tuple[int, int] | None) -> None:
     if store_size is not None and (isinstance(store_size, bool) or not isinstance(store_size, int) or store_size < 1):
-        raise ValueError(f"store_size must be a positive int (the stored images' side) or None, got {store_size!r}")
+        raise VitlabError(f"store_size must be a positive int (the stored images' side) or None, got {store_size!r}")
     if store_size is not None and size is not None and store_size < max(size):
-        raise ValueError(f"store_size {store_size} is smaller than the training size {size[0]}x{size[1]}: training "
-                         f"crops that size from the stored images; accepted: a store_size of {max(size)} or more")
+        raise VitlabError(f"store_size {store_size} is smaller than the training size {size[0]}x{size[1]}: training "
+                          f"crops that size from the stored images; accepted: a store_size of {max(size)} or more")
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
-        raise ValueError(f"workers must be a positive int (decoding processes) or None (one per CPU), got {workers!r}")
+        raise VitlabError(f"workers must be a positive int (decoding processes) or None (one per CPU), got {workers!r}")
 
 
 def _load_digits() -> tuple[torch.Tensor, torch.Tensor, list[str]]:
@@ -238,8 +239,8 @@ def _resolve(source: str, cache: Path, download: bool, log: Log) -> _Source:
         return _Source("cifar", source, str(folder), cifar=(source, folder))
     path = Path(source).expanduser()
     if not path.exists():
-        raise ValueError(f"data source {source!r} is neither a built-in data set ({', '.join(DATASETS)}) "
-                         "nor an existing image folder, archive, Parquet or CSV/TSV file, or store folder")
+        raise VitlabError(f"data source {source!r} is neither a built-in data set ({', '.join(DATASETS)}) "
+                          "nor an existing image folder, archive, Parquet or CSV/TSV file, or store folder")
     path = path.resolve()
     if path.is_dir():
         if is_store(path):
@@ -257,9 +258,9 @@ def _resolve(source: str, cache: Path, download: bool, log: Log) -> _Source:
         return _Source("parquet", path.stem, str(path), path)
     if lower.endswith(TABLE_SUFFIXES):
         return _Source("table", path.stem, str(path), path)
-    raise ValueError(f"{path} is a file but not a tar archive ({' '.join(ARCHIVE_SUFFIXES)}), a .parquet file or "
-                     f"a {'/'.join(TABLE_SUFFIXES)} list; give one of those, a folder of images, or a built-in name "
-                     f"({', '.join(DATASETS)})")
+    raise VitlabError(f"{path} is a file but not a tar archive ({' '.join(ARCHIVE_SUFFIXES)}), a .parquet file or "
+                      f"a {'/'.join(TABLE_SUFFIXES)} list; give one of those, a folder of images, or a built-in name "
+                      f"({', '.join(DATASETS)})")
 
 
 def load_data(source: str | os.PathLike = "digits", *, img_size: int | tuple[int, int] | None = None,
@@ -284,15 +285,15 @@ def load_data(source: str | os.PathLike = "digits", *, img_size: int | tuple[int
         return _load_shards(os.fspath(source), test_data, _Decoding(stored, in_chans or 3, fit, size, workers),
                             cache, log)
     if test_data is not None:
-        raise ValueError(f"--test-data {test_data} goes with a shard source (a pattern such as "
-                         f"DIR/train-{{000000..000009}}.tar); {source} holds its own test split or is split by "
-                         "val_fraction")
+        raise VitlabError(f"--test-data {test_data} goes with a shard source (a pattern such as "
+                          f"DIR/train-{{000000..000009}}.tar); {source} holds its own test split or is split by "
+                          "val_fraction")
     src = _resolve(os.fspath(source), cache, download, log)
     t0 = time.perf_counter()
     if src.kind == "store":
         store = open_store(src.path)
         if in_chans is not None and store.images.shape[1] != in_chans:
-            raise ValueError(f"{src.path} holds {store.images.shape[1]}-channel images, in_chans={in_chans} was asked")
+            raise VitlabError(f"{src.path} holds {store.images.shape[1]}-channel images, in_chans={in_chans} was asked")
         return _bundle(store, size, f"from store {src.path} in {time.perf_counter() - t0:.2f} s", log)
 
     listing = list_table(src.path, log) if src.kind == "table" else None
@@ -352,9 +353,9 @@ def _check_no_empty_class(store: Store) -> None:
     if empty:
         seen = store.header.get("unreadable", [])
         eg = f" (unreadable: {', '.join(map(str, seen[:3]))}{', ...' if len(seen) > 3 else ''})" if seen else ""
-        raise ValueError(f"{store.header['source']}: class{'es' if len(empty) > 1 else ''} "
-                         f"{', '.join(map(repr, empty))} {'have' if len(empty) > 1 else 'has'} no readable image"
-                         f"{eg}; fix the files or remove the class")
+        raise VitlabError(f"{store.header['source']}: class{'es' if len(empty) > 1 else ''} "
+                          f"{', '.join(map(repr, empty))} {'have' if len(empty) > 1 else 'has'} no readable image"
+                          f"{eg}; fix the files or remove the class")
 
 
 def _bundle(store: Store, img_size: tuple[int, int] | None, how: str, log: Log) -> DataBundle:
@@ -486,7 +487,7 @@ def _build(src: _Source, header: dict[str, Any], keys: list[str], cache: Path, s
     def arrange(keep: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         train, test = _split_rows(labels, listing.n_train, listing.has_test, keep, val_fraction, seed)
         if len(train) == 0:
-            raise ValueError(f"none of the {listing.n_train} training images in {listing.where} could be read")
+            raise VitlabError(f"none of the {listing.n_train} training images in {listing.where} could be read")
         return train, test
 
     fill_order = None
@@ -499,7 +500,7 @@ def _build(src: _Source, header: dict[str, Any], keys: list[str], cache: Path, s
     check_writable(cache)
     need, free = store_needs(path, shape, reorder), free_bytes(cache)
     if free is not None and need > free:
-        raise ValueError(space_message("not enough disk space", what, cache, need, free))
+        raise VitlabError(space_message("not enough disk space", what, cache, need, free))
     header = dict(header, key=key, name=name, classes=list(listing.classes),
                   listed_per_class=np.bincount(labels, minlength=len(listing.classes)).tolist() if len(labels) else [])
     with _faults_in_one_line(src.origin, cache, path, shape, reorder):
@@ -522,13 +523,13 @@ def _faults_in_one_line(origin: str, cache: Path, path: Path, shape: tuple[int, 
         if not isinstance(e, DiskFullError) and e.errno not in DISK_FULL:
             raise
         need = store_needs(path, shape, reorder)
-        raise ValueError(space_message("disk full", f"the store for {origin}", cache, need) + resume) from None
+        raise VitlabError(space_message("disk full", f"the store for {origin}", cache, need) + resume) from None
     except BrokenProcessPool:
         need = store_needs(path, shape, reorder)
         if (free_bytes(cache) or 0) < need:
-            raise ValueError(space_message("disk full", f"the store for {origin}", cache, need) + resume) from None
-        raise ValueError(f"a process decoding {origin} died (killed, perhaps for lack of memory: try fewer "
-                         f"workers){resume}") from None
+            raise VitlabError(space_message("disk full", f"the store for {origin}", cache, need) + resume) from None
+        raise VitlabError(f"a process decoding {origin} died (killed, perhaps for lack of memory: try fewer "
+                          f"workers){resume}") from None
 
 
 def _common_size(listing: Listing, log: Log) -> tuple[int, int]:
@@ -537,7 +538,7 @@ def _common_size(listing: Listing, log: Log) -> tuple[int, int]:
     with progress_bar(listing.payloads(0), total=n, desc="reading image sizes", unit="img", disable=n < 2000) as bar:
         counts = Counter(s for s in map(image_size, bar) if s is not None)
     if not counts:
-        raise ValueError(f"none of the {len(listing.labels)} images in {listing.where} could be read")
+        raise VitlabError(f"none of the {len(listing.labels)} images in {listing.where} could be read")
     size = counts.most_common(1)[0][0]
     if len(counts) > 1:
         n_off = sum(n for s, n in counts.items() if s != size)
@@ -568,8 +569,8 @@ def _load_shards(source: str, test_data: str | None, how: _Decoding, cache: Path
     train_pattern, test_pattern = folder_patterns(source) if source.startswith("wds:") else (source, None)
     test_pattern = test_data or test_pattern
     if test_pattern is None:
-        raise ValueError(f"the shard source {source} has no test split; accepted: --test-data PATTERN (shards of "
-                         "test images) or wds:DIR with test-*.tar beside train-*.tar")
+        raise VitlabError(f"the shard source {source} has no test split; accepted: --test-data PATTERN (shards of "
+                          "test images) or wds:DIR with test-*.tar beside train-*.tar")
     shards = open_shards(train_pattern)
     peek = list(first_images(shards, min(PEEK, shards.count)))
     stored = how.stored or tuple(decode_sample(peek[0][2], *peek[0][:2], None, how.chans, how.fit).shape[-2:])
@@ -578,8 +579,8 @@ def _load_shards(source: str, test_data: str | None, how: _Decoding, cache: Path
     y = torch.tensor([label_of(sample, url, key, shards.classes) for url, key, sample in peek], dtype=torch.int64)
     test = open_shards(test_pattern, labels=True)
     if len(test.classes) != len(shards.classes) and len(test.labels) and test.labels.max() >= len(shards.classes):
-        raise ValueError(f"the test shards {test_pattern} hold label {int(test.labels.max())}, out of range for the "
-                         f"{len(shards.classes)} classes of {train_pattern}; accepted: shards of the same classes")
+        raise VitlabError(f"the test shards {test_pattern} hold label {int(test.labels.max())}, out of range for the "
+                          f"{len(shards.classes)} classes of {train_pattern}; accepted: shards of the same classes")
     store = _test_store(test, shards.classes, (len(test.labels), how.chans, *stored), how, cache, log)
     mean, std = shards.info.get("mean"), shards.info.get("std")
     if not (isinstance(mean, list) and isinstance(std, list) and len(mean) == len(std) == how.chans):

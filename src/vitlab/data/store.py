@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from ..atomic import atomic_path, atomic_write_json
+from ..errors import VitlabError
 from .download import Log
 from .owned import mark_owned, owner_marker
 
@@ -66,7 +67,7 @@ def is_store(path: Path) -> bool:
 
 
 def _bad(path: Path, problem: str) -> ValueError:
-    return ValueError(f"{path} is not a usable vitlab image store: {problem}")
+    return VitlabError(f"{path} is not a usable vitlab image store: {problem}")
 
 
 def open_store(path: str | os.PathLike, key: str | None = None) -> Store:

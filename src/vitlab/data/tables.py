@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import VitlabError
 from ..text import quote
 from .decode import IMAGE_EXTENSIONS, Payload
 from .download import Log
@@ -53,15 +54,15 @@ class Listing:
         bad = np.flatnonzero((self.labels < 0) | (self.labels >= len(self.classes)))
         if len(bad):
             row = int(bad[0])
-            raise ValueError(f"{self.where}: {self.names(row)} has label {int(self.labels[row])}, out of range for the "
-                             f"{len(self.classes)} classes; accepted: 0..{len(self.classes) - 1}")
+            raise VitlabError(f"{self.where}: {self.names(row)} has label {int(self.labels[row])}, out of range for "
+                              f"the {len(self.classes)} classes; accepted: 0..{len(self.classes) - 1}")
 
 
 def _pyarrow():
     try:
         import pyarrow.parquet as pq
     except ImportError:
-        raise ValueError("reading Parquet files needs pyarrow: pip install 'vitlab[parquet]' (or pyarrow)") from None
+        raise VitlabError("reading Parquet files needs pyarrow: pip install 'vitlab[parquet]' (or pyarrow)") from None
     return pq
 
 
@@ -86,7 +87,7 @@ def _column(names: list[str], wanted: tuple[str, ...], what: str, where: Path) -
     for w in wanted:
         if w in names:
             return w
-    raise ValueError(f"{where} has no {what} column (looked for {', '.join(wanted)}; columns: {', '.join(names)})")
+    raise VitlabError(f"{where} has no {what} column (looked for {', '.join(wanted)}; columns: {', '.join(names)})")
 
 
 def _class_names(schema, label_col: str) -> list[str] | None:
@@ -129,15 +130,15 @@ def class_index(values: list[str], where: str) -> tuple[list[str], dict[str, int
     seen: dict[Decimal, str] = {}
     for t, d in numbers.items():
         if d is not None and seen.setdefault(d, t) != t:
-            raise ValueError(f"{where}: labels {seen[d]!r} and {t!r} are one number written two ways, among labels "
-                             "that are not all numbers; write each class one way (labels that are all numbers are "
-                             "read as numbers)")
+            raise VitlabError(f"{where}: labels {seen[d]!r} and {t!r} are one number written two ways, among labels "
+                              "that are not all numbers; write each class one way (labels that are all numbers are "
+                              "read as numbers)")
     return texts, {t: i for i, t in enumerate(texts)}
 
 
 def _unreadable_parquet(f: Path, e: Exception) -> ValueError:
     first = str(e).splitlines()[0] if str(e) else ""
-    return ValueError(f"{f} is not a readable Parquet file (truncated or damaged? {type(e).__name__}: {first})")
+    return VitlabError(f"{f} is not a readable Parquet file (truncated or damaged? {type(e).__name__}: {first})")
 
 
 def _parquet_call(fn: Callable, f: Path):
@@ -163,21 +164,21 @@ def _parquet_labels(values: list, classes: list[str] | None, path: Path,
     others (classes with no image between) are each one line naming the row."""
     nulls = [r for r, v in enumerate(values) if v is None]
     if nulls:
-        raise ValueError(f"{path}: {names(nulls[0])} has a null label ({len(nulls)} of {len(values)} rows have one); "
-                         "accepted: a label for every image")
+        raise VitlabError(f"{path}: {names(nulls[0])} has a null label ({len(nulls)} of {len(values)} rows have one); "
+                          "accepted: a label for every image")
     negative = [r for r, v in enumerate(values) if isinstance(v, int) and v < 0]
     if negative:
-        raise ValueError(f"{path}: {names(negative[0])} has label {values[negative[0]]} (an unlabelled split has "
-                         "labels -1): give the files of the labelled splits only")
+        raise VitlabError(f"{path}: {names(negative[0])} has label {values[negative[0]]} (an unlabelled split has "
+                          "labels -1): give the files of the labelled splits only")
     if classes is None and all(isinstance(v, int) for v in values):
         counts = np.bincount(np.asarray(values, dtype=np.int64), minlength=1)
         empty = np.flatnonzero(counts == 0)
         if len(empty):
             row = int(np.argmax(values))
-            raise ValueError(f"{path}: {names(row)} has label {values[row]}, which makes {len(counts)} classes "
-                             f"(integer labels are class indices), {len(empty)} of them with no image (e.g. "
-                             f"{', '.join(map(str, empty[:3]))}); accepted: labels 0..K-1 with images in each class, "
-                             "or class names in the file's ClassLabel metadata")
+            raise VitlabError(f"{path}: {names(row)} has label {values[row]}, which makes {len(counts)} classes "
+                              f"(integer labels are class indices), {len(empty)} of them with no image (e.g. "
+                              f"{', '.join(map(str, empty[:3]))}); accepted: labels 0..K-1 with images in each class, "
+                              "or class names in the file's ClassLabel metadata")
         classes = [str(i) for i in range(len(counts))]
     if classes is None:
         classes, index = class_index([str(v) for v in values], str(path))
@@ -185,9 +186,9 @@ def _parquet_labels(values: list, classes: list[str] | None, path: Path,
         index = {c: i for i, c in enumerate(classes)}
         unknown = [r for r, v in enumerate(values) if not isinstance(v, int) and str(v) not in index]
         if unknown:
-            raise ValueError(f"{path}: {names(unknown[0])} has label {quote(values[unknown[0]])}, which is not one of "
-                             f"the {len(classes)} class names of its ClassLabel metadata; accepted: "
-                             f"{', '.join(map(quote, classes[:10]))}{', ...' if len(classes) > 10 else ''}")
+            raise VitlabError(f"{path}: {names(unknown[0])} has label {quote(values[unknown[0]])}, which is not one of "
+                              f"the {len(classes)} class names of its ClassLabel metadata; accepted: "
+                              f"{', '.join(map(quote, classes[:10]))}{', ...' if len(classes) > 10 else ''}")
     labels = np.array([v if isinstance(v, int) else index[str(v)] for v in values], dtype=np.int64)
     return classes, labels
 
@@ -220,7 +221,7 @@ def list_parquet(path: Path, log: Log) -> Listing:
         try:
             col = pq.read_table(f, columns=[label_col]).column(0)
         except (OSError, KeyError, ValueError) as e:
-            raise ValueError(f"{f} is not a readable Parquet file with a {label_col!r} column ({e})") from None
+            raise VitlabError(f"{f} is not a readable Parquet file with a {label_col!r} column ({e})") from None
         raw_labels.append(col.to_pylist())
         counts.append(len(col))
     all_files = train_files + test_files
@@ -275,8 +276,8 @@ def _once_each(rows: list[tuple[int, list[str]]], col: int, path: Path, log: Log
             continue
         seen, seen_label = first[file]
         if seen_label != label:
-            raise ValueError(f"{path} line {line} lists {r[col].strip()} as {label!r}, line {seen} as {seen_label!r}; "
-                             "accepted: each image once, with one label")
+            raise VitlabError(f"{path} line {line} lists {r[col].strip()} as {label!r}, line {seen} as {seen_label!r}; "
+                              "accepted: each image once, with one label")
         repeats.append(f"line {line} repeats line {seen}")
     if repeats:
         log(f"{path}: {len(repeats)} line{'s' if len(repeats) > 1 else ''} listing an image already listed removed "
@@ -291,7 +292,7 @@ def list_table(path: Path, log: Log) -> Listing:
         with open(path, newline="", encoding="utf-8-sig") as f:
             rows = [(i + 1, r) for i, r in enumerate(csv.reader(f, delimiter=delimiter)) if r and any(r)]
     except (OSError, UnicodeDecodeError, csv.Error) as e:
-        raise ValueError(f"{path} is not a readable {'TSV' if delimiter == chr(9) else 'CSV'} file ({e})") from None
+        raise VitlabError(f"{path} is not a readable {'TSV' if delimiter == chr(9) else 'CSV'} file ({e})") from None
     col = _path_column(rows[1:] or rows, path.parent)
     if rows and len(rows[0][1]) == 2 and not _looks_like_file(rows[0][1][col], path.parent):
         log(f"{path}: reading line 1 ({delimiter.join(rows[0][1])!r}) as the header: it names no image file")
@@ -299,9 +300,9 @@ def list_table(path: Path, log: Log) -> Listing:
     bad = [(line, r) for line, r in rows if len(r) != 2 or not r[0].strip() or not r[1].strip()]
     if bad:
         line, r = bad[0]
-        raise ValueError(f"{path} line {line}: expected 'path{delimiter}label', got {delimiter.join(r)!r}")
+        raise VitlabError(f"{path} line {line}: expected 'path{delimiter}label', got {delimiter.join(r)!r}")
     if not rows:
-        raise ValueError(f"{path} lists no images; expected one 'path{delimiter}label' line per image")
+        raise VitlabError(f"{path} lists no images; expected one 'path{delimiter}label' line per image")
     rows = _once_each(rows, col, path, log)
     classes, index = class_index([r[1 - col].strip() for _, r in rows], str(path))
     labels = np.array([index[r[1 - col].strip()] for _, r in rows], dtype=np.int64)

@@ -9,6 +9,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ..errors import VitlabError
+
 CROP_MODES = ("center", "squash")
 CROP_OFFSETS = ("round", "floor")  # torchvision's CenterCrop (timm), transformers' center_crop
 INTERPOLATIONS = ("bicubic", "bilinear", "nearest", "lanczos", "box", "hamming")  # Pillow's filters
@@ -21,18 +23,18 @@ def _pair(size: int | tuple[int, int]) -> tuple[int, int]:
         size = (size, size)
     if not (isinstance(size, (tuple, list)) and len(size) == 2
             and all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in size)):
-        raise ValueError(f"size must be a positive int or a (height, width) pair of them, got {size!r}")
+        raise VitlabError(f"size must be a positive int or a (height, width) pair of them, got {size!r}")
     return int(size[0]), int(size[1])
 
 
 def _check_rule(crop_mode: Any, crop_pct: Any, interpolation: Any) -> None:
     if crop_mode not in CROP_MODES:
-        raise ValueError(f"crop_mode {crop_mode!r} is not one vitlab applies; accepted: {', '.join(CROP_MODES)}")
+        raise VitlabError(f"crop_mode {crop_mode!r} is not one vitlab applies; accepted: {', '.join(CROP_MODES)}")
     if isinstance(crop_pct, bool) or not isinstance(crop_pct, (int, float)) or not 0 < crop_pct <= 1:
-        raise ValueError(f"crop_pct must be a number in (0, 1], got {crop_pct!r}")
+        raise VitlabError(f"crop_pct must be a number in (0, 1], got {crop_pct!r}")
     if interpolation not in INTERPOLATIONS:
-        raise ValueError(f"interpolation {interpolation!r} is not one vitlab applies; accepted: "
-                         f"{', '.join(INTERPOLATIONS)}")
+        raise VitlabError(f"interpolation {interpolation!r} is not one vitlab applies; accepted: "
+                          f"{', '.join(INTERPOLATIONS)}")
 
 
 @dataclass(frozen=True)
@@ -61,7 +63,7 @@ class Preprocess:
         object.__setattr__(self, "size", _pair(tuple(self.size) if isinstance(self.size, list) else self.size))
         _check_rule(self.crop_mode, self.crop_pct, self.interpolation)
         if self.crop_offset not in CROP_OFFSETS:
-            raise ValueError(f"crop_offset {self.crop_offset!r} is not one vitlab applies; accepted: "
+            raise VitlabError(f"crop_offset {self.crop_offset!r} is not one vitlab applies; accepted: "
                              f"{', '.join(CROP_OFFSETS)}")
         object.__setattr__(self, "crop_pct", float(self.crop_pct))
         object.__setattr__(self, "mean", tuple(float(m) for m in self.mean))
@@ -158,8 +160,8 @@ def eval_view(images: torch.Tensor, size: int | tuple[int, int], crop_pct: float
     h, w = _pair(size)
     _check_rule(crop_mode, crop_pct, interpolation)
     if interpolation not in TENSOR_INTERPOLATIONS:
-        raise ValueError(f"interpolation {interpolation!r} is applied to image files only; accepted on decoded "
-                         f"images: {', '.join(TENSOR_INTERPOLATIONS)}")
+        raise VitlabError(f"interpolation {interpolation!r} is applied to image files only; accepted on decoded "
+                          f"images: {', '.join(TENSOR_INTERPOLATIONS)}")
     if images.dtype != torch.uint8 or images.dim() != 4:
         raise TypeError(f"expected a uint8 (B, C, H, W) image batch, got {images.dtype} {tuple(images.shape)}")
     hi, wi = images.shape[-2:]
@@ -172,7 +174,7 @@ def eval_view(images: torch.Tensor, size: int | tuple[int, int], crop_pct: float
         x = y.round_().clamp_(0, 255).to(torch.uint8)
     ho, wo = x.shape[-2:]
     if h > ho or w > wo:
-        raise ValueError(f"cannot crop {h}x{w} from images resized to {ho}x{wo}")
+        raise VitlabError(f"cannot crop {h}x{w} from images resized to {ho}x{wo}")
     top, left = crop_offsets((ho, wo), (h, w), crop_offset)
     return x[:, :, top:top + h, left:left + w].contiguous()
 
@@ -185,7 +187,7 @@ def stratified_subset(labels: torch.Tensor, fraction: float, seed: int = 0) -> t
     same fraction gets the same images, whatever its own seed.
     """
     if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
-        raise ValueError(f"fraction must be a number in (0, 1], got {fraction!r}")
+        raise VitlabError(f"fraction must be a number in (0, 1], got {fraction!r}")
     labels = torch.as_tensor(labels)
     if fraction == 1:
         return torch.arange(len(labels))

@@ -12,6 +12,7 @@ from .. import checkpoint
 from ..data.sources import DataBundle, load_data
 from ..data.views import Preprocess
 from ..devices import resolve_device
+from ..errors import VitlabError
 from ..runs.folder import check_model_written, claim_folder
 from ..runs.format import CONFUSION_PNG, EvalSummary, read_split, write_summary
 from ..runs.identity import check_data
@@ -50,16 +51,16 @@ def evaluate_images(model: torch.nn.Module, images: torch.Tensor, labels: torch.
     if tuple(images.shape[-2:]) != prep.size:  # a store folder of another size
         images = torch.cat([prep.apply(x) for x in images.split(1024)] or [images])
     if len(images) == 0:
-        raise ValueError(f"{data} has no test images to evaluate on ({n_train} training images in "
-                         f"{len(classes)} classes); accepted: a data set with a test split, or classes of at "
-                         "least 2 images each")
+        raise VitlabError(f"{data} has no test images to evaluate on ({n_train} training images in "
+                          f"{len(classes)} classes); accepted: a data set with a test split, or classes of at "
+                          "least 2 images each")
     names = class_names(model)
     if model.pretrained_cfg.get("label_names") and set(classes) <= set(names):
         index = {n: i for i, n in enumerate(names)}  # map the data's labels onto the model's classes by name
         labels = torch.tensor([index[classes[int(y)]] for y in labels])
     elif len(classes) != model.num_classes:
-        raise ValueError(f"the model predicts {model.num_classes} classes, {data} has {len(classes)}: "
-                         f"{', '.join(classes[:10])}")
+        raise VitlabError(f"the model predicts {model.num_classes} classes, {data} has {len(classes)}: "
+                          f"{', '.join(classes[:10])}")
     precision = inference_precision(model, options.precision, next(model.parameters()).device)
     return evaluate_model(model, images, labels, names, model.pretrained_cfg["mean"], model.pretrained_cfg["std"],
                           batch_size=options.batch_size, precision=precision, tta=options.tta,
@@ -84,7 +85,7 @@ def evaluate_folder(model_path: str | os.PathLike, data: str | None = None, out:
 
 def _evaluate(model_path, data, out, batch_size, precision, cache_dir, download, tta, device, tta_translate) -> dict:
     if tta_translate and not tta:
-        raise ValueError(f"tta_translate={tta_translate} needs --tta; accepted without it: 0")
+        raise VitlabError(f"tta_translate={tta_translate} needs --tta; accepted without it: 0")
     split = read_split(model_path)
     own = data is None
     data = data or split.get("data")
@@ -92,8 +93,8 @@ def _evaluate(model_path, data, out, batch_size, precision, cache_dir, download,
     if not own:
         split.pop("test_data", None)  # the run's test shards go with its own data only
     if data is None:
-        raise ValueError(f"{model_path} is not a run folder (no config.yaml names its data): give --data "
-                         "(digits, cifar10, cifar100, an image folder or a .tar.gz)")
+        raise VitlabError(f"{model_path} is not a run folder (no config.yaml names its data): give --data "
+                          "(digits, cifar10, cifar100, an image folder or a .tar.gz)")
     dev = resolve_device(device)
     check_model_written(model_path)
     model = checkpoint.load(model_path).to(dev)

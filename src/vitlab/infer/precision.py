@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from ..devices import auto_precision
+from ..errors import VitlabError
 from ..models.summary import matmul_macs
 from ..progress import log_line
 from ..runs.format import SUMMARY, read_summary
@@ -38,7 +39,7 @@ def inference_precision(model: nn.Module, asked: str, device: torch.device, fold
     model's multiply-adds an image). A choice of bf16 or fp16 is said in one line on ``log`` (float32, what
     inference ran in before 'auto' existed, goes without a word)."""
     if asked not in PRECISIONS:
-        raise ValueError(f"precision {asked!r} is not valid; accepted: {', '.join(PRECISIONS)}")
+        raise VitlabError(f"precision {asked!r} is not valid; accepted: {', '.join(PRECISIONS)}")
     if asked != "auto":
         return asked
     own = run_precision(folder, device)

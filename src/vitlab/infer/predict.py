@@ -15,6 +15,7 @@ from ..data.augment import normalize
 from ..data.sources import read_image
 from ..data.views import Preprocess
 from ..devices import PREDICT_BATCH, resolve_device, to_device
+from ..errors import VitlabError
 from ..finite import check_finite
 from ..progress import progress_bar
 from ..runs.folder import check_model_written
@@ -54,11 +55,11 @@ def decode_images(images: Any, cfg: dict) -> torch.Tensor:
             image = np.asarray(image.convert("RGB" if chans == 3 else "L"))
         x = torch.from_numpy(images_nchw(np.asarray(image)[None], "an image"))[0]
         if x.shape[0] != chans:
-            raise ValueError(f"an image of {x.shape[0]} channel(s) is not valid for this model; accepted: {chans} "
-                             "channel(s), a file or a PIL image (converted)")
+            raise VitlabError(f"an image of {x.shape[0]} channel(s) is not valid for this model; accepted: {chans} "
+                              "channel(s), a file or a PIL image (converted)")
         decoded.append(x if tuple(x.shape[-2:]) == prep.size else prepare_image(x, cfg))
     if not decoded:
-        raise ValueError("no images given; accepted: image files, PIL images or uint8 arrays")
+        raise VitlabError("no images given; accepted: image files, PIL images or uint8 arrays")
     return torch.stack(decoded)
 
 
@@ -91,15 +92,15 @@ def predict_files(model_path: str | os.PathLike, images: Sequence[str | os.PathL
     batch show a progress bar (with its ETA) on stderr.
     """
     if not images:
-        raise ValueError("no images given; accepted: one image file or more")
+        raise VitlabError("no images given; accepted: one image file or more")
     if batch_size < 1:
-        raise ValueError(f"batch size {batch_size} is not valid; accepted: an integer >= 1")
+        raise VitlabError(f"batch size {batch_size} is not valid; accepted: an integer >= 1")
     dev = resolve_device(device)
     check_model_written(model_path)
     model = checkpoint.load(model_path).to(dev)
     if model.num_classes == 0:
-        raise ValueError(f"{model_path} has no classifier head (a pre-trained encoder): nothing to predict; "
-                         f"accepted: a classifier, e.g. one fine-tuned with `vitlab train --init {model_path}`")
+        raise VitlabError(f"{model_path} has no classifier head (a pre-trained encoder): nothing to predict; "
+                          f"accepted: a classifier, e.g. one fine-tuned with `vitlab train --init {model_path}`")
     cfg = model.pretrained_cfg
     names = class_names(model)
     prep = Preprocess.from_cfg(cfg)
@@ -126,6 +127,6 @@ def predict_files(model_path: str | os.PathLike, images: Sequence[str | os.PathL
             r["top"] = [{"class": names[int(i)], "probability": float(v)} for v, i in zip(values, indices)]
     bar.close()
     if not any("top" in r for r in results):
-        raise ValueError(results[0]["error"] if len(results) == 1 else
-                         f"none of the {len(results)} images could be read; the first: {results[0]['error']}")
+        raise VitlabError(results[0]["error"] if len(results) == 1 else
+                          f"none of the {len(results)} images could be read; the first: {results[0]['error']}")
     return results

@@ -13,6 +13,7 @@ import torch
 
 from ..atomic import read_json_object
 from ..data.views import Preprocess, scale_size
+from ..errors import VitlabError
 from ..models.beit import Beit
 from ..models.eva import Eva
 from ..models.naflex import NaFlexVit
@@ -74,13 +75,13 @@ def architecture(cfg: dict[str, Any]) -> tuple[str, str]:
     model_type = cfg["model_type"]
     if model_type not in HF_MODEL_TYPES:
         why = f" ({HF_NOT_READ[model_type]})" if model_type in HF_NOT_READ else ""
-        raise ValueError(f"Hugging Face model_type {model_type!r} is not supported{why}; "
-                         f"accepted: {', '.join(HF_MODEL_TYPES)}")
+        raise VitlabError(f"Hugging Face model_type {model_type!r} is not supported{why}; "
+                          f"accepted: {', '.join(HF_MODEL_TYPES)}")
     archs, _, default = HF_MODEL_TYPES[model_type]
     arch = (cfg.get("architectures") or [default])[0]
     if arch not in archs:
-        raise ValueError(f"Hugging Face architecture {arch!r} is not supported for model_type {model_type!r}; "
-                         f"accepted: {', '.join(archs)}")
+        raise VitlabError(f"Hugging Face architecture {arch!r} is not supported for model_type {model_type!r}; "
+                          f"accepted: {', '.join(archs)}")
     return model_type, arch
 
 
@@ -99,7 +100,7 @@ def _family_args(cfg: dict[str, Any], model_type: str, role: str, dim: int) -> d
     if model_type == "clip_vision_model":  # pooler_output: post_layernorm on the class token
         return dict(pre_norm=True, fc_norm=True)
     if not _get(cfg, "vision_use_head", True):
-        raise ValueError("a SigLIP vision model with vision_use_head=False is not supported")
+        raise VitlabError("a SigLIP vision model with vision_use_head=False is not supported")
     return dict(class_token=False, global_pool="map")
 
 
@@ -132,11 +133,11 @@ def model_args(cfg: dict[str, Any]) -> tuple[type[VisionTransformer | Beit | Eva
     role = HF_ARCHITECTURES[arch]
     act = _get(cfg, "hidden_act", "gelu")
     if act not in HF_ACTIVATIONS:
-        raise ValueError(f"hidden_act {act!r} is not supported; accepted: {', '.join(HF_ACTIVATIONS)}")
+        raise VitlabError(f"hidden_act {act!r} is not supported; accepted: {', '.join(HF_ACTIVATIONS)}")
     dim = int(cfg["hidden_size"])
     id2label = cfg.get("id2label") or {}
     if not isinstance(id2label, dict):
-        raise ValueError(f"id2label is {quote(id2label)}; accepted: an object of class index -> name")
+        raise VitlabError(f"id2label is {quote(id2label)}; accepted: an object of class index -> name")
     num_classes = _num_classes(cfg, role)
     img, patch = _get(cfg, "image_size", 224), _get(cfg, "patch_size", 16)
     default_eps = (1e-12 if model_type in ("vit", "deit", "vit_mae", *hf_beit.MODEL_TYPES) else
@@ -290,8 +291,8 @@ def image_processor(model_cfg: dict[str, Any], cfg: dict[str, Any] | None = None
     if prep.crop_mode == "squash" and (sh, sw) == (h, w):
         return {"image_processor_type": "ViTImageProcessor", "size": {"height": h, "width": w}, **common}
     if prep.crop_mode == "center" and sh != sw:
-        raise ValueError(f"transformers' image processors cannot express {prep.describe()}; export with --to timm "
-                         "or onnx")
+        raise VitlabError(f"transformers' image processors cannot express {prep.describe()}; export with --to timm "
+                          "or onnx")
     size = {"shortest_edge": sh} if prep.crop_mode == "center" else {"height": sh, "width": sw}
     return {"image_processor_type": "CLIPImageProcessor", "size": size, "do_center_crop": True,
             "crop_size": {"height": h, "width": w}, "do_convert_rgb": model_cfg["input_size"][0] == 3, **common}
@@ -466,7 +467,7 @@ def export_config(model: torch.nn.Module, args: dict[str, Any]) -> dict[str, Any
     """
     if model.hf_model_type is None:
         other = "--to onnx" if model.timm_spec is None else "--to timm or --to onnx"
-        raise ValueError(f"transformers' ViT-family classes cannot express {model.no_hf}; export it with {other}")
+        raise VitlabError(f"transformers' ViT-family classes cannot express {model.no_hf}; export it with {other}")
     if model.hf_model_type == hf_dinov3.MODEL_TYPE:
         return hf_dinov3.export_config(model, args, _HF_ACT_NAMES)
     if model.hf_model_type in hf_siglip2.MODEL_TYPES:
@@ -485,8 +486,8 @@ def export_config(model: torch.nn.Module, args: dict[str, Any]) -> dict[str, Any
     if hidden != int(hidden):
         missing.append(f"an MLP width of {hidden:g} (mlp_ratio x embed_dim must be whole)")
     if missing:
-        raise ValueError(f"transformers' {'BEiT' if beit else 'ViT/DeiT'} cannot express {', '.join(missing)}; "
-                         "export with --to timm or onnx")
+        raise VitlabError(f"transformers' {'BEiT' if beit else 'ViT/DeiT'} cannot express {', '.join(missing)}; "
+                          "export with --to timm or onnx")
     distilled = model.hf_model_type == "deit"
     names = list((getattr(model, "pretrained_cfg", {}) or {}).get("label_names") or default_labels(model.num_classes))
     drop = float(a.get("proj_drop_rate", 0.0))
@@ -546,5 +547,5 @@ def export_state_dict(state: dict[str, torch.Tensor], cfg: dict[str, Any]) -> di
             else:
                 out[f"{prefix}.{_TO_HF_LAYER[sub_mod]}.{param}"] = v
         else:
-            raise ValueError(f"tensor {key!r} has no place in transformers' ViT/DeiT")
+            raise VitlabError(f"tensor {key!r} has no place in transformers' ViT/DeiT")
     return out

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from ..errors import VitlabError
 from .keys import check_placed, join_qkv
 
 # model_type -> (architectures -> whether they carry a classifier, the weights' prefix)
@@ -120,7 +121,7 @@ def export_config(model: torch.nn.Module, a: dict[str, Any], common: dict[str, A
                                       a.get("global_pool") == "token" and a.get("use_fc_norm")),
                                      ("global_pool=''", a.get("global_pool") == "")) if on]
     if missing:
-        raise ValueError(f"transformers' BEiT cannot express {', '.join(missing)}; export with --to timm or onnx")
+        raise VitlabError(f"transformers' BEiT cannot express {', '.join(missing)}; export with --to timm or onnx")
     return {**common, "architectures": ["BeitForImageClassification"], "model_type": "beit",
             "layer_scale_init_value": float(a.get("init_values") or 0.0),
             "use_absolute_position_embeddings": bool(a.get("use_abs_pos_emb", True)),

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..errors import VitlabError
 from .keys import check_placed, hf_size, join_qkv
 
 MODEL_TYPE = "dinov3_vit"
@@ -42,15 +43,15 @@ def model_args(cfg: dict[str, Any], common: dict[str, Any]) -> dict[str, Any]:
     """Eva's arguments from a dinov3_vit config.json (``common``: what every ViT config says)."""
     biases = tuple(_bool(cfg, f"{n}_bias", d) for n, d in (("query", True), ("key", False), ("value", True)))
     if biases not in _BIAS_LAYOUTS:
-        raise ValueError(f"a DINOv3 with query_bias, key_bias, value_bias = {biases} is not supported; accepted: "
-                         "(true, false, true), (false, false, false) or (true, true, true)")
+        raise VitlabError(f"a DINOv3 with query_bias, key_bias, value_bias = {biases} is not supported; accepted: "
+                          "(true, false, true), (false, false, false) or (true, true, true)")
     for key in ("proj_bias", "mlp_bias"):
         if not _bool(cfg, key, True):
-            raise ValueError(f"a DINOv3 with {key}=false is not supported; accepted: {key}=true")
+            raise VitlabError(f"a DINOv3 with {key}=false is not supported; accepted: {key}=true")
     gated = _bool(cfg, "use_gated_mlp", False)
     if gated and common["act_layer"] != "silu":
-        raise ValueError(f"a DINOv3 gated MLP with hidden_act {cfg.get('hidden_act')!r} is not supported; "
-                         "accepted: silu")
+        raise VitlabError(f"a DINOv3 gated MLP with hidden_act {cfg.get('hidden_act')!r} is not supported; "
+                          "accepted: silu")
     args = {k: v for k, v in common.items() if k not in ("pos_drop_rate", "proj_drop_rate")}
     if gated:  # SwiGLU's activation is SiLU; act_layer is the plain MLP's
         args.pop("act_layer")
@@ -114,7 +115,7 @@ def export_config(model: nn.Module, a: dict[str, Any], act_names: dict[str, str]
         missing.append(f"act_layer {a['act_layer']!r}")
     missing += [f"{k}={a[k]}" for k in ("pos_drop_rate", "proj_drop_rate") if a[k]]  # it has attention dropout only
     if missing:
-        raise ValueError(f"transformers' DINOv3 cannot express {', '.join(missing)}; export with --to timm or onnx")
+        raise VitlabError(f"transformers' DINOv3 cannot express {', '.join(missing)}; export with --to timm or onnx")
     bias = bool(a["qkv_bias"])
     rope, embed = model.rope, model.patch_embed
     return {

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from ..errors import VitlabError
 from .keys import check_placed, join_qkv
 
 MODEL_TYPES = {"siglip2_vision_model": {"Siglip2VisionModel": "base"}, "siglip2": {"Siglip2Model": "base"}}
@@ -35,8 +36,8 @@ def tower(cfg: dict[str, Any]) -> dict[str, Any]:
         return cfg
     vision = cfg.get("vision_config")
     if not isinstance(vision, dict):
-        raise ValueError("a siglip2 config.json without a 'vision_config' object; accepted: the config "
-                         "Siglip2Model.save_pretrained writes")
+        raise VitlabError("a siglip2 config.json without a 'vision_config' object; accepted: the config "
+                          "Siglip2Model.save_pretrained writes")
     return vision
 
 
@@ -49,8 +50,8 @@ def grid_side(cfg: dict[str, Any]) -> int:
     n = int(_get(tower(cfg), "num_patches", 256))
     side = math.isqrt(n) if n > 0 else 0
     if side * side != n or n <= 0:
-        raise ValueError(f"num_patches {n} is not a square number of patches; accepted: a square (256 = 16 x 16), "
-                         "the position table's grid")
+        raise VitlabError(f"num_patches {n} is not a square number of patches; accepted: a square (256 = 16 x 16), "
+                          "the position table's grid")
     return side
 
 
@@ -66,7 +67,7 @@ def model_args(cfg: dict[str, Any], activations: dict[str, str]) -> dict[str, An
     v = tower(cfg)
     act = _get(v, "hidden_act", DEFAULT_ACT)
     if act not in activations:
-        raise ValueError(f"hidden_act {act!r} is not supported; accepted: {', '.join(activations)}")
+        raise VitlabError(f"hidden_act {act!r} is not supported; accepted: {', '.join(activations)}")
     dim, side, patch = int(_get(v, "hidden_size", 768)), grid_side(cfg), _get(v, "patch_size", 16)
     head = bool(_get(v, "vision_use_head", True))
     return dict(
@@ -142,7 +143,7 @@ def export_config(model: torch.nn.Module, a: dict[str, Any], act_names: dict[str
         missing.append(f"act_layer {a['act_layer']!r}")
     missing += [f"{k}={a[k]}" for k in ("pos_drop_rate", "proj_drop_rate") if a[k]]  # it has attention dropout only
     if missing:
-        raise ValueError(f"transformers' SigLIP 2 cannot express {', '.join(missing)}; export with --to timm or onnx")
+        raise VitlabError(f"transformers' SigLIP 2 cannot express {', '.join(missing)}; export with --to timm or onnx")
     blk, table = model.blocks[0], model.embeds.pos_embed
     return {
         "architectures": ["Siglip2VisionModel"], "model_type": "siglip2_vision_model",

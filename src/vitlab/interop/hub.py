@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..errors import NotFoundError, VitlabError
+
 PREFIX = "hf-hub:"
 CONFIG = "config.json"
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
@@ -28,7 +30,7 @@ def parse(hub_id: str) -> tuple[str, str | None]:
     repo_id, _, revision = ref.partition("@")
     parts = repo_id.split("/")
     if len(parts) > 2 or not all(parts) or (revision == "" and "@" in ref):
-        raise ValueError(f"{hub_id!r} is not a Hub id: expected hf-hub:ORG/NAME or hf-hub:ORG/NAME@REVISION")
+        raise VitlabError(f"{hub_id!r} is not a Hub id: expected hf-hub:ORG/NAME or hf-hub:ORG/NAME@REVISION")
     return repo_id, revision or None
 
 
@@ -36,7 +38,7 @@ def _hub():
     try:
         import huggingface_hub
     except ImportError:
-        raise ValueError(f"loading a model by Hub id needs huggingface_hub: {INSTALL_HINT}") from None
+        raise VitlabError(f"loading a model by Hub id needs huggingface_hub: {INSTALL_HINT}") from None
     return huggingface_hub
 
 
@@ -72,18 +74,18 @@ def download(hub_id: str) -> Path:
     try:
         folder = fetch(CONFIG).parent
     except errors.RepositoryNotFoundError:
-        raise FileNotFoundError(f"no Hub repository {repo_id!r} (a private or gated one needs a token: "
-                                "HF_TOKEN or `hf auth login`)") from None
+        raise NotFoundError(f"no Hub repository {repo_id!r} (a private or gated one needs a token: "
+                            "HF_TOKEN or `hf auth login`)") from None
     except errors.RevisionNotFoundError:
-        raise FileNotFoundError(f"Hub repository {repo_id} has no revision {revision!r}") from None
+        raise NotFoundError(f"Hub repository {repo_id} has no revision {revision!r}") from None
     except errors.LocalEntryNotFoundError:
         reason = "HF_HUB_OFFLINE is set" if offline else "the Hub cannot be reached"
-        raise FileNotFoundError(f"{where}: {CONFIG} is not in the Hub cache ({constants.HF_HUB_CACHE}) "
-                                f"and {reason}") from None
+        raise NotFoundError(f"{where}: {CONFIG} is not in the Hub cache ({constants.HF_HUB_CACHE}) "
+                            f"and {reason}") from None
     except errors.EntryNotFoundError:
         found = _listing(repo_id, revision, None)
-        raise FileNotFoundError(f"{where} has no {CONFIG}, which vitlab needs (with one of {', '.join(WEIGHT_FILES)}); "
-                                f"it holds: {', '.join(found) or 'nothing'}") from None
+        raise NotFoundError(f"{where} has no {CONFIG}, which vitlab needs (with one of {', '.join(WEIGHT_FILES)}); "
+                            f"it holds: {', '.join(found) or 'nothing'}") from None
     for name in WEIGHT_FILES:
         try:
             path = fetch(name)
@@ -96,8 +98,8 @@ def download(hub_id: str) -> Path:
     else:
         found = _listing(repo_id, revision, folder)
         state = " in the Hub cache (HF_HUB_OFFLINE is set)" if offline else ""
-        raise FileNotFoundError(f"{where} has no weights vitlab reads{state}: it needs {CONFIG} and one of "
-                                f"{', '.join(WEIGHT_FILES)}; found: {', '.join(found) or 'nothing'}")
+        raise NotFoundError(f"{where} has no weights vitlab reads{state}: it needs {CONFIG} and one of "
+                            f"{', '.join(WEIGHT_FILES)}; found: {', '.join(found) or 'nothing'}")
     for name in OPTIONAL_FILES:
         try:
             fetch(name)

@@ -6,20 +6,22 @@ from typing import Any
 
 import torch
 
+from ..errors import VitlabError
+
 
 def join_qkv(out: dict[str, torch.Tensor], qkv: dict[tuple[int, str], dict[int, torch.Tensor]]) -> None:
     """Each layer's query, key and value tensors (0, 1, 2) concatenated as ``blocks.i.attn.qkv.<param>``."""
     for (i, param), parts in qkv.items():
         if len(parts) < 3:
-            raise ValueError(f"layer {i} attention {param} lacks one of query, key, value")
+            raise VitlabError(f"layer {i} attention {param} lacks one of query, key, value")
         out[f"blocks.{i}.attn.qkv.{param}"] = torch.cat([parts[0], parts[1], parts[2]], dim=0)
 
 
 def check_placed(unknown: list[str], model_type: str) -> None:
     """One line naming the tensors (the first eight) that have no place in the model."""
     if unknown:
-        raise ValueError(f"tensors with no place in a {model_type} model: {', '.join(unknown[:8])}"
-                         + (f" and {len(unknown) - 8} more" if len(unknown) > 8 else ""))
+        raise VitlabError(f"tensors with no place in a {model_type} model: {', '.join(unknown[:8])}"
+                          + (f" and {len(unknown) - 8} more" if len(unknown) > 8 else ""))
 
 
 def hf_size(v: Any) -> int | list[int]:

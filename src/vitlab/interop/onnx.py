@@ -19,6 +19,7 @@ from torch import nn
 
 from ..atomic import atomic_files, atomic_write_json
 from ..data.views import Preprocess
+from ..errors import VitlabError
 
 ONNX_FILE, PREPROCESS_FILE = "model.onnx", "preprocess.json"
 OPSET = 18
@@ -62,7 +63,7 @@ def export_onnx(model: nn.Module, folder: Path, check: bool = True, atol: float 
     try:
         import onnx  # noqa: F401  torch's exporter writes the file with it
     except ImportError:
-        raise ValueError(f"exporting to ONNX needs the onnx package, which is not installed: {INSTALL_HINT}") from None
+        raise VitlabError(f"exporting to ONNX needs the onnx package, which is not installed: {INSTALL_HINT}") from None
     model = model.eval()
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -89,7 +90,7 @@ def export_onnx(model: nn.Module, folder: Path, check: bool = True, atol: float 
             return path
         worst = max_difference(model, path)
         if worst > atol:
-            raise ValueError(f"{path}: onnxruntime differs from PyTorch by {worst:.2e} (tolerance {atol:g})")
+            raise VitlabError(f"{path}: onnxruntime differs from PyTorch by {worst:.2e} (tolerance {atol:g})")
         log(f"{path} checked with onnxruntime: its logits differ from PyTorch's by at most {worst:.1e} "
             f"(tolerance {atol:g})")
     return path
@@ -116,7 +117,7 @@ def max_difference(model: nn.Module, path: Path, batches: tuple[int, ...] = (1, 
     try:
         import onnxruntime
     except ImportError:
-        raise ValueError(f"checking an ONNX export needs onnxruntime: {INSTALL_HINT}") from None
+        raise VitlabError(f"checking an ONNX export needs onnxruntime: {INSTALL_HINT}") from None
     session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     c, h, w = model.pretrained_cfg["input_size"]
     worst = 0.0

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from ..data.views import Preprocess
+from ..errors import VitlabError
 from ..models.base import make_pretrained_cfg
 from ..models.registry import accepted_args, get_spec, list_models
 
@@ -54,8 +55,8 @@ def unwrapped(cfg: dict[str, Any]) -> dict[str, Any]:
     its head (num_classes=0) whatever num_classes and label_names say."""
     arch = (cfg.get("architectures") or ["TimmWrapperModel"])[0]
     if arch not in WRAPPER_HEADS:
-        raise ValueError(f"Hugging Face architecture {arch!r} is not supported for model_type 'timm_wrapper'; "
-                         f"accepted: {', '.join(WRAPPER_HEADS)}")
+        raise VitlabError(f"Hugging Face architecture {arch!r} is not supported for model_type 'timm_wrapper'; "
+                          f"accepted: {', '.join(WRAPPER_HEADS)}")
     if WRAPPER_HEADS[arch]:
         return cfg
     pre = {k: v for k, v in (cfg.get("pretrained_cfg") or {}).items() if k != "label_names"}
@@ -71,8 +72,8 @@ def model_args(cfg: dict[str, Any]) -> tuple[str, dict[str, Any], dict[str, Any]
         piece = missing_piece(name)
         what = f": vitlab lacks {piece}" if piece else " is not one vitlab implements"
         families = sorted({n.split("_")[0] for n in list_models()})
-        raise ValueError(f"timm architecture {name!r}{what}; it reads timm's {', '.join(families)} names "
-                         "(`vitlab models` lists them)")
+        raise VitlabError(f"timm architecture {name!r}{what}; it reads timm's {', '.join(families)} names "
+                          "(`vitlab models` lists them)")
     args = {k: v for k, v in (cfg.get("model_args") or {}).items() if v is not None}  # timm: None is the default
     for key in ("num_classes", "global_pool"):
         if key in cfg and key not in args:
@@ -131,14 +132,14 @@ def _timm_model_args(model: nn.Module, args: dict[str, Any]) -> dict[str, Any]:
     """The model_args timm's class takes for ``args``; ValueError naming what it cannot express."""
     spec = model.timm_spec
     if spec is None:
-        raise ValueError(f"{model.no_timm}; export this model with --to onnx")
+        raise VitlabError(f"{model.no_timm}; export this model with --to onnx")
     args = {k: _plain(spec.values[k].get(v, v) if k in spec.values else v)
             for k, v in args.items() if k not in spec.dropped}
     unsupported = [f"{k}={args[k]!r} (timm's is {v!r})" for k, v in spec.fixed.items() if k in args and args[k] != v]
     unknown = [k for k in args if k not in spec.fixed and k not in spec.args]
     if unsupported or unknown:
-        raise ValueError(f"timm's {spec.cls} cannot express {', '.join(unsupported + unknown)}; "
-                         "export this model with --to onnx")
+        raise VitlabError(f"timm's {spec.cls} cannot express {', '.join(unsupported + unknown)}; "
+                          "export this model with --to onnx")
     return {k: v for k, v in args.items() if k in spec.args}
 
 

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..errors import VitlabError
 from .base import Model
 
 
@@ -150,7 +151,7 @@ class AirBench(Model):
                  whiten_from_data: bool = True, drop_rate: float = 0.0):
         super().__init__()
         if not widths or width_mult <= 0:
-            raise ValueError(f"widths {widths} must be non-empty and width_mult {width_mult} > 0")
+            raise VitlabError(f"widths {widths} must be non-empty and width_mult {width_mult} > 0")
         self.num_classes = num_classes
         self.img_size = img_size
         self.global_pool = "max"
@@ -172,7 +173,7 @@ class AirBench(Model):
     def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
         """A new untrained head for num_classes (0: none); the pooling is always the maximum."""
         if global_pool not in (None, "max"):
-            raise ValueError(f"global_pool {global_pool!r} is not valid for {type(self).__name__}; accepted: 'max'")
+            raise VitlabError(f"global_pool {global_pool!r} is not valid for {type(self).__name__}; accepted: 'max'")
         self.num_classes = num_classes
         device = self.stem.whiten.weight.device
         self.head = nn.Linear(self.num_features, num_classes, bias=False, device=device) \

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..errors import VitlabError
 from .airbench import WhitenStem, scaled_widths
 from .hybrid import HybridVisionTransformer
 from .layers import to_2tuple
@@ -28,18 +29,18 @@ class WhitenEmbed(nn.Module):
         r = 2 ** len(widths)  # each conv group halves the grid
         self.img_size, self.patch_size, self.dynamic_img_size = to_2tuple(img_size), (r, r), dynamic_img_size
         if pad and any(s % r for s in self.img_size):
-            raise ValueError(f"image size {self.img_size} is not divisible by the stem's stride {r}; "
-                             "accepted: a multiple of it, or stem_pad=False")
+            raise VitlabError(f"image size {self.img_size} is not divisible by the stem's stride {r}; "
+                              "accepted: a multiple of it, or stem_pad=False")
         self.grid_size = tuple(self.stem.out_size(s) for s in self.img_size)
         self.num_patches = self.grid_size[0] * self.grid_size[1]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         chans, size = self.stem.whiten.in_channels, tuple(x.shape[-2:])
         if x.ndim != 4 or x.shape[1] != chans:
-            raise ValueError(f"expected images of shape (B, {chans}, H, W), got {tuple(x.shape)}")
+            raise VitlabError(f"expected images of shape (B, {chans}, H, W), got {tuple(x.shape)}")
         if size != self.img_size and not self.dynamic_img_size:
-            raise ValueError(f"input size {size[0]}x{size[1]} does not match the model's {self.img_size[0]}x"
-                             f"{self.img_size[1]}; use img_size=... or dynamic_img_size=True")
+            raise VitlabError(f"input size {size[0]}x{size[1]} does not match the model's {self.img_size[0]}x"
+                              f"{self.img_size[1]}; use img_size=... or dynamic_img_size=True")
         return self.proj(self.stem(x)).permute(0, 2, 3, 1)  # (B, h, w, D)
 
 
@@ -54,7 +55,7 @@ class AirBenchHybrid(VisionTransformer):
                  bn_momentum=0.4, whiten_eps=5e-4, whiten_from_data=True, stem_pad=True, dynamic_img_size=False,
                  **kwargs):
         if not stem_widths or width_mult <= 0:
-            raise ValueError(f"stem_widths {stem_widths} must be non-empty and width_mult {width_mult} > 0")
+            raise VitlabError(f"stem_widths {stem_widths} must be non-empty and width_mult {width_mult} > 0")
         super().__init__(img_size=img_size, patch_size=2 ** len(stem_widths), in_chans=in_chans,
                          embed_dim=embed_dim, dynamic_img_size=dynamic_img_size, **kwargs)
         self.patch_embed = WhitenEmbed(img_size, in_chans, embed_dim, scaled_widths(stem_widths, width_mult),

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from ..errors import VitlabError
 from .layers import to_2tuple
 
 DEFAULT_MEAN, DEFAULT_STD = (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)  # timm's and transformers' ViT default
@@ -67,8 +68,8 @@ class Model(nn.Module):
         instead of kept (torch.utils.checkpoint), which trades compute for memory; outputs and gradients unchanged."""
         blocks = [b for name in self.block_lists for b in getattr(self, name, None) or ()]
         if not blocks:
-            raise ValueError(f"{type(self).__name__} has no transformer blocks to checkpoint; accepted: a model with "
-                             f"{' or '.join(self.block_lists)}")
+            raise VitlabError(f"{type(self).__name__} has no transformer blocks to checkpoint; accepted: a model with "
+                              f"{' or '.join(self.block_lists)}")
         for blk in blocks:
             if enable:
                 blk.forward = functools.partial(_checkpointed, blk)  # an instance attribute: nn.Module calls it
@@ -91,8 +92,8 @@ class Model(nn.Module):
         if global_pool is not None:
             if global_pool not in self.global_pools or (global_pool == "token" and
                                                         getattr(self, "cls_token", None) is None):
-                raise ValueError(f"global_pool {global_pool!r} is not valid for this model; "
-                                 f"accepted: {', '.join(map(repr, self.global_pools))}")
+                raise VitlabError(f"global_pool {global_pool!r} is not valid for this model; "
+                                  f"accepted: {', '.join(map(repr, self.global_pools))}")
             self.global_pool = global_pool
         self.num_classes = num_classes
         device = next(self.parameters()).device

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..errors import VitlabError
 from .base import Model, TimmSpec
 from .layers import (
     Attention,
@@ -103,8 +104,8 @@ def resize_rel_pos_table(table: torch.Tensor, new_grid: tuple[int, int]) -> torc
     if side * side != n:
         if n == nh * nw:
             return table
-        raise ValueError(f"a relative_position_bias_table of {table.shape[0]} rows comes from a grid that is not "
-                         f"square; accepted: the checkpoint's own input size, or a square checkpoint")
+        raise VitlabError(f"a relative_position_bias_table of {table.shape[0]} rows comes from a grid that is not "
+                          f"square; accepted: the checkpoint's own input size, or a square checkpoint")
     if (side, side) == (nh, nw):
         return table
     values = table[:n].float().reshape(side, side, -1)
@@ -211,7 +212,7 @@ class Beit(Model):
                  proj_drop_rate=0.0, attn_drop_rate=0.0, drop_path_rate=0.0):
         super().__init__()
         if global_pool not in self.global_pools:
-            raise ValueError(f"global_pool {global_pool!r} is not one of {self.global_pools}")
+            raise VitlabError(f"global_pool {global_pool!r} is not one of {self.global_pools}")
         norm_layer = partial(nn.LayerNorm, eps=norm_eps)
         self.num_classes = num_classes
         self.global_pool = global_pool

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..errors import VitlabError
 from .base import Model, TimmSpec
 from .layers import (
     Block,
@@ -126,7 +127,7 @@ class Cait(Model):
                  drop_path_rate=0.0):
         super().__init__()
         if global_pool not in ("token", "avg", ""):
-            raise ValueError(f"global_pool {global_pool!r} is not one of ('token', 'avg', '')")
+            raise VitlabError(f"global_pool {global_pool!r} is not one of ('token', 'avg', '')")
         norm_layer = partial(nn.LayerNorm, eps=norm_eps)
         act = get_act_layer(act_layer)
         self.num_classes = num_classes

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..errors import VitlabError
 from .layers import check_images, init_weights_vit, to_2tuple
 from .vit import VisionTransformer
 
@@ -33,7 +34,7 @@ class ConvTokenizer(nn.Module):
         r = tokenizer_reduction(kernel_size, layers)
         self.img_size = to_2tuple(img_size)
         if self.img_size[0] % r or self.img_size[1] % r:
-            raise ValueError(f"image size {self.img_size} is not divisible by the tokenizer's stride {r}")
+            raise VitlabError(f"image size {self.img_size} is not divisible by the tokenizer's stride {r}")
         self.in_chans = in_chans
         self.patch_size = (r, r)
         self.grid_size = (self.img_size[0] // r, self.img_size[1] // r)

@@ -11,6 +11,7 @@ from functools import partial
 import torch
 from torch import nn
 
+from ..errors import VitlabError
 from .base import Model, TimmSpec
 from .layers import (
     Attention,
@@ -70,7 +71,7 @@ class GPSA(nn.Module):
     def _rel_indices(self, N: int) -> torch.Tensor:
         h, w = self.grid_size if self.grid_size and self.grid_size[0] * self.grid_size[1] == N else (int(N ** 0.5),) * 2
         if h * w != N:
-            raise ValueError(f"GPSA cannot place {N} tokens on a square patch grid; set grid_size")
+            raise VitlabError(f"GPSA cannot place {N} tokens on a square patch grid; set grid_size")
         if self.rel_indices.shape[1] != N or self._rel_hw != (h, w):
             self.rel_indices = relative_indices(h, w).to(self.qk.weight)
             self._rel_hw = (h, w)
@@ -113,9 +114,9 @@ class ConVit(Model):
                  drop_rate=0.0, pos_drop_rate=0.0, proj_drop_rate=0.0, attn_drop_rate=0.0, drop_path_rate=0.0):
         super().__init__()
         if global_pool not in ("token", "avg", ""):
-            raise ValueError(f"global_pool {global_pool!r} is not one of ('token', 'avg', '')")
+            raise VitlabError(f"global_pool {global_pool!r} is not one of ('token', 'avg', '')")
         if not 0 <= local_up_to_layer <= depth:
-            raise ValueError(f"local_up_to_layer {local_up_to_layer} must lie in [0, depth={depth}]")
+            raise VitlabError(f"local_up_to_layer {local_up_to_layer} must lie in [0, depth={depth}]")
         embed_dim *= num_heads  # embed_dim is per head
         norm_layer = partial(nn.LayerNorm, eps=norm_eps)
         self.num_classes = num_classes

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..errors import VitlabError
 from .base import Model, TimmSpec
 from .layers import (
     Attention,
@@ -55,8 +56,8 @@ class RopeAttention(Attention):
         self.num_prefix_tokens, self.rotate_half = num_prefix_tokens, rotate_half
         self.num_kv_heads = num_kv_heads or num_heads
         if num_heads % self.num_kv_heads or (qkv_fused and self.num_kv_heads != num_heads):
-            raise ValueError(f"num_kv_heads {self.num_kv_heads} does not fit {num_heads} heads; accepted: a divisor "
-                             "of num_heads, below it only with qkv_fused=False")
+            raise VitlabError(f"num_kv_heads {self.num_kv_heads} does not fit {num_heads} heads; accepted: a divisor "
+                              "of num_heads, below it only with qkv_fused=False")
         kv_dim = self.num_kv_heads * self.head_dim
         eva_bias = qkv_bias and bias_layout == "qv"
         self.q_bias = self.v_bias = None
@@ -172,7 +173,7 @@ def make_rope(rope_type: str, head_dim: int, depth: int, num_heads: int, grid_of
     """timm's create_rope_embed for the Eva class: axial ('cat'), mixed or DINOv3's centred RoPE."""
     if rope_type == "mixed":
         if rotate_half:
-            raise ValueError("rope_type='mixed' takes rope_rotate_half=False only (timm's rule)")
+            raise VitlabError("rope_type='mixed' takes rope_rotate_half=False only (timm's rule)")
         return MixedRope(head_dim, depth, num_heads, temperature, indexing, augment)
     if rope_type == "dinov3":  # ref_feat_shape does not apply: the coordinates span [-1, 1] at every size
         return CenteredRope(head_dim, temperature, indexing, grid_offset, rotate_half, augment)
@@ -271,13 +272,13 @@ class Eva(Model):
                                       ROPE_TYPES), ("attn_type", attn_type, ("eva", "rope")),
                                       ("rope_grid_indexing", rope_grid_indexing, ("ij", "xy"))):
             if value not in accepted:
-                raise ValueError(f"{name} {value!r} is not one vitlab implements; accepted: {', '.join(accepted)}")
+                raise VitlabError(f"{name} {value!r} is not one vitlab implements; accepted: {', '.join(accepted)}")
         if global_pool == "token" and not class_token:
-            raise ValueError("global_pool='token' needs a class token; use global_pool='avg' with class_token=False")
+            raise VitlabError("global_pool='token' needs a class token; use global_pool='avg' with class_token=False")
         kv_heads = self.kv_heads(num_kv_heads, depth)
         if use_post_norm and (qk_norm or attn_only_layer_scale or any(h is not None for h in kv_heads)):
-            raise ValueError("use_post_norm=True takes none of qk_norm, attn_only_layer_scale, num_kv_heads "
-                             "(timm's rule); accepted: use_post_norm=False with them")
+            raise VitlabError("use_post_norm=True takes none of qk_norm, attn_only_layer_scale, num_kv_heads "
+                              "(timm's rule); accepted: use_post_norm=False with them")
         self.norm_eps, self.norm_layer = norm_eps, norm_layer
         norm_layer = get_norm_layer(norm_layer, norm_eps)
         self.num_classes, self.global_pool = num_classes, global_pool
@@ -322,8 +323,8 @@ class Eva(Model):
         if num_kv_heads is None or isinstance(num_kv_heads, int):
             return (num_kv_heads,) * depth
         if len(num_kv_heads) != depth:
-            raise ValueError(f"num_kv_heads has {len(num_kv_heads)} entries for {depth} blocks; accepted: one "
-                             "number, or one per block")
+            raise VitlabError(f"num_kv_heads has {len(num_kv_heads)} entries for {depth} blocks; accepted: one "
+                              "number, or one per block")
         return tuple(num_kv_heads)
 
     def init_weights(self, head_init_scale: float) -> None:

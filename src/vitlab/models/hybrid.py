@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..errors import VitlabError
 from .layers import to_2tuple
 from .resnet import ResNet, resnet_reduction
 from .vit import VisionTransformer
@@ -22,7 +23,7 @@ class HybridEmbed(nn.Module):
         r = self.backbone.reduction
         self.img_size = to_2tuple(img_size)
         if self.img_size[0] % r or self.img_size[1] % r:
-            raise ValueError(f"image size {self.img_size} is not divisible by the backbone's stride {r}")
+            raise VitlabError(f"image size {self.img_size} is not divisible by the backbone's stride {r}")
         self.patch_size = (r, r)
         self.grid_size = (self.img_size[0] // r, self.img_size[1] // r)
         self.num_patches = self.grid_size[0] * self.grid_size[1]
@@ -31,11 +32,11 @@ class HybridEmbed(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.ndim != 4 or x.shape[1] != self.backbone.conv1.in_channels:
-            raise ValueError(f"expected images of shape (B, {self.backbone.conv1.in_channels}, H, W), "
-                             f"got {tuple(x.shape)}")
+            raise VitlabError(f"expected images of shape (B, {self.backbone.conv1.in_channels}, H, W), "
+                              f"got {tuple(x.shape)}")
         if not self.dynamic_img_size and tuple(x.shape[-2:]) != self.img_size:
-            raise ValueError(f"input size {x.shape[-2]}x{x.shape[-1]} does not match the model's "
-                             f"{self.img_size[0]}x{self.img_size[1]}; use img_size=... or dynamic_img_size=True")
+            raise VitlabError(f"input size {x.shape[-2]}x{x.shape[-1]} does not match the model's "
+                              f"{self.img_size[0]}x{self.img_size[1]}; use img_size=... or dynamic_img_size=True")
         return self.proj(self.backbone.forward_features(x)).permute(0, 2, 3, 1)  # (B, h, w, D)
 
 

@@ -14,12 +14,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..errors import VitlabError
+
 
 def to_2tuple(x: int | Sequence[int]) -> tuple[int, int]:
     """An int or a pair as a pair of ints."""
     if isinstance(x, (list, tuple)):
         if len(x) != 2:
-            raise ValueError(f"expected an int or a pair (height, width), got {x!r}")
+            raise VitlabError(f"expected an int or a pair (height, width), got {x!r}")
         return int(x[0]), int(x[1])
     return int(x), int(x)
 
@@ -49,7 +51,7 @@ def canonical_act(name: str) -> str:
 def get_act_layer(name: str) -> Callable[[], nn.Module]:
     """The activation constructor for a name in ACTIVATIONS (or an alias in ACT_ALIASES)."""
     if canonical_act(name) not in ACTIVATIONS:
-        raise ValueError(f"unknown activation {name!r}; accepted: {', '.join([*ACTIVATIONS, *ACT_ALIASES])}")
+        raise VitlabError(f"unknown activation {name!r}; accepted: {', '.join([*ACTIVATIONS, *ACT_ALIASES])}")
     return ACTIVATIONS[canonical_act(name)]
 
 
@@ -69,17 +71,17 @@ NORM_LAYERS: dict[str, type[nn.Module]] = {"layernorm": nn.LayerNorm, "rmsnorm":
 def get_norm_layer(name: str, eps: float) -> Callable[[int], nn.Module]:
     """The norm constructor (width -> module) for a name in NORM_LAYERS, at ``eps``."""
     if name not in NORM_LAYERS:
-        raise ValueError(f"norm_layer {name!r} is not one vitlab implements; accepted: {', '.join(NORM_LAYERS)}")
+        raise VitlabError(f"norm_layer {name!r} is not one vitlab implements; accepted: {', '.join(NORM_LAYERS)}")
     return partial(NORM_LAYERS[name], eps=eps)
 
 
 def check_images(x: torch.Tensor, in_chans: int, img_size: tuple[int, int], dynamic_img_size: bool) -> None:
     """ValueError unless x is (B, in_chans, H, W) at img_size (any size when dynamic_img_size)."""
     if x.ndim != 4 or x.shape[1] != in_chans:
-        raise ValueError(f"expected images of shape (B, {in_chans}, H, W), got {tuple(x.shape)}")
+        raise VitlabError(f"expected images of shape (B, {in_chans}, H, W), got {tuple(x.shape)}")
     if not dynamic_img_size and tuple(x.shape[-2:]) != tuple(img_size):
-        raise ValueError(f"input size {x.shape[-2]}x{x.shape[-1]} does not match the model's "
-                         f"{img_size[0]}x{img_size[1]}; use img_size=... or dynamic_img_size=True")
+        raise VitlabError(f"input size {x.shape[-2]}x{x.shape[-1]} does not match the model's "
+                          f"{img_size[0]}x{img_size[1]}; use img_size=... or dynamic_img_size=True")
 
 
 class PatchEmbed(nn.Module):
@@ -92,8 +94,8 @@ class PatchEmbed(nn.Module):
         self.patch_size = to_2tuple(patch_size)
         for side, (s, p) in zip(("height", "width"), zip(self.img_size, self.patch_size)):
             if s % p:
-                raise ValueError(f"image {side} {s} is not divisible by the patch size {p}; "
-                                 f"use an image size that is a multiple of {p}")
+                raise VitlabError(f"image {side} {s} is not divisible by the patch size {p}; "
+                                  f"use an image size that is a multiple of {p}")
         self.grid_size = (self.img_size[0] // self.patch_size[0], self.img_size[1] // self.patch_size[1])
         self.num_patches = self.grid_size[0] * self.grid_size[1]
         self.dynamic_img_size = dynamic_img_size
@@ -102,15 +104,15 @@ class PatchEmbed(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """(B, C, H, W) -> (B, h, w, D), a grid of tokens."""
         if x.ndim != 4 or x.shape[1] != self.proj.in_channels:
-            raise ValueError(f"expected images of shape (B, {self.proj.in_channels}, H, W), got {tuple(x.shape)}")
+            raise VitlabError(f"expected images of shape (B, {self.proj.in_channels}, H, W), got {tuple(x.shape)}")
         H, W = x.shape[-2:]
         if self.dynamic_img_size:
             if H % self.patch_size[0] or W % self.patch_size[1]:
-                raise ValueError(f"input size {H}x{W} is not divisible by the patch size "
-                                 f"{self.patch_size[0]}x{self.patch_size[1]}")
+                raise VitlabError(f"input size {H}x{W} is not divisible by the patch size "
+                                  f"{self.patch_size[0]}x{self.patch_size[1]}")
         elif (H, W) != self.img_size:
-            raise ValueError(f"input size {H}x{W} does not match the model's {self.img_size[0]}x{self.img_size[1]}; "
-                             "build or load the model with img_size=... or dynamic_img_size=True")
+            raise VitlabError(f"input size {H}x{W} does not match the model's {self.img_size[0]}x{self.img_size[1]}; "
+                              "build or load the model with img_size=... or dynamic_img_size=True")
         return self.proj(x).permute(0, 2, 3, 1)  # (B, h, w, D)
 
 
@@ -126,7 +128,7 @@ class Attention(nn.Module):
                  proj_bias=True, norm_layer: Callable[[int], nn.Module] = nn.LayerNorm):
         super().__init__()
         if dim % num_heads:
-            raise ValueError(f"embed_dim {dim} is not divisible by num_heads {num_heads}")
+            raise VitlabError(f"embed_dim {dim} is not divisible by num_heads {num_heads}")
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
         self.scale = self.head_dim ** -0.5
@@ -304,8 +306,8 @@ def packed_swiglu(dim: int, hidden: int, act_layer=nn.SiLU, drop=0.0, bias=True)
     """timm's SwiGLUPacked as a ViT's mlp_layer (DINOv2's giants): ``hidden`` is fc1's width, gate and value
     halves side by side, so fc2 reads hidden / 2."""
     if hidden % 2:
-        raise ValueError(f"a packed SwiGLU splits fc1's {hidden} outputs in two halves; accepted: an even "
-                         "int(embed_dim * mlp_ratio)")
+        raise VitlabError(f"a packed SwiGLU splits fc1's {hidden} outputs in two halves; accepted: an even "
+                          "int(embed_dim * mlp_ratio)")
     return SwiGLU(dim, hidden // 2, drop=drop, packed=True, act_layer=act_layer, bias=bias)
 
 
@@ -388,7 +390,7 @@ class AttentionPoolLatent(nn.Module):
     def __init__(self, dim, num_heads=8, mlp_ratio=4.0, qkv_bias=True, norm_layer=nn.LayerNorm, act_layer=nn.GELU):
         super().__init__()
         if dim % num_heads:
-            raise ValueError(f"embed_dim {dim} is not divisible by num_heads {num_heads}")
+            raise VitlabError(f"embed_dim {dim} is not divisible by num_heads {num_heads}")
         self.num_heads, self.head_dim = num_heads, dim // num_heads
         self.scale = self.head_dim ** -0.5
         self.fused_attn = True
@@ -429,12 +431,12 @@ def resample_abs_pos_embed(posemb: torch.Tensor, new_size: Sequence[int], old_si
     if old_size is None:
         side = math.isqrt(n_grid)
         if side * side != n_grid:
-            raise ValueError(f"cannot infer the grid of a position embedding with {n_grid} patch entries; "
-                             "give old_size=(h, w)")
+            raise VitlabError(f"cannot infer the grid of a position embedding with {n_grid} patch entries; "
+                              "give old_size=(h, w)")
         old_size = (side, side)
     old_size = to_2tuple(old_size)
     if old_size[0] * old_size[1] != n_grid:
-        raise ValueError(f"position embedding has {n_grid} patch entries, not a {old_size[0]}x{old_size[1]} grid")
+        raise VitlabError(f"position embedding has {n_grid} patch entries, not a {old_size[0]}x{old_size[1]} grid")
     if tuple(old_size) == tuple(new_size):
         return posemb
     prefix, grid = posemb[:, :num_prefix_tokens], posemb[:, num_prefix_tokens:]
@@ -467,7 +469,7 @@ def resample_patch_embed(weight: torch.Tensor, new_size: int | Sequence[int], in
 def sincos_2d_pos_embed(grid_size: Sequence[int], dim: int, temperature: float = 10000.0) -> torch.Tensor:
     """Fixed 2D sin-cos embedding (MAE / "simple ViT"), (h*w, dim): half the channels encode rows, half columns."""
     if dim % 4:
-        raise ValueError(f"a 2D sin-cos position embedding needs embed_dim divisible by 4, got {dim}")
+        raise VitlabError(f"a 2D sin-cos position embedding needs embed_dim divisible by 4, got {dim}")
     h, w = to_2tuple(grid_size)
     ys, xs = torch.meshgrid(torch.arange(h, dtype=torch.float32), torch.arange(w, dtype=torch.float32), indexing="ij")
     omega = 1.0 / temperature ** (torch.arange(dim // 4, dtype=torch.float32) / (dim // 4))

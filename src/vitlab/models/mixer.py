@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..errors import VitlabError
 from .base import Model, TimmSpec
 from .layers import DropPath, Mlp, PatchEmbed, to_2tuple
 
@@ -66,7 +67,7 @@ class MlpMixer(Model):
                  stem_norm=False):
         super().__init__()
         if global_pool not in self.global_pools:
-            raise ValueError(f"global_pool {global_pool!r} is not one of {self.global_pools}")
+            raise VitlabError(f"global_pool {global_pool!r} is not one of {self.global_pools}")
         self.num_classes, self.global_pool = num_classes, global_pool
         self.num_features = self.embed_dim = embed_dim
         self.mlp_ratio = tuple(mlp_ratio) if isinstance(mlp_ratio, (list, tuple)) else (mlp_ratio, mlp_ratio)

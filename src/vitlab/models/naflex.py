@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..errors import VitlabError
 from .base import Model, TimmSpec
 from .layers import (
     Attention,
@@ -50,7 +51,7 @@ def patchify(x: torch.Tensor, patch_size: tuple[int, int]) -> torch.Tensor:
     B, C, H, W = x.shape
     ph, pw = patch_size
     if H % ph or W % pw:
-        raise ValueError(f"input size {H}x{W} is not divisible by the patch size {ph}x{pw}")
+        raise VitlabError(f"input size {H}x{W} is not divisible by the patch size {ph}x{pw}")
     x = x.reshape(B, C, H // ph, ph, W // pw, pw).permute(0, 2, 4, 3, 5, 1)  # (B, h, w, ph, pw, C)
     return x.reshape(B, H // ph, W // pw, ph * pw * C)
 
@@ -76,7 +77,7 @@ def naflex_batch(images: list[torch.Tensor], patch_size: int = 16, max_patches: 
     each image resized, keeping its aspect ratio, to at most ``max_patches`` patches (bilinear, antialiased),
     cut into patches flattened as (ph, pw, C), padded with zeros to ``max_patches``. Normalise the images first."""
     if not images or any(img.ndim != 3 for img in images):
-        raise ValueError("naflex_batch takes a non-empty list of (C, H, W) images")
+        raise VitlabError("naflex_batch takes a non-empty list of (C, H, W) images")
     values, masks, shapes = [], [], []
     for img in images:
         size = naflex_size(img.shape[-2], img.shape[-1], patch_size, max_patches)
@@ -98,16 +99,16 @@ def naflex_inputs(x: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, list[t
         if patches in x:
             missing = [k for k in (valid, where) if k not in x]
             if missing:
-                raise ValueError(f"a NaFlex batch in {kind}'s keys lacks {', '.join(missing)}; accepted: "
-                                 f"{', '.join((patches, valid, where))}")
+                raise VitlabError(f"a NaFlex batch in {kind}'s keys lacks {', '.join(missing)}; accepted: "
+                                  f"{', '.join((patches, valid, where))}")
             p, v, w = x[patches], x[valid], torch.as_tensor(x[where])
             if p.ndim != 3 or v.shape != p.shape[:2]:
-                raise ValueError(f"a NaFlex batch's {patches} is {tuple(p.shape)} and {valid} "
-                                 f"{tuple(v.shape)}; accepted: (B, N, patch * patch * channels) and (B, N)")
+                raise VitlabError(f"a NaFlex batch's {patches} is {tuple(p.shape)} and {valid} "
+                                  f"{tuple(v.shape)}; accepted: (B, N, patch * patch * channels) and (B, N)")
             shapes = w.amax(dim=1) + 1 if kind == "timm" else w  # timm: each patch's (row, column)
             return p, v.bool(), [(int(h), int(w_)) for h, w_ in shapes.tolist()]
-    raise ValueError(f"a NaFlex batch holds {', '.join(map(repr, x))}; accepted: "
-                     + " or ".join(", ".join(keys) for keys in NAFLEX_KEYS.values()))
+    raise VitlabError(f"a NaFlex batch holds {', '.join(map(repr, x))}; accepted: "
+                      + " or ".join(", ".join(keys) for keys in NAFLEX_KEYS.values()))
 
 
 def padding_mask(valid: torch.Tensor, prefix: int, key_only: bool, dtype: torch.dtype) -> torch.Tensor:
@@ -147,7 +148,7 @@ class NaFlexEmbeds(nn.Module):
         """(B, C, H, W) images -> (B, h, w, D) patch tokens."""
         if x.ndim != 4 or x.shape[1] * self.patch_size[0] * self.patch_size[1] != self.proj.in_features:
             chans = self.proj.in_features // (self.patch_size[0] * self.patch_size[1])
-            raise ValueError(f"expected images of shape (B, {chans}, H, W), got {tuple(x.shape)}")
+            raise VitlabError(f"expected images of shape (B, {chans}, H, W), got {tuple(x.shape)}")
         return self.proj(patchify(x, self.patch_size))
 
     def conv_weight(self) -> torch.Tensor:
@@ -229,11 +230,11 @@ class NaFlexVit(Model):
         for name, value, accepted in (("global_pool", global_pool, GLOBAL_POOLS), ("pos_embed", pos_embed, POS_EMBEDS),
                                       ("pos_embed_interp_mode", pos_embed_interp_mode, INTERPOLATIONS)):
             if value not in accepted:
-                raise ValueError(f"{name} {value!r} is not accepted; accepted: {', '.join(map(repr, accepted))}")
+                raise VitlabError(f"{name} {value!r} is not accepted; accepted: {', '.join(map(repr, accepted))}")
         if not dynamic_img_size:
-            raise ValueError("a NaFlex ViT takes every input size its patch divides; accepted: dynamic_img_size=True")
+            raise VitlabError("a NaFlex ViT takes every input size its patch divides; accepted: dynamic_img_size=True")
         if global_pool == "token" and not class_token:
-            raise ValueError("global_pool='token' needs a class token; accepted: class_token=True, or another pool")
+            raise VitlabError("global_pool='token' needs a class token; accepted: class_token=True, or another pool")
         norm_layer = partial(nn.LayerNorm, eps=norm_eps)
         use_fc_norm = global_pool == "avg" if fc_norm is None else fc_norm
         self.num_classes, self.global_pool = num_classes, global_pool
@@ -329,8 +330,9 @@ class NaFlexVit(Model):
             return self.norm(self.blocks(x))
         patches, valid, shapes = naflex_inputs(x)
         if patches.shape[-1] != self.embeds.proj.in_features:
-            raise ValueError(f"NaFlex patches of {patches.shape[-1]} values; accepted: "
-                             f"{self.embeds.proj.in_features} (patch {self.embeds.patch_size}, flattened as ph, pw, C)")
+            raise VitlabError(f"NaFlex patches of {patches.shape[-1]} values; accepted: "
+                              f"{self.embeds.proj.in_features} "
+                              f"(patch {self.embeds.patch_size}, flattened as ph, pw, C)")
         tokens = self._naflex_pos_embed(self.embeds.proj(patches.to(self.embeds.proj.weight.dtype)), shapes)
         tokens = self._prefix(tokens)
         mask = padding_mask(valid, self.num_prefix_tokens, self.use_key_only_attn_mask, tokens.dtype)

@@ -22,6 +22,7 @@ from functools import partial
 import torch
 from torch import nn
 
+from ..errors import VitlabError
 from .base import TimmSpec
 from .eva import EVA_ARGS, Eva
 from .layers import AttentionPoolLatent, init_weights_vit
@@ -75,8 +76,8 @@ class PerceptionEncoder(Eva):
     def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
         """timm's rule: another pooling drops the attention pool; 'map' needs the one built with the model."""
         if global_pool == "map" and self.attn_pool is None:
-            raise ValueError("global_pool='map' needs the attention-pool head built with the model; accepted here: "
-                             f"{', '.join(repr(p) for p in self.global_pools if p != 'map')}")
+            raise VitlabError("global_pool='map' needs the attention-pool head built with the model; accepted here: "
+                              f"{', '.join(repr(p) for p in self.global_pools if p != 'map')}")
         super().reset_classifier(num_classes, global_pool)
         if global_pool is not None and global_pool != "map":
             self.attn_pool = None

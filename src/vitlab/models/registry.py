@@ -9,6 +9,7 @@ from typing import Any
 from torch import nn
 
 from ..catalog import matching
+from ..errors import VitlabError
 from .airbench import AirBench
 from .airbench_hybrid import AirBenchHybrid
 from .base import DEFAULT_MEAN, DEFAULT_STD, Model, make_pretrained_cfg
@@ -306,7 +307,7 @@ MODEL_CLASSES: dict[str, type[Model]] = {spec.cls.__name__: spec.cls for spec in
 def model_class(name: str | None, source: str) -> type[Model]:
     """The model class a config names; an unknown name is an error naming ``source`` and the accepted ones."""
     if name not in MODEL_CLASSES:
-        raise ValueError(f"{source}: unknown model class {name!r}; accepted: {', '.join(MODEL_CLASSES)}")
+        raise VitlabError(f"{source}: unknown model class {name!r}; accepted: {', '.join(MODEL_CLASSES)}")
     return MODEL_CLASSES[name]
 
 
@@ -326,7 +327,7 @@ def get_spec(name: str) -> ModelSpec:
     if name not in _REGISTRY:
         close = difflib.get_close_matches(name, list(_REGISTRY), n=5, cutoff=0.5)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
-        raise ValueError(f"unknown model {name!r}{hint} (`vitlab models` lists all {len(_REGISTRY)})")
+        raise VitlabError(f"unknown model {name!r}{hint} (`vitlab models` lists all {len(_REGISTRY)})")
     return _REGISTRY[name]
 
 
@@ -390,12 +391,12 @@ def check_args(cls: type[nn.Module], args: dict[str, Any]) -> None:
     accepted = arg_defaults(cls)
     unknown = [k for k in args if k not in accepted]
     if unknown:
-        raise ValueError(f"{cls.__name__} does not take {', '.join(map(repr, unknown))}; "
-                         f"accepted: {', '.join(accepted)}")
+        raise VitlabError(f"{cls.__name__} does not take {', '.join(map(repr, unknown))}; "
+                          f"accepted: {', '.join(accepted)}")
     for name, value in args.items():
         problem = _arg_problem(cls, name, value, accepted[name])
         if problem:
-            raise ValueError(f"model argument {name}={value!r} is not valid for {cls.__name__}; accepted: {problem}")
+            raise VitlabError(f"model argument {name}={value!r} is not valid for {cls.__name__}; accepted: {problem}")
 
 
 def build(cls: type[nn.Module], args: dict[str, Any], given: dict[str, Any] | None = None) -> nn.Module:
@@ -410,15 +411,15 @@ def build(cls: type[nn.Module], args: dict[str, Any], given: dict[str, Any] | No
     except (TypeError, ZeroDivisionError, RuntimeError, AssertionError, OverflowError, IndexError) as e:
         named = ", ".join(f"{k}={v!r}" for k, v in (args if given is None else given).items()) or "its defaults"
         why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ValueError(f"{cls.__name__} cannot be built with {named} ({why})") from None
+        raise VitlabError(f"{cls.__name__} cannot be built with {named} ({why})") from None
 
 
 def create_model(name: str, **overrides: Any) -> nn.Module:
     """A new model by registered name, its defaults updated by overrides (timm's argument names); its weights are
     new (pretrained ones come from ``vitlab.load``)."""
     if "pretrained" in overrides:
-        raise ValueError(f"create_model({name!r}, pretrained=...): vitlab's models start new; pretrained weights load "
-                         f"with vitlab.load('hf-hub:timm/<name>'), a timm or Hugging Face folder, or a run folder")
+        raise VitlabError(f"create_model({name!r}, pretrained=...): vitlab's models start new; pretrained weights load "
+                          f"with vitlab.load('hf-hub:timm/<name>'), a timm or Hugging Face folder, or a run folder")
     spec = get_spec(name)
     args = {**spec.args, **overrides}
     model = build(spec.cls, args, overrides)

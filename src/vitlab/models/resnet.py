@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..errors import VitlabError
 from .base import Model, TimmSpec
 
 
@@ -52,9 +53,9 @@ class ResNet(Model):
                  num_classes=1000, img_size=32, drop_rate=0.0):
         super().__init__()
         if stem not in ("cifar", "imagenet"):
-            raise ValueError(f"stem {stem!r} is not one of ('cifar', 'imagenet')")
+            raise VitlabError(f"stem {stem!r} is not one of ('cifar', 'imagenet')")
         if len(layers) != len(widths) or not layers:
-            raise ValueError(f"layers {layers} and widths {widths} must be non-empty and of one length")
+            raise VitlabError(f"layers {layers} and widths {widths} must be non-empty and of one length")
         self.num_classes = num_classes
         self.img_size = img_size
         stem_chs = widths[0]
@@ -87,7 +88,7 @@ class ResNet(Model):
     def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
         """A new untrained fc for num_classes (0: none); the pooling is always the average."""
         if global_pool not in (None, "avg"):
-            raise ValueError(f"global_pool {global_pool!r} is not valid for a ResNet; accepted: 'avg'")
+            raise VitlabError(f"global_pool {global_pool!r} is not valid for a ResNet; accepted: 'avg'")
         super().reset_classifier(num_classes)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..errors import VitlabError
 from .base import TimmSpec
 from .layers import check_images, to_2tuple
 from .vit import TIMM_ARGS, VisionTransformer
@@ -159,7 +160,7 @@ class ResNetV2Embed(nn.Module):
     def __init__(self, img_size, patch_size, in_chans, embed_dim, layers, bias=True, dynamic_img_size=False):
         super().__init__()
         if len(layers) > len(STAGE_WIDTHS):
-            raise ValueError(f"backbone_layers {layers} has more than {len(STAGE_WIDTHS)} stages")
+            raise VitlabError(f"backbone_layers {layers} has more than {len(STAGE_WIDTHS)} stages")
         self.backbone = ResNetV2(layers, in_chans) if layers else resnetv2_stem(in_chans)
         self.num_stages, self.in_chans = len(layers), in_chans
         width = self.backbone.num_features if layers else 64
@@ -169,7 +170,7 @@ class ResNetV2Embed(nn.Module):
         self.patch_size = (stride * p[0], stride * p[1])
         self.grid_size = tuple(feature_size(s, len(layers)) // q for s, q in zip(self.img_size, p))
         if min(self.grid_size) < 1:
-            raise ValueError(f"image size {self.img_size} is smaller than one token ({self.patch_size} pixels)")
+            raise VitlabError(f"image size {self.img_size} is smaller than one token ({self.patch_size} pixels)")
         self.num_patches = self.grid_size[0] * self.grid_size[1]
         self.proj = nn.Conv2d(width, embed_dim, kernel_size=p, stride=p, bias=bias)
         for m in self.backbone.modules():  # timm's ResNetV2 init

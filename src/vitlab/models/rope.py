@@ -26,6 +26,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ..errors import VitlabError
+
 
 def grid_coords(grid: tuple[int, int], indexing: str = "ij", offset: float = 0.0,
                 ref_grid: tuple[int, int] | None = None, centered: bool = False) -> torch.Tensor:
@@ -61,8 +63,8 @@ class CoordAugment:
         for name, low in (("shift", 0.0), ("jitter", 1.0), ("rescale", 1.0)):
             value = getattr(self, name)
             if value is not None and not (isinstance(value, (int, float)) and math.isfinite(value) and value >= low):
-                raise ValueError(f"rope_{name}_coords={value!r} is not valid; accepted: a finite number >= {low:g}, "
-                                 "or None (off)")
+                raise VitlabError(f"rope_{name}_coords={value!r} is not valid; accepted: a finite number >= {low:g}, "
+                                  "or None (off)")
 
     @property
     def active(self) -> bool:
@@ -119,7 +121,7 @@ class AxialRope(nn.Module):
                  ref_grid: tuple[int, int] | None = None, half: bool = False, augment: CoordAugment = CoordAugment()):
         super().__init__()
         if head_dim % 4:
-            raise ValueError(f"axial RoPE needs a head width divisible by 4, got {head_dim}")
+            raise VitlabError(f"axial RoPE needs a head width divisible by 4, got {head_dim}")
         self.head_dim, self.temperature, self.indexing, self.offset = head_dim, float(temperature), indexing, offset
         self.ref_grid = tuple(ref_grid) if ref_grid is not None else None
         self.half, self.augment = half, augment
@@ -157,7 +159,7 @@ class MixedRope(nn.Module):
                  augment: CoordAugment = CoordAugment()):
         super().__init__()
         if head_dim % 4:
-            raise ValueError(f"mixed RoPE needs a head width divisible by 4, got {head_dim}")
+            raise VitlabError(f"mixed RoPE needs a head width divisible by 4, got {head_dim}")
         self.indexing, self.augment = indexing, augment
         # the paper's init: axial magnitudes, each head's pair of axes turned by a random angle
         mag = 1.0 / temperature ** (torch.arange(0, head_dim, 4, dtype=torch.float32) / head_dim)

@@ -10,6 +10,7 @@ from functools import partial
 import torch
 from torch import nn
 
+from ..errors import VitlabError
 from .base import Model, TimmSpec
 from .layers import (
     Attention,
@@ -181,26 +182,28 @@ class VisionTransformer(Model):
                  parallel_scaling=False, norm_layer="layernorm", mlp_layer="mlp"):
         super().__init__()
         if num_parallel < 1:
-            raise ValueError(f"num_parallel {num_parallel} is not accepted: 1 (sequential blocks) or more (branches)")
+            raise VitlabError(f"num_parallel {num_parallel} is not accepted: 1 (sequential blocks) or more (branches)")
         if parallel_scaling and num_parallel > 1:
-            raise ValueError("parallel_scaling=True and num_parallel > 1 are two kinds of block; accepted: one of them")
+            raise VitlabError("parallel_scaling=True and num_parallel > 1 are two kinds of block; "
+                              "accepted: one of them")
         if global_pool not in GLOBAL_POOLS:
-            raise ValueError(f"global_pool {global_pool!r} is not one of {GLOBAL_POOLS}")
+            raise VitlabError(f"global_pool {global_pool!r} is not one of {GLOBAL_POOLS}")
         if pos_embed not in POS_EMBEDS:
-            raise ValueError(f"pos_embed {pos_embed!r} is not one of {POS_EMBEDS}")
+            raise VitlabError(f"pos_embed {pos_embed!r} is not one of {POS_EMBEDS}")
         if mlp_layer not in MLP_LAYERS:
-            raise ValueError(f"mlp_layer {mlp_layer!r} is not one vitlab implements; accepted: {', '.join(MLP_LAYERS)}")
+            raise VitlabError(f"mlp_layer {mlp_layer!r} is not one vitlab implements; "
+                              f"accepted: {', '.join(MLP_LAYERS)}")
         if mlp_layer != "mlp" and (num_parallel > 1 or parallel_scaling):
-            raise ValueError(f"mlp_layer={mlp_layer!r} is for sequential blocks; accepted with parallel blocks: 'mlp'")
+            raise VitlabError(f"mlp_layer={mlp_layer!r} is for sequential blocks; accepted with parallel blocks: 'mlp'")
         if distilled and (not class_token or global_pool != "token"):
-            raise ValueError("a distilled model reads the class and distillation tokens: "
-                             "it needs class_token=True and global_pool='token'")
+            raise VitlabError("a distilled model reads the class and distillation tokens: "
+                              "it needs class_token=True and global_pool='token'")
         if distilled and reg_tokens:
-            raise ValueError("a model has either a distillation token or register tokens, not both")
+            raise VitlabError("a model has either a distillation token or register tokens, not both")
         if global_pool == "token_avg" and (not class_token or fc_norm):
-            raise ValueError("global_pool='token_avg' needs a class token and no fc_norm")
+            raise VitlabError("global_pool='token_avg' needs a class token and no fc_norm")
         if global_pool == "token" and not class_token:
-            raise ValueError("global_pool='token' needs a class token; use global_pool='avg' with class_token=False")
+            raise VitlabError("global_pool='token' needs a class token; use global_pool='avg' with class_token=False")
         self.norm_eps, self.mlp_layer, self.norm_layer = norm_eps, mlp_layer, norm_layer
         norm_layer = get_norm_layer(norm_layer, norm_eps)
         use_fc_norm = global_pool == "avg" if fc_norm is None else fc_norm
@@ -310,7 +313,7 @@ class VisionTransformer(Model):
             return torch.cat([x[:, 0], x[:, self.num_prefix_tokens:].mean(dim=1)], dim=-1)
         if self.global_pool == "map":
             if self.attn_pool is None:
-                raise ValueError("global_pool='map' needs the attention-pool head built with the model")
+                raise VitlabError("global_pool='map' needs the attention-pool head built with the model")
             return self.fc_norm(self.attn_pool(x[:, self.num_prefix_tokens:]))
         return self.fc_norm(super().pool(x))
 

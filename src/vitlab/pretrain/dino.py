@@ -29,6 +29,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from ..errors import VitlabError
 from ..models.vit import VisionTransformer
 from .encoder import check_encoder, run_blocks
 
@@ -144,15 +145,15 @@ class DINO(nn.Module):
         super().__init__()
         check_encoder(encoder, "dino")
         if out_dim < 2 or hidden_dim < 1 or bottleneck_dim < 1:
-            raise ValueError(f"out_dim {out_dim} must be at least 2, hidden_dim {hidden_dim} and bottleneck_dim "
-                             f"{bottleneck_dim} at least 1")
+            raise VitlabError(f"out_dim {out_dim} must be at least 2, hidden_dim {hidden_dim} and bottleneck_dim "
+                              f"{bottleneck_dim} at least 1")
         if local_crops < 0 or not 0 < local_size <= 1:
-            raise ValueError(f"local_crops {local_crops} must be >= 0 and local_size {local_size} in (0, 1]")
+            raise VitlabError(f"local_crops {local_crops} must be >= 0 and local_size {local_size} in (0, 1]")
         if min(student_temp, teacher_temp, warmup_teacher_temp) <= 0:
-            raise ValueError("student_temp, teacher_temp and warmup_teacher_temp must be > 0")
+            raise VitlabError("student_temp, teacher_temp and warmup_teacher_temp must be > 0")
         if not (0 <= momentum <= 1 and 0 <= center_momentum < 1) or momentum_steps < 1 or teacher_temp_steps < 0:
-            raise ValueError(f"momentum {momentum} must lie in [0, 1], center_momentum {center_momentum} in [0, 1), "
-                             f"momentum_steps >= 1 and teacher_temp_steps >= 0")
+            raise VitlabError(f"momentum {momentum} must lie in [0, 1], center_momentum {center_momentum} in [0, 1), "
+                              f"momentum_steps >= 1 and teacher_temp_steps >= 0")
         for name in ("head", "head_dist"):  # an encoder: no classifier reached
             module = getattr(encoder, name, None)
             if module is not None:

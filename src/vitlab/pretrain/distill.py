@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..errors import VitlabError
 from ..models.vit import VisionTransformer
 from .encoder import check_encoder, no_weight_decay, output_norm, set_aside_head
 
@@ -88,8 +89,8 @@ def patch_grid(model: nn.Module, x: torch.Tensor, n: int) -> tuple[int, int]:
             return h, w
     side = round(n ** 0.5)
     if side * side != n:
-        raise ValueError(f"{type(model).__name__} gives {n} patch tokens on {tuple(x.shape[-2:])} images, not a grid "
-                         "vitlab can place; accepted as a teacher: a model whose patch tokens form its patch grid")
+        raise VitlabError(f"{type(model).__name__} gives {n} patch tokens on {tuple(x.shape[-2:])} images, not a grid "
+                          "vitlab can place; accepted as a teacher: a model whose patch tokens form its patch grid")
     return side, side
 
 
@@ -107,11 +108,11 @@ class FeatureDistillation(nn.Module):
         super().__init__()
         check_encoder(encoder, "distill")
         if min(teacher_dim, teacher_patch_dim) < 1 or hidden_dim < 0 or patch_weight < 0:
-            raise ValueError(f"teacher_dim {teacher_dim} and teacher_patch_dim {teacher_patch_dim} must be at least 1, "
-                             f"hidden_dim {hidden_dim} and "
-                             f"patch_weight {patch_weight} at least 0")
+            raise VitlabError(f"teacher_dim {teacher_dim} and teacher_patch_dim {teacher_patch_dim} must be "
+                              f"at least 1, hidden_dim {hidden_dim} and "
+                              f"patch_weight {patch_weight} at least 0")
         if loss not in ("cosine", "smooth_l1"):
-            raise ValueError(f"distill loss {loss!r} is not valid; accepted: cosine, smooth_l1")
+            raise VitlabError(f"distill loss {loss!r} is not valid; accepted: cosine, smooth_l1")
         set_aside_head(encoder)
         self.encoder: VisionTransformer = encoder
         chans = encoder.patch_embed.proj.in_channels
@@ -149,7 +150,7 @@ class FeatureDistillation(nn.Module):
         """The teacher's (B, Dt) pooled and (B, h, w, Dt) patch features of the student's batch x, its patch grid
         resampled to the student's ``grid`` (inference tensors: clone before autograd keeps them)."""
         if self._teacher is None:
-            raise ValueError("this distillation objective has no teacher attached: attach_teacher(model) first")
+            raise VitlabError("this distillation objective has no teacher attached: attach_teacher(model) first")
         teacher, bf16 = self._teacher
         x = teacher_view(x.float(), self.mean, self.std, self.teacher_mean, self.teacher_std, self.teacher_size)
         with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=bf16):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..errors import VitlabError
 from ..models.vit import VisionTransformer
 
 
@@ -15,7 +16,7 @@ def check_encoder(model: nn.Module | type, method: str) -> None:
     reason = getattr(cls, "no_pretrain", "") or (
         "" if issubclass(cls, VisionTransformer) else "pre-training runs ViT and DeiT encoders only")
     if reason:
-        raise ValueError(f"{method.upper()} pre-training does not apply to {cls.__name__}: {reason}")
+        raise VitlabError(f"{method.upper()} pre-training does not apply to {cls.__name__}: {reason}")
 
 
 def set_aside_head(encoder: VisionTransformer) -> None:
@@ -60,5 +61,5 @@ def load_decoder_state(objective: nn.Module, state: dict[str, torch.Tensor]) -> 
     result = objective.load_state_dict(state, strict=False)
     missing = [k for k in result.missing_keys if not k.startswith("encoder.")]
     if missing or result.unexpected_keys:
-        raise ValueError(f"decoder state does not fit this {type(objective).__name__}: "
-                         f"missing {missing[:5]}, unexpected {result.unexpected_keys[:5]}")
+        raise VitlabError(f"decoder state does not fit this {type(objective).__name__}: "
+                          f"missing {missing[:5]}, unexpected {result.unexpected_keys[:5]}")

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..errors import VitlabError
 from .dino import DINO, dino_loss, encoded_tokens, teacher_temperature
 from .encoder import no_weight_decay, output_norm
 from .masking import random_masking
@@ -58,8 +59,8 @@ class IBOT(DINO):
                          teacher_temp, warmup_teacher_temp, teacher_temp_steps, momentum, momentum_steps,
                          center_momentum)
         if not 0 < mask_ratio < 1 or patch_weight < 0 or min(teacher_patch_temp, warmup_teacher_patch_temp) <= 0:
-            raise ValueError(f"mask_ratio {mask_ratio} must lie in (0, 1), patch_weight {patch_weight} be >= 0, "
-                             "teacher_patch_temp and warmup_teacher_patch_temp > 0")
+            raise VitlabError(f"mask_ratio {mask_ratio} must lie in (0, 1), patch_weight {patch_weight} be >= 0, "
+                              "teacher_patch_temp and warmup_teacher_patch_temp > 0")
         self.mask_ratio, self.patch_weight = mask_ratio, patch_weight
         self.teacher_patch_temp, self.warmup_teacher_patch_temp = teacher_patch_temp, warmup_teacher_patch_temp
         self.mask_token = nn.Parameter(torch.zeros(1, 1, encoder.embed_dim))

@@ -24,6 +24,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
+from ..errors import VitlabError
 from ..models.layers import Block, init_weights_vit, sincos_2d_pos_embed, to_2tuple
 from ..models.vit import VisionTransformer
 from .encoder import check_encoder, no_weight_decay, run_blocks, set_aside_head
@@ -35,7 +36,7 @@ def patchify(imgs: torch.Tensor, patch_size: int | tuple[int, int]) -> torch.Ten
     ph, pw = to_2tuple(patch_size)
     B, C, H, W = imgs.shape
     if H % ph or W % pw:
-        raise ValueError(f"image size {H}x{W} is not divisible by the patch size {ph}x{pw}")
+        raise VitlabError(f"image size {H}x{W} is not divisible by the patch size {ph}x{pw}")
     h, w = H // ph, W // pw
     x = imgs.reshape(B, C, h, ph, w, pw).permute(0, 2, 4, 3, 5, 1)  # (B, h, w, ph, pw, C)
     return x.reshape(B, h * w, ph * pw * C)
@@ -47,7 +48,7 @@ def unpatchify(x: torch.Tensor, patch_size: int | tuple[int, int], grid_size: in
     h, w = to_2tuple(grid_size)
     B, N, P = x.shape
     if N != h * w or P % (ph * pw):
-        raise ValueError(f"cannot place {N} patches of {P} values on a {h}x{w} grid of {ph}x{pw} patches")
+        raise VitlabError(f"cannot place {N} patches of {P} values on a {h}x{w} grid of {ph}x{pw} patches")
     C = P // (ph * pw)
     x = x.reshape(B, h, w, ph, pw, C).permute(0, 5, 1, 3, 2, 4)  # (B, C, h, ph, w, pw)
     return x.reshape(B, C, h * ph, w * pw)

@@ -9,6 +9,8 @@ from typing import NamedTuple
 
 import torch
 
+from ..errors import VitlabError
+
 
 class Masking(NamedTuple):
     """One draw of per-sample masks over N patch tokens."""
@@ -21,11 +23,11 @@ class Masking(NamedTuple):
 def num_visible(num_tokens: int, mask_ratio: float) -> int:
     """How many of num_tokens stay visible at mask_ratio (MAE's int(N * (1 - ratio)), at least 1)."""
     if not 0.0 <= mask_ratio < 1.0:
-        raise ValueError(f"mask ratio {mask_ratio} must lie in [0, 1)")
+        raise VitlabError(f"mask ratio {mask_ratio} must lie in [0, 1)")
     keep = int(num_tokens * (1.0 - mask_ratio) + 1e-6)  # 1e-6: 10 * (1 - 0.8) is 1.9999999999999996
     if keep < 1:
-        raise ValueError(f"mask ratio {mask_ratio} leaves no visible token out of {num_tokens}; "
-                         f"use a ratio below {1 - 1 / num_tokens:.4f}")
+        raise VitlabError(f"mask ratio {mask_ratio} leaves no visible token out of {num_tokens}; "
+                          f"use a ratio below {1 - 1 / num_tokens:.4f}")
     return keep
 
 

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..errors import VitlabError
 from ..models.vit import VisionTransformer
 from .encoder import check_encoder, no_weight_decay, output_norm, run_blocks, set_aside_head
 from .masking import gather_tokens, random_masking, uniform_noise
@@ -44,11 +45,11 @@ class MPPOutput(NamedTuple):
 def check_options(num_tokens: int, corrupt_ratio: float, mask_prob: float, random_prob: float) -> None:
     """Raise a one-line ValueError for options that cannot be drawn."""
     if num_tokens < 2:
-        raise ValueError(f"masked patch prediction needs at least 2 patches per image, got {num_tokens}")
+        raise VitlabError(f"masked patch prediction needs at least 2 patches per image, got {num_tokens}")
     if not 0 < corrupt_ratio < 1:
-        raise ValueError(f"corrupt_ratio {corrupt_ratio} must lie in (0, 1)")
+        raise VitlabError(f"corrupt_ratio {corrupt_ratio} must lie in (0, 1)")
     if not (0 <= mask_prob and 0 <= random_prob and mask_prob + random_prob <= 1):
-        raise ValueError(f"mask_prob {mask_prob} and random_prob {random_prob} must be >= 0 and sum to at most 1")
+        raise VitlabError(f"mask_prob {mask_prob} and random_prob {random_prob} must be >= 0 and sum to at most 1")
 
 
 def draw_corruption(batch: int, num_tokens: int, corrupt_ratio: float = 0.5, mask_prob: float = 0.8,
@@ -96,7 +97,7 @@ class MaskedPatchPrediction(nn.Module):
         mean = (0.0,) * in_chans if mean is None else tuple(mean)
         std = (1.0,) * in_chans if std is None else tuple(std)
         if len(mean) != in_chans or len(std) != in_chans:
-            raise ValueError(f"mean {mean} and std {std} need one value per input channel ({in_chans})")
+            raise VitlabError(f"mean {mean} and std {std} need one value per input channel ({in_chans})")
         self.encoder: VisionTransformer = encoder
         self.corrupt_ratio, self.mask_prob, self.random_prob, self.bits = corrupt_ratio, mask_prob, random_prob, bits
         self.num_colors = 2 ** (bits * in_chans)

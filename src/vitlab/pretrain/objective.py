@@ -22,6 +22,7 @@ from torch import nn
 
 from .. import checkpoint
 from ..atomic import atomic_path
+from ..errors import NotFoundError, VitlabError
 from ..runs.format import PRETRAIN_WEIGHTS
 from ..settings import describe
 from .dino import DINO
@@ -52,23 +53,23 @@ def check_options(method: str, options: dict[str, Any]) -> dict[str, Any]:
     accepted = objective_options(method)
     unknown = sorted(set(options) - set(accepted))
     if unknown:
-        raise ValueError(f"unknown {method} option(s) {', '.join(unknown)} in pretrain_args; accepted: "
-                         f"{', '.join(accepted)}")
+        raise VitlabError(f"unknown {method} option(s) {', '.join(unknown)} in pretrain_args; accepted: "
+                          f"{', '.join(accepted)}")
     hints = typing.get_type_hints(OBJECTIVES[method].__init__)
     out = {}
     for key, value in options.items():
         try:
             out[key] = TypeAdapter(hints[key]).validate_python(value)
         except ValidationError:
-            raise ValueError(f"pretrain_args {key}={value!r} is not valid; accepted: "
-                             f"{describe(hints[key])}") from None
+            raise VitlabError(f"pretrain_args {key}={value!r} is not valid; accepted: "
+                              f"{describe(hints[key])}") from None
     return out
 
 
 def create_objective(method: str, encoder: nn.Module, **options: Any) -> nn.Module:
     """The pre-training objective ``method`` ('mae', 'mpp', 'dino', 'ibot' or 'distill') wrapped around ``encoder``."""
     if method not in OBJECTIVES:
-        raise ValueError(f"unknown pre-training method {method!r}; accepted: {', '.join(OBJECTIVES)}")
+        raise VitlabError(f"unknown pre-training method {method!r}; accepted: {', '.join(OBJECTIVES)}")
     return OBJECTIVES[method](encoder, **options)
 
 
@@ -85,17 +86,17 @@ def read_pretrain(folder: str | os.PathLike) -> tuple[str, dict[str, Any], dict[
     unreadable."""
     path = Path(folder) / PRETRAIN_WEIGHTS
     if not path.is_file():
-        raise FileNotFoundError(f"{folder} is not a finished pre-training run: it has no {PRETRAIN_WEIGHTS} "
-                                "(written by `vitlab pretrain` at its end)")
+        raise NotFoundError(f"{folder} is not a finished pre-training run: it has no {PRETRAIN_WEIGHTS} "
+                            "(written by `vitlab pretrain` at its end)")
     try:
         with safe_open(path, "pt") as f:
             meta = f.metadata() or {}
             tensors = {k: f.get_tensor(k) for k in f.keys()}
         method, options = meta["method"], json.loads(meta["options"])
     except (SafetensorError, OSError, KeyError, json.JSONDecodeError) as e:
-        raise ValueError(f"{path} is truncated or corrupt ({type(e).__name__}: {e})") from None
+        raise VitlabError(f"{path} is truncated or corrupt ({type(e).__name__}: {e})") from None
     if not isinstance(options, dict):
-        raise ValueError(f"{path}: its options must be a JSON object, not {type(options).__name__}")
+        raise VitlabError(f"{path}: its options must be a JSON object, not {type(options).__name__}")
     return method, options, tensors
 
 
@@ -119,6 +120,6 @@ def load_objective(folder: str | os.PathLike) -> nn.Module:
     try:
         objective = create_objective(method, encoder, **options)
     except TypeError as e:  # an option this version does not take
-        raise ValueError(f"{Path(folder)}: the {method} options {options} do not build an objective ({e})") from None
+        raise VitlabError(f"{Path(folder)}: the {method} options {options} do not build an objective ({e})") from None
     load_decoder_state(objective, rest)
     return objective.eval()

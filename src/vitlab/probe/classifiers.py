@@ -7,6 +7,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..errors import VitlabError
 from ..train.finetune import classifiers
 
 SMALL_PROBLEM = 50_000_000  # features x classes below which the probe runs on one CPU thread
@@ -14,10 +15,10 @@ SMALL_PROBLEM = 50_000_000  # features x classes below which the probe runs on o
 
 def _check(feats: torch.Tensor, labels: torch.Tensor | None, what: str) -> None:
     if not isinstance(feats, torch.Tensor) or feats.dim() != 2 or not len(feats):
-        raise ValueError(f"{what} features must be a non-empty (N, D) tensor, got "
-                         f"{tuple(feats.shape) if isinstance(feats, torch.Tensor) else type(feats).__name__}")
+        raise VitlabError(f"{what} features must be a non-empty (N, D) tensor, got "
+                          f"{tuple(feats.shape) if isinstance(feats, torch.Tensor) else type(feats).__name__}")
     if labels is not None and (labels.dim() != 1 or len(labels) != len(feats)):
-        raise ValueError(f"{what} labels must be (N,) = ({len(feats)},), got {tuple(labels.shape)}")
+        raise VitlabError(f"{what} labels must be (N,) = ({len(feats)},), got {tuple(labels.shape)}")
 
 
 def _num_classes(labels: torch.Tensor, num_classes: int | None) -> int:
@@ -25,7 +26,7 @@ def _num_classes(labels: torch.Tensor, num_classes: int | None) -> int:
     if num_classes is None:
         return seen
     if num_classes < seen or int(labels.min()) < 0:
-        raise ValueError(f"labels range over {int(labels.min())}..{seen - 1}, outside 0..{num_classes - 1}")
+        raise VitlabError(f"labels range over {int(labels.min())}..{seen - 1}, outside 0..{num_classes - 1}")
     return num_classes
 
 
@@ -40,11 +41,11 @@ def knn_votes(train_feats: torch.Tensor, train_labels: torch.Tensor, test_feats:
     _check(train_feats, train_labels, "training")
     _check(test_feats, None, "test")
     if train_feats.shape[1] != test_feats.shape[1]:
-        raise ValueError(f"training features have {train_feats.shape[1]} dimensions, test {test_feats.shape[1]}")
+        raise VitlabError(f"training features have {train_feats.shape[1]} dimensions, test {test_feats.shape[1]}")
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ValueError(f"k must be a positive int, got {k!r}")
+        raise VitlabError(f"k must be a positive int, got {k!r}")
     if not temperature > 0:
-        raise ValueError(f"temperature must be positive, got {temperature!r}")
+        raise VitlabError(f"temperature must be positive, got {temperature!r}")
     c = _num_classes(train_labels, num_classes)
     k = min(k, len(train_feats))
     train = F.normalize(train_feats.float(), dim=1)
@@ -90,13 +91,13 @@ def linear_probe(train_feats: torch.Tensor, train_labels: torch.Tensor, test_fea
     """
     _check(train_feats, train_labels, "training")
     if (test_feats is None) != (test_labels is None):
-        raise ValueError("give both test_feats and test_labels, or neither")
+        raise VitlabError("give both test_feats and test_labels, or neither")
     if test_feats is not None:
         _check(test_feats, test_labels, "test")
     if not weight_decay >= 0:
-        raise ValueError(f"weight_decay must be >= 0, got {weight_decay!r}")
+        raise VitlabError(f"weight_decay must be >= 0, got {weight_decay!r}")
     if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
-        raise ValueError(f"epochs must be a positive int, got {epochs!r}")
+        raise VitlabError(f"epochs must be a positive int, got {epochs!r}")
     c = _num_classes(train_labels, num_classes)
     dtype = torch.float64 if train_feats.device.type == "cpu" else torch.float32
     x, y = train_feats.to(dtype), train_labels.to(train_feats.device).long()
@@ -151,11 +152,11 @@ def set_head_from_probe(model: nn.Module, probe: LinearProbe) -> list[str]:
         model.reset_classifier(c)
     heads = classifiers(model)
     if not heads:
-        raise ValueError(f"{type(model).__name__} has no classifier head to set")
+        raise VitlabError(f"{type(model).__name__} has no classifier head to set")
     for name, head in heads.items():
         if head.weight.shape != (c, d):
-            raise ValueError(f"{name} maps {head.in_features} features to {head.out_features} classes; "
-                             f"the probe maps {d} to {c}")
+            raise VitlabError(f"{name} maps {head.in_features} features to {head.out_features} classes; "
+                              f"the probe maps {d} to {c}")
         head.weight.copy_(probe.linear.weight)
         head.bias.copy_(probe.linear.bias)
     return list(heads)

@@ -24,6 +24,7 @@ from ..data.augment import normalize
 from ..data.owned import make_owned_folder
 from ..data.views import eval_view
 from ..devices import to_device
+from ..errors import VitlabError
 from ..finite import check_finite
 from ..progress import progress_bar
 
@@ -76,7 +77,7 @@ def preprocessing(model: nn.Module, images: torch.Tensor, mean: Sequence[float] 
     mean = mean if mean is not None else cfg.get("mean")
     std = std if std is not None else cfg.get("std")
     if mean is None or std is None:
-        raise ValueError(f"{type(model).__name__} carries no mean/std in pretrained_cfg: pass mean= and std=")
+        raise VitlabError(f"{type(model).__name__} carries no mean/std in pretrained_cfg: pass mean= and std=")
     if size is None:
         size = cfg["input_size"][1:] if "input_size" in cfg else images.shape[-2:]
     return {"mean": [float(m) for m in mean], "std": [float(s) for s in std], "size": [int(s) for s in size],
@@ -142,9 +143,9 @@ def extract_features(model: nn.Module, images: torch.Tensor | np.ndarray, batch_
     """
     images = _as_uint8_images(images)
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        raise VitlabError(f"batch_size must be a positive int, got {batch_size!r}")
     if precision not in PRECISIONS:
-        raise ValueError(f"precision {precision!r} is not one of {', '.join(PRECISIONS)}")
+        raise VitlabError(f"precision {precision!r} is not one of {', '.join(PRECISIONS)}")
     prep = preprocessing(model, images, mean, std, size, crop_pct)
     path = None
     if cache_dir is not None:

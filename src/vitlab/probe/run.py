@@ -16,6 +16,7 @@ from ..data.cache import FEATURES_DIR, default_cache_dir
 from ..data.sources import load_data
 from ..data.views import Preprocess, stratified_subset
 from ..devices import resolve_device
+from ..errors import NotFoundError, VitlabError
 from ..infer.precision import inference_precision
 from ..models.registry import create_model, get_spec
 from ..progress import log_line
@@ -38,9 +39,9 @@ def open_model(spec: str | os.PathLike, img_size: int | None = None) -> tuple[nn
     try:
         get_spec(text)
     except ValueError as e:
-        raise FileNotFoundError(f"{text} is neither a model folder, a hub id (hf-hub:ORG/NAME) nor a registered model "
-                                f"name ({e}); accepted: a run, timm or Hugging Face folder, a hub id, or a registered "
-                                "name (random weights)") from None
+        raise NotFoundError(f"{text} is neither a model folder, a hub id (hf-hub:ORG/NAME) nor a registered model "
+                            f"name ({e}); accepted: a run, timm or Hugging Face folder, a hub id, or a registered "
+                            "name (random weights)") from None
     return create_model(text, num_classes=0, **size), "random weights"
 
 
@@ -49,7 +50,7 @@ def feature_precision(model: nn.Module, asked: str, device: torch.device, spec: 
     """fp32 or bf16 for the features: ``asked``, or for 'auto' what inference takes (a run's own, or the rule);
     a run's fp16 (a GPU's) becomes the rule's choice, and fp16 asked for is refused in one line."""
     if asked not in ("auto", *PRECISIONS):
-        raise ValueError(f"precision {asked!r} is not valid for features; accepted: auto, {', '.join(PRECISIONS)}")
+        raise VitlabError(f"precision {asked!r} is not valid for features; accepted: auto, {', '.join(PRECISIONS)}")
     folder = spec if asked == "auto" and Path(spec).is_dir() else None
     precision = inference_precision(model, asked, device, folder, log)
     return precision if precision in PRECISIONS else inference_precision(model, asked, device, None, log)
@@ -63,17 +64,17 @@ def split_images(model: nn.Module, data: str, *, seed: int, val_fraction: float,
     bundle = load_data(data, img_size=prep.size, in_chans=model.pretrained_cfg["input_size"][0], cache_dir=cache_dir,
                        download=download, val_fraction=val_fraction, seed=seed, log=log, fit=prep.fit)
     if bundle.shards is not None:
-        raise ValueError(f"{data} is streamed from WebDataset shards: a probe needs every training image at hand; "
-                         "accepted: a folder or a store (vitlab data unpack writes shards back as a folder)")
+        raise VitlabError(f"{data} is streamed from WebDataset shards: a probe needs every training image at hand; "
+                          "accepted: a folder or a store (vitlab data unpack writes shards back as a folder)")
     if bundle.unlabelled:
-        raise ValueError(f"{data} is a folder of unlabelled images (no class folders): a probe needs "
-                         "<root>/<class>/<image>")
+        raise VitlabError(f"{data} is a folder of unlabelled images (no class folders): a probe needs "
+                          "<root>/<class>/<image>")
     train, test = bundle.train, bundle.test
     keep = stratified_subset(train.labels, train_fraction)
     if len(test.images) == 0 or len(keep) < 2:
-        raise ValueError(f"{data} leaves {len(keep)} training and {len(test.images)} test images "
-                         f"(val_fraction {val_fraction:g}, train_fraction {train_fraction:g}); accepted: classes of "
-                         "at least 2 images each, or larger fractions")
+        raise VitlabError(f"{data} leaves {len(keep)} training and {len(test.images)} test images "
+                          f"(val_fraction {val_fraction:g}, train_fraction {train_fraction:g}); accepted: classes of "
+                          "at least 2 images each, or larger fractions")
     splits = {"train": (train.images[keep] if train_fraction < 1 else train.images, train.labels[keep]),
               "test": (test.images, test.labels)}
     for name, (images, labels) in splits.items():

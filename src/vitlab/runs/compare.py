@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..errors import NotFoundError, VitlabError
 from .figures import LOSS_NAMES, plot_runs
 from .folder import claim_file, figure_metadata
 from .format import (
@@ -33,11 +34,11 @@ def read_run(path: str | os.PathLike) -> dict[str, Any]:
     top-1, top-5, its history (the metrics.jsonl rows as dicts) and what its training loss is."""
     folder = Path(path)
     if not folder.is_dir():
-        raise FileNotFoundError(f"no run folder at {folder}")
+        raise NotFoundError(f"no run folder at {folder}")
     history = read_history(folder)
     recipe = read_config(folder)
     if not history and not is_finished(folder):
-        raise FileNotFoundError(f"{folder} is not a run folder: it has neither {SUMMARY} nor {METRICS}")
+        raise NotFoundError(f"{folder} is not a run folder: it has neither {SUMMARY} nor {METRICS}")
     objective = str(recipe.get("pretrain") or "none")
     row: dict[str, Any] = {"run": folder.name or str(folder), "path": str(folder), "model": recipe.get("model"),
                            "data": recipe.get("data"), "parameters": None, "history": [h.to_dict() for h in history],
@@ -96,7 +97,7 @@ def compare(runs: Sequence[str | os.PathLike], out: str | os.PathLike = "compare
     """Read the run folders and write the overlaid curves to ``out`` (a new file, or a figure an earlier compare
     wrote: anything else is refused); returns the runs' rows (with histories)."""
     if not runs:
-        raise ValueError("compare needs at least one run folder")
+        raise VitlabError("compare needs at least one run folder")
     out = claim_file(figure_path(out), "compare")
     rows = [read_run(r) for r in runs]
     names = [r["run"] for r in rows]

@@ -24,6 +24,7 @@ from pathlib import Path
 from ..atomic import TEMP_PATTERN, atomic_write_bytes, remove_stale_temps
 from ..checkpoint import CONFIG as MODEL_CONFIG
 from ..checkpoint import WEIGHTS as MODEL_WEIGHTS
+from ..errors import VitlabError
 from .format import (
     CONFIG_YAML,
     CONFUSION_PNG,
@@ -117,10 +118,10 @@ def claim_file(path: str | os.PathLike, kind: str, flag: str = "--out") -> Path:
     (figure_metadata); anything else is refused (a ValueError, one line) before the work."""
     path = Path(path)
     if path.is_dir():
-        raise ValueError(f"{flag} {path} is a folder; accepted: a file name")
+        raise VitlabError(f"{flag} {path} is a folder; accepted: a file name")
     if path.exists() and not _marked(path, kind):
-        raise ValueError(f"{flag} {path} is a file that vitlab {kind} did not write (it knows its own "
-                         f"{', '.join(FIGURE_MARKS)} figures by their metadata); choose a new file name")
+        raise VitlabError(f"{flag} {path} is a file that vitlab {kind} did not write (it knows its own "
+                          f"{', '.join(FIGURE_MARKS)} figures by their metadata); choose a new file name")
     return path
 
 
@@ -212,12 +213,12 @@ def check_model_written(path: str | os.PathLike) -> None:
         return
     pid = lock_holder(folder / LOCK)
     if pid is not None:
-        raise ValueError(f"{folder} is unfinished (training{f', pid {pid}' if pid else ''}): its model is written "
-                         "when the run ends; wait for it")
+        raise VitlabError(f"{folder} is unfinished (training{f', pid {pid}' if pid else ''}): its model is written "
+                          "when the run ends; wait for it")
     history = read_history(folder)
     when = f"stopped at epoch {history[-1].epoch}" if history else "stopped before its first epoch ended"
-    raise ValueError(f"{folder} is unfinished ({when}; resume with `{run_command(folder)} --resume {folder}`), so it "
-                     "holds no model yet")
+    raise VitlabError(f"{folder} is unfinished ({when}; resume with `{run_command(folder)} --resume {folder}`), so it "
+                      "holds no model yet")
 
 
 def launch_id() -> str:
@@ -266,11 +267,11 @@ def _check(out: Path, kind: str, marked: bool, resume: bool, flag: str) -> None:
     foreign = [e for e in entries if e not in ours] if marked or (kind == "train" and resume) else entries
     if foreign:
         shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
-        raise ValueError(f"{out} holds files that vitlab {kind} did not write ({shown}); "
-                         f"choose a new or empty {flag}")
+        raise VitlabError(f"{out} holds files that vitlab {kind} did not write ({shown}); "
+                          f"choose a new or empty {flag}")
     if kind == "train" and not resume and not set(entries) <= set(STARTED):
-        raise ValueError(f"{out} holds an unfinished run: continue it with `{run_command(out)} --resume {out}` "
-                         "or choose another --out")
+        raise VitlabError(f"{out} holds an unfinished run: continue it with `{run_command(out)} --resume {out}` "
+                          "or choose another --out")
 
 
 @contextlib.contextmanager
@@ -282,10 +283,10 @@ def claim_folder(out: str | os.PathLike, kind: str, resume: bool = False, lock: 
     ``resume``: a training run's unfinished folder may be continued."""
     out = Path(out)
     if out.is_symlink() and not out.exists():
-        raise ValueError(f"{flag} {out} is a symbolic link to {os.readlink(out)}, which does not exist; accepted: a "
-                         "new or empty folder, or a link to one")
+        raise VitlabError(f"{flag} {out} is a symbolic link to {os.readlink(out)}, which does not exist; accepted: a "
+                          "new or empty folder, or a link to one")
     if out.exists() and not out.is_dir():
-        raise ValueError(f"{flag} {out} is a file; accepted: a new or empty folder")
+        raise VitlabError(f"{flag} {out} is a file; accepted: a new or empty folder")
     if out.is_dir() and not (out / LOCK).exists():
         _check(out, kind, _written_by(out) == kind, resume, flag)  # refused before anything is added to it
     made, fd, succeeded = not out.exists(), None, False
@@ -293,10 +294,10 @@ def claim_folder(out: str | os.PathLike, kind: str, resume: bool = False, lock: 
         out.mkdir(parents=True, exist_ok=True)
         fd = take_lock(out / LOCK) if lock else None
     except LockHeld as held:
-        raise ValueError(f"{out} is being written by another vitlab process{f' (pid {held.pid})' if held.pid else ''};"
-                         f" wait for it to end or choose another {flag}") from None
+        raise VitlabError(f"{out} is being written by another vitlab process{f' (pid {held.pid})' if held.pid else ''};"
+                          f" wait for it to end or choose another {flag}") from None
     except OSError as e:
-        raise ValueError(f"cannot write {flag} {out}: {os.strerror(e.errno) if e.errno else e}") from None
+        raise VitlabError(f"cannot write {flag} {out}: {os.strerror(e.errno) if e.errno else e}") from None
     try:
         if fd is not None:
             # a killed writer's half-written temporary files: with the folder locked no writer of ours is live here,

@@ -31,6 +31,7 @@ from ..atomic import atomic_write_bytes, atomic_write_json, read_json_object
 from ..checkpoint import CONFIG as MODEL_CONFIG
 from ..checkpoint import WEIGHTS as MODEL_WEIGHTS
 from ..checkpoint import load_plain
+from ..errors import VitlabError
 
 SUMMARY, METRICS, CONFIG_YAML, RUN_JSON = "summary.json", "metrics.jsonl", "config.yaml", "run.json"
 CHECKPOINT = "checkpoint.pt"
@@ -68,7 +69,7 @@ def _from_dict(cls: type[T], data: dict[str, Any], where: str) -> T:
     missing = [f.name for f in fields(cls) if f.name not in data and f.default is MISSING
                and f.default_factory is MISSING]
     if missing:
-        raise ValueError(f"{where} lacks {', '.join(missing)}: it was not written by this vitlab version")
+        raise VitlabError(f"{where} lacks {', '.join(missing)}: it was not written by this vitlab version")
     return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
 
 
@@ -206,13 +207,13 @@ class EvalSummary:
 def check_out_dir(out: Path, resume: bool) -> None:
     """Refuse to overwrite a finished run or to silently restart an unfinished one."""
     if is_finished(out) and resume:
-        raise ValueError(f"{out} holds a finished run ({SUMMARY} exists): there is nothing to resume; a longer run is "
-                         f"a new run ({run_command(out)} --out NEW_FOLDER)")
+        raise VitlabError(f"{out} holds a finished run ({SUMMARY} exists): there is nothing to resume; a longer run is "
+                          f"a new run ({run_command(out)} --out NEW_FOLDER)")
     if is_finished(out):
-        raise ValueError(f"{out} holds a finished run ({SUMMARY} exists); choose another --out")
+        raise VitlabError(f"{out} holds a finished run ({SUMMARY} exists); choose another --out")
     if not resume and (out / CHECKPOINT).exists():
-        raise ValueError(f"{out} holds an unfinished run: continue it with `{run_command(out)} --resume {out}` "
-                         "or choose another --out")
+        raise VitlabError(f"{out} holds an unfinished run: continue it with `{run_command(out)} --resume {out}` "
+                          "or choose another --out")
 
 
 def run_command(out: Path) -> str:
@@ -268,7 +269,7 @@ def load_checkpoint(folder: Path) -> dict[str, Any] | None:
     try:
         return load_plain(path)
     except ValueError as e:
-        raise ValueError(f"{e}; delete it to restart the run") from None
+        raise VitlabError(f"{e}; delete it to restart the run") from None
 
 
 def read_config(folder: Path) -> dict[str, Any]:
@@ -280,11 +281,11 @@ def read_config(folder: Path) -> dict[str, Any]:
     try:
         values = yaml.safe_load(path.read_bytes())
     except yaml.YAMLError as e:
-        raise ValueError(f"{path} is not valid YAML ({str(e).splitlines()[0]}): it was edited or damaged; "
-                         "accepted: the recipe as vitlab train wrote it") from None
+        raise VitlabError(f"{path} is not valid YAML ({str(e).splitlines()[0]}): it was edited or damaged; "
+                          "accepted: the recipe as vitlab train wrote it") from None
     if not isinstance(values, dict) or not values:
-        raise ValueError(f"{path} holds no recipe ({'it is empty' if values is None else type(values).__name__}): "
-                         "it was edited or damaged; accepted: the recipe as vitlab train wrote it")
+        raise VitlabError(f"{path} holds no recipe ({'it is empty' if values is None else type(values).__name__}): "
+                          "it was edited or damaged; accepted: the recipe as vitlab train wrote it")
     return values
 
 
@@ -302,7 +303,7 @@ def read_summary(folder: Path) -> Summary:
     try:
         return Summary.from_dict(read_json_object(path))
     except ValueError as e:
-        raise ValueError(f"{folder}: {e}") from None
+        raise VitlabError(f"{folder}: {e}") from None
 
 
 def read_eval_summary(folder: Path) -> EvalSummary:
@@ -310,7 +311,7 @@ def read_eval_summary(folder: Path) -> EvalSummary:
     try:
         return EvalSummary.from_dict(read_json_object(Path(folder) / SUMMARY))
     except ValueError as e:
-        raise ValueError(f"{folder}: {e}") from None
+        raise VitlabError(f"{folder}: {e}") from None
 
 
 def read_history(folder: Path) -> list[EpochRow]:

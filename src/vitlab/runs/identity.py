@@ -22,6 +22,7 @@ import yaml
 
 from ..atomic import atomic_write_json, read_json_object
 from ..checkpoint import files_sha256
+from ..errors import VitlabError
 from .format import (
     CHECKPOINT,
     CONFIG_YAML,
@@ -71,9 +72,9 @@ def check_built_from(out: Path, recorded: dict[str, Any] | None, now: dict[str, 
         if changed:
             what, would = ROLE.get(role, (role, "go on from other files"))
             files = f"{', '.join(changed)} {'is not the file' if len(changed) == 1 else 'are not the files'}"
-            raise ValueError(f"the {what} of {out} changed since the run started ({was['source']}: {files} it started "
-                             f"with); resumed, the run would {would}; accepted: the {what} as the run started with "
-                             "it, or a new run (vitlab train --out NEW_FOLDER)")
+            raise VitlabError(f"the {what} of {out} changed since the run started ({was['source']}: {files} it started "
+                              f"with); resumed, the run would {would}; accepted: the {what} as the run started with "
+                              "it, or a new run (vitlab train --out NEW_FOLDER)")
 
 
 def write_identity(out: Path, identity: dict[str, Any]) -> None:
@@ -119,23 +120,23 @@ def check_checkpoint(out: Path, ckpt: dict[str, Any], identity: dict[str, Any] |
     if "run_id" not in ckpt and identity is None:
         return  # a run from a vitlab that recorded no identity: nothing to hold it to
     if identity is None:
-        raise ValueError(f"{out} has a {CHECKPOINT} but no {RUN_JSON} (it was deleted, or the checkpoint was "
-                         "copied in from another run): the folder's files disagree; accepted: a run folder as "
-                         "vitlab train wrote it")
+        raise VitlabError(f"{out} has a {CHECKPOINT} but no {RUN_JSON} (it was deleted, or the checkpoint was "
+                          "copied in from another run): the folder's files disagree; accepted: a run folder as "
+                          "vitlab train wrote it")
     if ckpt.get("run_id") != identity.get("run_id"):
         theirs, mine = (ckpt.get("recipe") or {}).get("model"), config.get("model")
         weights = f" and holds the weights of {theirs}, not of {mine}" if theirs and mine and theirs != mine else ""
-        raise ValueError(f"{ckpt_path} belongs to another run (run {ckpt.get('run_id') or 'unknown'}){weights}, not "
-                         f"to the run {identity.get('run_id')} of {run_json}: it was copied in; accepted: a "
-                         "checkpoint of this run")
+        raise VitlabError(f"{ckpt_path} belongs to another run (run {ckpt.get('run_id') or 'unknown'}){weights}, not "
+                          f"to the run {identity.get('run_id')} of {run_json}: it was copied in; accepted: a "
+                          "checkpoint of this run")
     recorded, now = ckpt.get("recipe") or {}, recipe_record(config)
     if now.get("model") is None:  # a recipe given without a model name (--init names it): the one the run wrote
         now["model"] = recorded.get("model")
     if recorded != now:
-        raise ValueError(f"{Path(out) / CONFIG_YAML} is not the recipe {ckpt_path} was trained with "
-                         f"({_changed(recorded, now)}): it was edited since; accepted: the recipe as the run wrote "
-                         f"it (only {', '.join('--' + k.replace('_', '-') for k in ON_RESUME)} may change on "
-                         "--resume)")
+        raise VitlabError(f"{Path(out) / CONFIG_YAML} is not the recipe {ckpt_path} was trained with "
+                          f"({_changed(recorded, now)}): it was edited since; accepted: the recipe as the run wrote "
+                          f"it (only {', '.join('--' + k.replace('_', '-') for k in ON_RESUME)} may change on "
+                          "--resume)")
 
 
 def data_change(recorded: dict[str, Any] | None, now: dict[str, Any] | None) -> str | None:
@@ -163,9 +164,9 @@ def check_data(folder: str | os.PathLike, now: dict[str, Any] | None, what: str,
         return  # another data set: its split is its own
     said = data_change(recorded, now)
     if said:
-        raise ValueError(f"the data of {folder} changed since the run trained on it ({(now or {}).get('source')}: "
-                         f"{said}), so its test split would hold images the run trained on; cannot {what} on it; "
-                         "accepted: the data as the run saw it, or another data set (--data)")
+        raise VitlabError(f"the data of {folder} changed since the run trained on it ({(now or {}).get('source')}: "
+                          f"{said}), so its test split would hold images the run trained on; cannot {what} on it; "
+                          "accepted: the data as the run saw it, or another data set (--data)")
 
 
 def resumed_threads(identity: dict[str, Any]) -> str:
@@ -201,9 +202,9 @@ def rows_written(out: Path, rows: Sequence[dict[str, Any]]) -> int:
     except (json.JSONDecodeError, ValueError, TypeError):
         found = None
     if found is None or found != saved[:len(found)]:
-        raise ValueError(f"{path} disagrees with the history in {Path(out) / CHECKPOINT} ({len(lines)} lines, "
-                         f"the checkpoint has {len(rows)} epochs): it was edited or comes from another run; "
-                         "accepted: a run folder as vitlab train wrote it")
+        raise VitlabError(f"{path} disagrees with the history in {Path(out) / CHECKPOINT} ({len(lines)} lines, "
+                          f"the checkpoint has {len(rows)} epochs): it was edited or comes from another run; "
+                          "accepted: a run folder as vitlab train wrote it")
     return len(found)
 
 
@@ -229,8 +230,8 @@ def run_identity(out: Path, ckpt: dict[str, Any] | None, data: dict[str, Any] | 
     check_built_from(out, (identity or {}).get("built_from"), built_from)
     said = data_change((identity or {}).get("data"), data)
     if said:
-        raise ValueError(f"the data of {out} changed since the run started ({(data or {}).get('source')}: {said}); "
-                         "resumed on it, the run would go on with another split; accepted: the data as the run "
-                         "started on it, or a new run (vitlab train --out NEW_FOLDER)")
+        raise VitlabError(f"the data of {out} changed since the run started ({(data or {}).get('source')}: {said}); "
+                          "resumed on it, the run would go on with another split; accepted: the data as the run "
+                          "started on it, or a new run (vitlab train --out NEW_FOLDER)")
     restore_history(out, ckpt.get("history") or [], log)
     return identity or new_identity(data)

@@ -14,6 +14,8 @@ from typing import Any
 
 import yaml
 
+from ..errors import NotFoundError, VitlabError
+
 # Every arm starts from the 30-minute CIFAR recipe's optimiser and augmentation, read from that recipe, and trains
 # with the speed runs' progressive resizing (24x24 inputs for the first half, then 32x32) under a budget that counts
 # training only; no compile (its warm-up would eat a short budget) or TTA, one evaluation at the end.
@@ -44,8 +46,8 @@ INCOMPLETE = "incomplete"  # an arm the answer reads has not been trained (a stu
 def recipe_values(path: Path, keys: tuple[str, ...] | None = None) -> dict[str, Any]:
     """A recipe file's values (only ``keys`` when given)."""
     if not path.is_file():
-        raise FileNotFoundError(f"the studies start from {path.name}, which is not at {path}: run them from a "
-                                "vitlab source checkout (git clone), where recipes/ holds it")
+        raise NotFoundError(f"the studies start from {path.name}, which is not at {path}: run them from a "
+                            "vitlab source checkout (git clone), where recipes/ holds it")
     recipe = yaml.safe_load(path.read_text()) or {}
     return {k: recipe[k] for k in keys} if keys is not None else recipe
 
@@ -365,12 +367,12 @@ def pretrain_study(scales: tuple[float, ...] = PRETRAIN_SCALES, methods: tuple[s
     instead of 1x and 3x, by ``methods`` (PRETRAIN_METHODS' keys) instead of MAE and DINO; each point adds its
     fine-tunes and its scratch run of the same total time."""
     if not scales or any(not isinstance(p, (int, float)) or not p > 0 for p in scales):
-        raise ValueError(f"pretrain budgets {list(scales)!r} are not valid; accepted: numbers > 0 (fine-tuning "
-                         "budgets of pre-training), e.g. 1,3,10")
+        raise VitlabError(f"pretrain budgets {list(scales)!r} are not valid; accepted: numbers > 0 (fine-tuning "
+                          "budgets of pre-training), e.g. 1,3,10")
     wrong = [m for m in methods if m not in PRETRAIN_METHODS]
     if not methods or wrong:
-        raise ValueError(f"pretrain methods {list(methods)!r} are not valid; accepted: one or more of "
-                         f"{', '.join(PRETRAIN_METHODS)}, e.g. dino,mae")
+        raise VitlabError(f"pretrain methods {list(methods)!r} are not valid; accepted: one or more of "
+                          f"{', '.join(PRETRAIN_METHODS)}, e.g. dino,mae")
     scales, methods = tuple(sorted(set(scales))), tuple(dict.fromkeys(methods))
     return replace(STUDIES["pretrain"], arms=_pretrain_arms(scales, methods),
                    answer=partial(_answer_pretrain, scales=scales, methods=methods))

@@ -31,6 +31,7 @@ from typing import Any
 import yaml
 
 from ..atomic import atomic_write_json, read_json_object
+from ..errors import VitlabError
 from ..progress import Progress
 from ..runs.folder import LOCK, STUDY_FEATURES, STUDY_RUNS, LockHeld, lock_holder, release_lock, take_lock, write_lock
 from ..runs.format import has_config, is_finished, read_config
@@ -172,7 +173,7 @@ def _check_same(folder: Path, recipe: Recipe) -> None:
     diff = [k for k in _SAME if old.get(k) != new.get(k)]
     if diff:
         shown = ", ".join(f"{k}: {old.get(k)!r} there, {new.get(k)!r} now" for k in diff)
-        raise ValueError(f"{folder} holds another run ({shown}); give the study another --out")
+        raise VitlabError(f"{folder} holds another run ({shown}); give the study another --out")
 
 
 def _child_command(folder: Path, recipe: Recipe) -> list[str]:
@@ -298,8 +299,8 @@ def select_runs(study: Study, plan: list[tuple[Arm, int, Recipe]],
     for pattern in patterns:
         hits = [id(a) for a in study.arms if fnmatch.fnmatchcase(a.label.lower(), pattern.lower())]
         if not hits:
-            raise ValueError(f"--arm {pattern!r} matches no arm of the {study.name} study; accepted: shell patterns "
-                             "('*' for any text) over its arms: " + "; ".join(a.label for a in study.arms))
+            raise VitlabError(f"--arm {pattern!r} matches no arm of the {study.name} study; accepted: shell patterns "
+                              "('*' for any text) over its arms: " + "; ".join(a.label for a in study.arms))
         chosen.update(hits)
     needs = {Path(p) for a, _, r in plan if id(a) in chosen for p in (r.teacher, r.init) if p}
     return [(a, s, r) for a, s, r in plan if id(a) in chosen or Path(r.out) in needs]
@@ -391,16 +392,16 @@ def run_study(name: str, out: str | os.PathLike = "studies", data: str = "cifar1
     arm with a finished run (its finished seeds); while an arm or seed is missing the verdict is 'incomplete' and
     names them."""
     if name not in STUDIES:
-        raise ValueError(f"no study {name!r}; accepted: {', '.join(STUDIES)}")
+        raise VitlabError(f"no study {name!r}; accepted: {', '.join(STUDIES)}")
     if (pretrain_budgets is not None or pretrain_methods is not None) and name != "pretrain":
-        raise ValueError(f"pretrain budgets and methods are not valid for the {name} study; accepted: with the "
-                         "pretrain study")
+        raise VitlabError(f"pretrain budgets and methods are not valid for the {name} study; accepted: with the "
+                          "pretrain study")
     if jobs < 1:
-        raise ValueError(f"jobs={jobs!r} is not valid; accepted: an integer >= 1")
+        raise VitlabError(f"jobs={jobs!r} is not valid; accepted: an integer >= 1")
     if not seeds or any(not isinstance(s, int) or s < 0 for s in seeds):
-        raise ValueError(f"seeds={list(seeds)!r} is not valid; accepted: integers >= 0, e.g. 0,1,2")
+        raise VitlabError(f"seeds={list(seeds)!r} is not valid; accepted: integers >= 0, e.g. 0,1,2")
     if threads is not None and threads < 1:
-        raise ValueError(f"threads={threads!r} is not valid; accepted: an integer >= 1")
+        raise VitlabError(f"threads={threads!r} is not valid; accepted: an integer >= 1")
     study = STUDIES[name]
     if pretrain_budgets is not None or pretrain_methods is not None:
         study = pretrain_study(PRETRAIN_SCALES if pretrain_budgets is None else tuple(pretrain_budgets),

@@ -14,6 +14,7 @@ from .. import checkpoint
 from ..data.augment import normalize
 from ..data.sources import DataBundle, ImageSet, load_data
 from ..data.views import Preprocess, stratified_subset
+from ..errors import VitlabError
 from ..models.registry import accepted_args, check_args, create_model, get_spec
 from ..runs.format import PRETRAIN_WEIGHTS
 from .distributed import Dist, barrier
@@ -47,9 +48,9 @@ def build_model_and_data(recipe: Recipe, dist: Dist, task: Task,
                 "every class)")
             data.train = ImageSet(data.train.images[keep], data.train.labels[keep])
         if data.unlabelled and task.labels:
-            raise ValueError(f"{recipe.data} is a folder of unlabelled images (no class folders): supervised training "
-                             "needs <root>/<class>/<image>; accepted without labels: vitlab pretrain --method "
-                             "mae|mpp|dino|ibot|distill")
+            raise VitlabError(f"{recipe.data} is a folder of unlabelled images (no class folders): supervised training "
+                              "needs <root>/<class>/<image>; accepted without labels: vitlab pretrain --method "
+                              "mae|mpp|dino|ibot|distill")
         return data
 
     if recipe.init:
@@ -78,9 +79,9 @@ def check_streamable(recipe: Recipe) -> None:
                                    ("--teacher-once", recipe.teacher_once),
                                    ("--repeated-aug", recipe.augment.repeated_aug > 1)) if on]
     if asked:
-        raise ValueError(f"{', '.join(asked)} needs the training images in a store; a run from shards streams them "
-                         f"({recipe.data}); accepted: a run without {' and '.join(asked)}, or --data naming a "
-                         "folder or a store (vitlab data unpack writes shards back as a folder)")
+        raise VitlabError(f"{', '.join(asked)} needs the training images in a store; a run from shards streams them "
+                          f"({recipe.data}); accepted: a run without {' and '.join(asked)}, or --data naming a "
+                          "folder or a store (vitlab data unpack writes shards back as a folder)")
 
 
 def _from_init(recipe: Recipe, task: Task, get_data: Callable,
@@ -97,9 +98,9 @@ def _from_init(recipe: Recipe, task: Task, get_data: Callable,
     patch = recipe.model_args.get("patch_size") or (embed.patch_size if embed is not None else None)
     patch = (patch, patch) if isinstance(patch, int) else tuple(patch) if patch else None
     if patch and (size[0] % patch[0] or size[1] % patch[1]):
-        raise ValueError(f"img_size {size[0]}x{size[1]} is not divisible by the patch size {patch[0]}x{patch[1]} of "
-                         f"{recipe.init}; accepted: multiples of it, e.g. --img-size "
-                         f"{max(patch[0], size[0] // patch[0] * patch[0])}")
+        raise VitlabError(f"img_size {size[0]}x{size[1]} is not divisible by the patch size {patch[0]}x{patch[1]} of "
+                          f"{recipe.init}; accepted: multiples of it, e.g. --img-size "
+                          f"{max(patch[0], size[0] // patch[0] * patch[0])}")
     prep = Preprocess.from_cfg(base.pretrained_cfg).at(size)
     why = "--img-size" if recipe.img_size else f"the input size of {recipe.init}"
     source = base.pretrained_cfg.get("preprocess_from") or f"{recipe.init}'s config"
@@ -133,9 +134,9 @@ def check_named_model(recipe: Recipe, base: nn.Module) -> None:
     spec, given = get_spec(recipe.model), dict(getattr(base, "model_args", {}) or {})
     if spec.cls is not type(base) or built_with(spec.cls, spec.args, given) != built_with(
             type(base), registered_args(arch), given):
-        raise ValueError(f"--model {recipe.model} is not the model of --init {recipe.init}, which holds "
-                         f"{arch or type(base).__name__}: a run from --init trains the model it holds; accepted: "
-                         f"no --model{f', or --model {arch}' if arch else ''} (or another --init)")
+        raise VitlabError(f"--model {recipe.model} is not the model of --init {recipe.init}, which holds "
+                          f"{arch or type(base).__name__}: a run from --init trains the model it holds; accepted: "
+                          f"no --model{f', or --model {arch}' if arch else ''} (or another --init)")
 
 
 def registered_args(name: str | None) -> dict:
@@ -174,8 +175,8 @@ def check_size(name: str, img_size: int | tuple, args: dict, recipe: Recipe, log
     patch = args.get("patch_size")
     size = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
     if isinstance(patch, int) and any(s % patch for s in size):
-        raise ValueError(f"img_size {size[0]}x{size[1]} is not divisible by the patch size {patch} of {name}; "
-                         f"accepted: a multiple of {patch} (e.g. --img-size {max(patch, size[0] // patch * patch)})")
+        raise VitlabError(f"img_size {size[0]}x{size[1]} is not divisible by the patch size {patch} of {name}; "
+                          f"accepted: a multiple of {patch} (e.g. --img-size {max(patch, size[0] // patch * patch)})")
     native = NATIVE_SIZE.get(recipe.data)
     if recipe.img_size is None and native and size != (native, native):
         multiple = patch if isinstance(patch, int) else 1

@@ -13,6 +13,7 @@ import torch
 import torch.distributed as torch_dist
 
 from ..devices import resolve_device
+from ..errors import VitlabError
 
 T = TypeVar("T")
 
@@ -125,7 +126,7 @@ def on_rank0(fn: Callable[[], T], dist: Dist, what: str) -> T | None:
             broadcast_flag(False, dist)
             raise
     if not broadcast_flag(True, dist):
-        raise ValueError(f"rank 0 could not {what} (its error says why)")
+        raise VitlabError(f"rank 0 could not {what} (its error says why)")
     return result
 
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from ..devices import to_device
+from ..errors import VitlabError
 
 
 def fits_on_device(nbytes: int, device: torch.device, share: float = 0.5) -> bool:
@@ -112,7 +113,7 @@ def repeated_aug_indices(
     """
     if repeats < 1 or num_replicas < 1 or not 0 <= rank < num_replicas:
         got = f"repeats={repeats}, num_replicas={num_replicas}, rank={rank}"
-        raise ValueError(f"need repeats >= 1, num_replicas >= 1 and 0 <= rank < num_replicas; got {got}")
+        raise VitlabError(f"need repeats >= 1, num_replicas >= 1 and 0 <= rank < num_replicas; got {got}")
     perm = torch.randperm(n, generator=generator)
     order = perm.repeat_interleave(repeats)  # (n * repeats,)
     per_rank = math.ceil(n * repeats / num_replicas)
@@ -155,10 +156,10 @@ class ShardFeeder:
                                     "as listed (_info.json up to date)", -1)) for _ in range(size)]
             failed = next((t[1] for t in taken if t[0] is None), None)
             if failed is not None:
-                raise ValueError(failed)
+                raise VitlabError(failed)
             x = torch.stack([t[0] for t in taken])
             y = torch.tensor([t[1] for t in taken], dtype=torch.int64)
             index = torch.tensor([t[2] for t in taken], dtype=torch.int64)
             yield x.to(self.device, non_blocking=pin), y.to(self.device, non_blocking=pin), index
         for _ in samples:  # the reader's end (nothing is left: the sizes add up to the rank's share)
-            raise ValueError("the shards held more training images than counted; accepted: shards as listed")
+            raise VitlabError("the shards held more training images than counted; accepted: shards as listed")

@@ -6,6 +6,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn as nn
 
+from ..errors import VitlabError
 from .optim import layer_ids
 
 # "zero": weight and bias 0 (timm's --head-init-scale 0); "trunc_normal": weight ~ N(0, 2e-5) truncated at
@@ -24,10 +25,10 @@ def classifiers(model: nn.Module) -> dict[str, nn.Linear]:
 def init_head(model: nn.Module, mode: str) -> list[str]:
     """Re-initialise every classifier of the model ('zero' or 'trunc_normal'); returns their names."""
     if mode not in HEAD_INITS:
-        raise ValueError(f"head initialisation {mode!r} is not one of {', '.join(HEAD_INITS)}")
+        raise VitlabError(f"head initialisation {mode!r} is not one of {', '.join(HEAD_INITS)}")
     heads = classifiers(model)
     if not heads:
-        raise ValueError(f"{type(model).__name__} has no classifier head to initialise (num_classes=0?)")
+        raise VitlabError(f"{type(model).__name__} has no classifier head to initialise (num_classes=0?)")
     for head in heads.values():
         if mode == "zero":
             nn.init.zeros_(head.weight)
@@ -51,9 +52,9 @@ def fit_head(model: nn.Module, classes: Sequence[str], mode: str, log: Callable[
     same = names == classes and model.num_classes == len(classes)
     if mode == "keep" or (mode == "auto" and same):
         if not same:
-            raise ValueError(f"head_init 'keep' needs --init to predict the data's classes: it predicts "
-                             f"{model.num_classes} ({_some(names)}), the data has {len(classes)} ({_some(classes)}); "
-                             "accepted here: auto, zero, trunc_normal")
+            raise VitlabError(f"head_init 'keep' needs --init to predict the data's classes: it predicts "
+                              f"{model.num_classes} ({_some(names)}), the data has {len(classes)} ({_some(classes)}); "
+                              "accepted here: auto, zero, trunc_normal")
         log(f"kept the head of --init: it predicts the data's {len(classes)} classes")
         return
     model.reset_classifier(len(classes))
@@ -77,8 +78,8 @@ def freeze_blocks(model: nn.Module, n: int) -> list[str]:
     """
     ids, depth = layer_ids(model)
     if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= depth:
-        raise ValueError(f"cannot freeze {n!r} blocks of {type(model).__name__}: it has {depth} "
-                         f"(accepted 0..{depth})")
+        raise VitlabError(f"cannot freeze {n!r} blocks of {type(model).__name__}: it has {depth} "
+                          f"(accepted 0..{depth})")
     frozen = []
     for name, p in model.named_parameters():
         if ids[name] <= n:

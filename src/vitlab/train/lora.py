@@ -12,6 +12,7 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
+from ..errors import VitlabError
 from ..runs.format import ADAPTER_DIR
 
 if TYPE_CHECKING:
@@ -26,7 +27,7 @@ def peft_module():
     try:
         import peft
     except ImportError:
-        raise ValueError("--lora needs Hugging Face peft: pip install 'vitlab[lora]'") from None
+        raise VitlabError("--lora needs Hugging Face peft: pip install 'vitlab[lora]'") from None
     return peft
 
 
@@ -47,8 +48,8 @@ def apply_lora(model: nn.Module, recipe: Recipe, log: Callable[[str], None]) -> 
     names = {n.rsplit(".", 1)[-1] for n in linear}
     missing = [t for t in targets if t not in names]
     if missing:
-        raise ValueError(f"lora_targets {', '.join(missing)}: {type(model).__name__} has no Linear layer of that "
-                         f"name; accepted: {', '.join(sorted(names))}")
+        raise VitlabError(f"lora_targets {', '.join(missing)}: {type(model).__name__} has no Linear layer of that "
+                          f"name; accepted: {', '.join(sorted(names))}")
     # the Linear layers by full name: a ViT's patch embedding is a Conv2d also named proj
     chosen = [n for n in linear if n.rsplit(".", 1)[-1] in targets]
     config = lora_config(recipe.lora, recipe.lora_alpha, chosen)

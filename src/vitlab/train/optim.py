@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn as nn
 
+from ..errors import VitlabError
 from .schedule import set_lr
 
 if TYPE_CHECKING:
@@ -56,8 +57,8 @@ def layer_units(model: nn.Module) -> list[str]:
         units.append(f"layer{k}")
         k += 1
     if not units:
-        raise ValueError(f"{type(model).__name__} has neither transformer blocks nor ResNet stages; layer-wise "
-                         "settings accept ViT, DeiT, CaiT, ConViT, hybrid ViT, ResNet and airbench models")
+        raise VitlabError(f"{type(model).__name__} has neither transformer blocks nor ResNet stages; layer-wise "
+                          "settings accept ViT, DeiT, CaiT, ConViT, hybrid ViT, ResNet and airbench models")
     return units
 
 
@@ -82,8 +83,8 @@ def layer_scales(depth: int, decay: float) -> list[float]:
 
 def check_layer_decay(decay: float) -> float:
     if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0 < decay <= 1:
-        raise ValueError(f"layer decay must be a number in (0, 1] (1: no decay; BEiT and MAE use 0.65-0.75), "
-                         f"got {decay!r}")
+        raise VitlabError(f"layer decay must be a number in (0, 1] (1: no decay; BEiT and MAE use 0.65-0.75), "
+                          f"got {decay!r}")
     return float(decay)
 
 
@@ -165,7 +166,7 @@ def build_optimizer(groups: list[dict], kind: str, lr: float, momentum: float, b
             g["weight_decay"] = g["weight_decay"] / (lr * scale)  # wd_step / lr_step (k cancels)
         opt = torch.optim.SGD(groups, lr=lr, momentum=momentum, nesterov=True)
     else:
-        raise ValueError(f"optimizer={kind!r} is not valid; accepted: adamw, sgd")
+        raise VitlabError(f"optimizer={kind!r} is not valid; accepted: adamw, sgd")
     set_lr(opt, lr)
     return opt
 

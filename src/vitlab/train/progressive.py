@@ -9,6 +9,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..errors import VitlabError
+
 
 def progressive_size(progress: float, full: tuple[int, int], start_scale: float, until: float,
                      step: int) -> tuple[int, int]:
@@ -31,8 +33,8 @@ def any_size(model: nn.Module) -> dict[nn.Module, bool]:
     raises ValueError saying why.
     """
     if getattr(model, "fixed_size", ""):
-        raise ValueError(f"{getattr(model, 'arch', None) or type(model).__name__} takes one input size only "
-                         f"({model.fixed_size}): train it without progressive resizing (--progressive-scale 1)")
+        raise VitlabError(f"{getattr(model, 'arch', None) or type(model).__name__} takes one input size only "
+                          f"({model.fixed_size}): train it without progressive resizing (--progressive-scale 1)")
     flags = {m: m.dynamic_img_size for m in model.modules() if isinstance(getattr(m, "dynamic_img_size", None), bool)}
     for m in flags:
         m.dynamic_img_size = True

@@ -15,6 +15,7 @@ from pydantic import Field, model_validator
 
 from ..data.augment import AugmentConfig
 from ..devices import BF16_CPU_MIN_MACS
+from ..errors import NotFoundError, VitlabError
 from ..pretrain.objective import check_options
 from ..settings import Settings
 
@@ -163,15 +164,15 @@ class Recipe(Settings):
     @model_validator(mode="after")
     def _check_together(self) -> Recipe:
         if self.min_lr > self.lr:
-            raise ValueError(f"min_lr={self.min_lr!r} is not valid; accepted: a number in [0, lr={self.lr}]")
+            raise VitlabError(f"min_lr={self.min_lr!r} is not valid; accepted: a number in [0, lr={self.lr}]")
         if self.steps and self.time_budget:
-            raise ValueError(f"steps={self.steps} is not valid with time_budget={self.time_budget:g}: a run trains "
-                             "for a number of steps or for a time; accepted: one of them")
+            raise VitlabError(f"steps={self.steps} is not valid with time_budget={self.time_budget:g}: a run trains "
+                              "for a number of steps or for a time; accepted: one of them")
         if self.distill == "self" and self.teacher:
-            raise ValueError("distill='self' takes no --teacher: its teacher is an EMA copy of the student; accepted: "
-                             "--distill hard or soft with --teacher")
+            raise VitlabError("distill='self' takes no --teacher: its teacher is an EMA copy of the student; accepted: "
+                              "--distill hard or soft with --teacher")
         if self.distill in ("hard", "soft") and not self.teacher:
-            raise ValueError(f"distill={self.distill!r} needs a teacher: --teacher MODEL_FOLDER")
+            raise VitlabError(f"distill={self.distill!r} needs a teacher: --teacher MODEL_FOLDER")
         if self.teacher and self.distill == "none" and self.pretrain == "none":
             object.__setattr__(self, "distill", "hard")  # DeiT's default; no re-validation loop
         if self.teacher_once:
@@ -179,13 +180,13 @@ class Recipe(Settings):
         check_finetune(self)
         check_pretrain(self)
         if self.tta_translate and not self.tta:
-            raise ValueError(f"tta_translate={self.tta_translate} needs tta: true (--tta); accepted without it: 0")
+            raise VitlabError(f"tta_translate={self.tta_translate} needs tta: true (--tta); accepted without it: 0")
         if self.ema_start and not self.ema_decay:
-            raise ValueError(f"ema_start={self.ema_start:g} needs an EMA to begin: --ema-decay, e.g. 0.999; "
-                             "accepted without it: 0")
+            raise VitlabError(f"ema_start={self.ema_start:g} needs an EMA to begin: --ema-decay, e.g. 0.999; "
+                              "accepted without it: 0")
         if self.batch_size % self.accum_steps:
-            raise ValueError(f"batch_size={self.batch_size} is not valid with accum_steps={self.accum_steps}; "
-                             "accepted: a multiple of accum_steps")
+            raise VitlabError(f"batch_size={self.batch_size} is not valid with accum_steps={self.accum_steps}; "
+                              "accepted: a multiple of accum_steps")
         return self
 
     def to_dict(self) -> dict[str, Any]:
@@ -230,55 +231,55 @@ def check_finetune(recipe: Recipe) -> None:
     if not recipe.init and (recipe.head_init != "auto" or recipe.freeze_blocks):
         option = (f"head_init={recipe.head_init!r}" if recipe.head_init != "auto"
                   else f"freeze_blocks={recipe.freeze_blocks}")
-        raise ValueError(f"{option} applies to a pretrained model: give --init MODEL (a new model's head and "
-                         "blocks start as the model initialises them)")
+        raise VitlabError(f"{option} applies to a pretrained model: give --init MODEL (a new model's head and "
+                          "blocks start as the model initialises them)")
     if recipe.lora and (recipe.freeze_backbone or recipe.freeze_blocks):
-        raise ValueError(f"lora={recipe.lora} is not valid with freeze_backbone or freeze_blocks: LoRA freezes every "
-                         "layer but its adapters and the head; accepted with lora: neither")
+        raise VitlabError(f"lora={recipe.lora} is not valid with freeze_backbone or freeze_blocks: LoRA freezes every "
+                          "layer but its adapters and the head; accepted with lora: neither")
     if recipe.lora_alpha is not None and not recipe.lora:
-        raise ValueError(f"lora_alpha={recipe.lora_alpha:g} needs LoRA: --lora RANK, e.g. 4")
+        raise VitlabError(f"lora_alpha={recipe.lora_alpha:g} needs LoRA: --lora RANK, e.g. 4")
     if recipe.freeze_backbone and recipe.freeze_blocks:
-        raise ValueError(f"freeze_blocks={recipe.freeze_blocks} is not valid with freeze_backbone, which freezes every "
-                         "block already; accepted: one of them")
+        raise VitlabError(f"freeze_blocks={recipe.freeze_blocks} is not valid with freeze_backbone, which freezes "
+                          "every block already; accepted: one of them")
     if recipe.freeze_backbone and recipe.layer_decay < 1:
-        raise ValueError(f"layer_decay={recipe.layer_decay:g} is not valid with freeze_backbone: only the head trains, "
-                         "at the full lr; accepted with freeze_backbone: layer_decay 1")
+        raise VitlabError(f"layer_decay={recipe.layer_decay:g} is not valid with freeze_backbone: only the head "
+                          "trains, at the full lr; accepted with freeze_backbone: layer_decay 1")
 
 
 def check_teacher_once(recipe: Recipe) -> None:
     """A teacher whose predictions are made once needs a fixed teacher and unmixed images: one line otherwise."""
     if recipe.distill not in ("hard", "soft"):
-        raise ValueError(f"teacher_once needs a teacher model (--teacher MODEL_FOLDER, --distill hard or soft), not "
-                         f"distill={recipe.distill!r}; accepted without one: teacher_once false")
+        raise VitlabError(f"teacher_once needs a teacher model (--teacher MODEL_FOLDER, --distill hard or soft), not "
+                          f"distill={recipe.distill!r}; accepted without one: teacher_once false")
     mixed = [f"{k} {v:g}" for k, v in (("mixup", recipe.augment.mixup), ("cutmix", recipe.augment.cutmix)) if v]
     if mixed:
-        raise ValueError(f"teacher_once predicts each training image once, not the images that {' and '.join(mixed)} "
-                         "mix; accepted with it: mixup 0 and cutmix 0")
+        raise VitlabError(f"teacher_once predicts each training image once, not the images that {' and '.join(mixed)} "
+                          "mix; accepted with it: mixup 0 and cutmix 0")
 
 
 def check_pretrain(recipe: Recipe) -> None:
     """Pre-training options: the objective's, checked and coerced; supervised-only options refused in one line."""
     if recipe.pretrain == "none":
         if recipe.pretrain_args:
-            raise ValueError(f"pretrain_args {recipe.pretrain_args} need a pre-training objective: pretrain mae, mpp, "
-                             "dino, ibot or distill")
+            raise VitlabError(f"pretrain_args {recipe.pretrain_args} need a pre-training objective: pretrain mae, mpp, "
+                              "dino, ibot or distill")
         if recipe.val_fraction == 0:
-            raise ValueError("val_fraction=0 holds no image out, and a supervised run needs test images to score; "
-                             "accepted: a number in (0, 1), or 0 with a pretrain method")
+            raise VitlabError("val_fraction=0 holds no image out, and a supervised run needs test images to score; "
+                              "accepted: a number in (0, 1), or 0 with a pretrain method")
         return
     object.__setattr__(recipe, "pretrain_args", check_options(recipe.pretrain, recipe.pretrain_args))
     if recipe.pretrain == "distill" and not recipe.teacher:
-        raise ValueError("pretrain distill needs a teacher to distil: --teacher MODEL (anything vitlab.load reads: a "
-                         "model or run folder, a timm or Hugging Face folder)")
+        raise VitlabError("pretrain distill needs a teacher to distil: --teacher MODEL (anything vitlab.load reads: a "
+                          "model or run folder, a timm or Hugging Face folder)")
     if recipe.teacher and recipe.pretrain != "distill":
-        raise ValueError(f"teacher={recipe.teacher!r} is not valid with pretrain={recipe.pretrain!r}, which learns "
-                         "without a teacher; accepted: pretrain distill with --teacher, or this method without it")
+        raise VitlabError(f"teacher={recipe.teacher!r} is not valid with pretrain={recipe.pretrain!r}, which learns "
+                          "without a teacher; accepted: pretrain distill with --teacher, or this method without it")
     values = {**recipe.model_dump(exclude={"augment"}), **recipe.augment.model_dump()}
     supervised = [name for name in SUPERVISED_ONLY if name not in ("mix_prob", "switch_prob")  # inert without mixing
                   and name not in PRETRAIN_TAKES.get(recipe.pretrain, ()) and values[name] != field_default(name)]
     if supervised:
-        raise ValueError(f"{', '.join(supervised)}: not valid with pretrain={recipe.pretrain!r}, which uses no labels; "
-                         "accepted: these options with pretrain none")
+        raise VitlabError(f"{', '.join(supervised)}: not valid with pretrain={recipe.pretrain!r}, which uses no "
+                          "labels; accepted: these options with pretrain none")
 
 
 # The options only a supervised run uses (labels, a classifier head, a teacher): `vitlab pretrain` does not list them
@@ -415,16 +416,16 @@ def load_recipe(path: str | Path | None = None, **overrides: Any) -> Recipe:
     if path is not None:
         p = Path(path)
         if not p.is_file():
-            raise FileNotFoundError(f"recipe {p} does not exist")
+            raise NotFoundError(f"recipe {p} does not exist")
         try:
             loaded = yaml.safe_load(p.read_text()) or {}
         except yaml.YAMLError as e:
-            raise ValueError(f"recipe {p} is not valid YAML: {e}") from None
+            raise VitlabError(f"recipe {p} is not valid YAML: {e}") from None
         except RecursionError:
-            raise ValueError(f"recipe {p} nests its YAML values deeper than vitlab reads; accepted: a mapping of "
-                             "option: value") from None
+            raise VitlabError(f"recipe {p} nests its YAML values deeper than vitlab reads; accepted: a mapping of "
+                              "option: value") from None
         if not isinstance(loaded, dict):
-            raise ValueError(f"recipe {p} must be a mapping of option: value")
+            raise VitlabError(f"recipe {p} must be a mapping of option: value")
         values = _nested(loaded)
     given = _nested({k: None if v is NULL else v for k, v in overrides.items() if v is not None})
     file_args, given_args = values.get("model_args"), given.get("model_args")
@@ -433,8 +434,8 @@ def load_recipe(path: str | Path | None = None, **overrides: Any) -> Recipe:
         values["model_args"] = {**file_args, **given_args}  # --model-arg adds to (or overrides) the recipe's
     unknown = sorted(set(values) - set(FIELDS))
     if unknown:
-        raise ValueError(f"unknown recipe option(s) {', '.join(unknown)}; accepted: "
-                         f"{', '.join([*FIELDS, *AUGMENT_FIELDS])}")
+        raise VitlabError(f"unknown recipe option(s) {', '.join(unknown)}; accepted: "
+                          f"{', '.join([*FIELDS, *AUGMENT_FIELDS])}")
     return make_recipe(values)
 
 
@@ -450,7 +451,7 @@ def _nested(values: dict[str, Any]) -> dict[str, Any]:
     if isinstance(nested, AugmentConfig):
         nested = nested.model_dump(exclude_unset=True)  # the options it was given: the others take the defaults
     if not isinstance(nested, dict):
-        raise ValueError(f"augment={nested!r} is not valid; accepted: a mapping of augmentation options")
+        raise VitlabError(f"augment={nested!r} is not valid; accepted: a mapping of augmentation options")
     flat = {k: v for k, v in values.items() if k in AUGMENT_FIELDS}
     rest = {k: v for k, v in values.items() if k not in AUGMENT_FIELDS and k != "augment"}
     return {**rest, "augment": {**flat, **nested}}

@@ -22,6 +22,7 @@ from ..data.shards import ShardReader
 from ..data.sources import DataBundle, ImageSet
 from ..data.views import Preprocess, eval_view
 from ..devices import auto_precision, set_cpu_threads, to_device
+from ..errors import VitlabError
 from ..models.summary import matmul_flops, matmul_macs
 from ..progress import Progress, progress_bar
 from ..runs.folder import check_claimed, check_model_written, claim_folder, written_by_this_launch
@@ -204,8 +205,8 @@ def set_up(recipe: Recipe, dist: Dist, resume: bool, log: Callable[[str], None],
 
 def check_batch(recipe: Recipe, dist: Dist) -> None:
     if recipe.batch_size % (dist.world * recipe.accum_steps):
-        raise ValueError(f"batch_size {recipe.batch_size} is not divisible by {dist.world} processes x "
-                         f"{recipe.accum_steps} accumulation steps")
+        raise VitlabError(f"batch_size {recipe.batch_size} is not divisible by {dist.world} processes x "
+                          f"{recipe.accum_steps} accumulation steps")
 
 
 def check_test_split(recipe: Recipe, data: DataBundle, log: Callable[[str], None]) -> None:
@@ -213,9 +214,9 @@ def check_test_split(recipe: Recipe, data: DataBundle, log: Callable[[str], None
         log("val_fraction 0: no image is held out, so each evaluation measures the pre-training loss on the training "
             "images (unaugmented): how well the objective fits them, not how it generalises")
     elif len(data.test.images) == 0:
-        raise ValueError(f"{data.name} leaves no test images ({len(data.train.images)} training images in "
-                         f"{len(data.classes)} classes, val_fraction {recipe.val_fraction:g}): accepted: classes of "
-                         "at least 2 images each, or a larger --val-fraction")
+        raise VitlabError(f"{data.name} leaves no test images ({len(data.train.images)} training images in "
+                          f"{len(data.classes)} classes, val_fraction {recipe.val_fraction:g}): accepted: classes of "
+                          "at least 2 images each, or a larger --val-fraction")
 
 
 def set_threads(recipe: Recipe, dist: Dist, model: nn.Module, data: DataBundle, identity: dict[str, Any],
@@ -319,8 +320,8 @@ def restore(state: TrainState, ckpt: dict[str, Any] | None, model: nn.Module, ou
         state.load_state_dict(ckpt)
     except RuntimeError as e:  # load_state_dict: missing, unexpected or misshapen tensors
         saved, first = ckpt.get("arch") or "another model", str(e).strip().splitlines()[-1].strip()
-        raise ValueError(f"{out / CHECKPOINT} holds the weights of {saved}, not of {model_name(model)} that the run "
-                         f"trains ({first[:100].rstrip('.')}); accepted: a checkpoint of this run") from None
+        raise VitlabError(f"{out / CHECKPOINT} holds the weights of {saved}, not of {model_name(model)} that the run "
+                          f"trains ({first[:100].rstrip('.')}); accepted: a checkpoint of this run") from None
     at = state.resume_at
     log(f"resuming {out} after epoch {state.epoch}"
         + (f", at image {at['images']} of epoch {state.epoch + 1} (step {state.step})" if at else ""))
@@ -419,8 +420,8 @@ def check_sources_outside(recipe: Recipe) -> None:
     for flag, source in (("--init", recipe.init), ("--teacher", recipe.teacher)):
         if source and not str(source).startswith("hf-hub:") and out in (Path(source).resolve(),
                                                                          *Path(source).resolve().parents):
-            raise ValueError(f"{flag} {source} lies in --out {recipe.out}: the run would overwrite it; "
-                             "choose another --out")
+            raise VitlabError(f"{flag} {source} lies in --out {recipe.out}: the run would overwrite it; "
+                              "choose another --out")
         if source:
             check_model_written(source)
 
@@ -457,9 +458,9 @@ def check_groups(optimizer: torch.optim.Optimizer, ckpt: dict, path, model: nn.M
     theirs = [(len(g.get("params", ())), round(g.get("lr_scale", 1.0), 9)) for g in saved["param_groups"]
               if isinstance(g, dict)]
     if ours != theirs:
-        raise ValueError(f"{path} holds an optimizer of {len(theirs)} parameter groups that the run's recipe does not "
-                         f"make ({len(ours)} groups: layer_decay, freeze_blocks and freeze_backbone decide them); "
-                         "accepted: a checkpoint of this run")
+        raise VitlabError(f"{path} holds an optimizer of {len(theirs)} parameter groups that the run's recipe does not "
+                          f"make ({len(ours)} groups: layer_decay, freeze_blocks and freeze_backbone decide them); "
+                          "accepted: a checkpoint of this run")
 
 
 def epoch_seed(seed: int, epoch: int, rank: int) -> int:
@@ -481,11 +482,11 @@ def choose_precision(recipe: Recipe, model: nn.Module, augment: BatchAugment, im
     multiply-adds an image, never from a timing (see devices.auto_precision)."""
     if recipe.precision != "auto":
         if recipe.precision == "bf16" and dist.device.type == "cuda" and not torch.cuda.is_bf16_supported():
-            raise ValueError(f"precision='bf16' is not supported by {torch.cuda.get_device_name(dist.device)}; "
-                             "accepted here: fp16, fp32, auto")
+            raise VitlabError(f"precision='bf16' is not supported by {torch.cuda.get_device_name(dist.device)}; "
+                              "accepted here: fp16, fp32, auto")
         if recipe.precision == "fp16" and dist.device.type != "cuda":
-            raise ValueError("precision='fp16' needs a GPU (a gradient scaler on the CPU is of no use); "
-                             "accepted on the CPU: auto, bf16, fp32")
+            raise VitlabError("precision='fp16' needs a GPU (a gradient scaler on the CPU is of no use); "
+                              "accepted on the CPU: auto, bf16, fp32")
         return recipe.precision
     precision, why = auto_precision(dist.device, matmul_macs(model, (images.shape[1], *augment.img_size)))
     precision = "bf16" if broadcast_flag(precision == "bf16", dist) else "fp32"  # rank 0's hardware decides

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from ..atomic import atomic_path
+from ..errors import VitlabError
 from ..runs.format import CHECKPOINT
 from .schedule import Plateau
 
@@ -53,16 +54,16 @@ class TrainState:
         state = {"task": {}, "resume_at": None, **state}
         missing = [f.name for f in fields(self) if f.name not in state]
         if missing:
-            raise ValueError(f"the checkpoint lacks {', '.join(missing)}: it was written by another vitlab version")
+            raise VitlabError(f"the checkpoint lacks {', '.join(missing)}: it was written by another vitlab version")
         for f in fields(self):
             current, saved = getattr(self, f.name), state[f.name]
             if hasattr(current, "load_state_dict"):
                 if saved is None:
-                    raise ValueError(f"the checkpoint has no {f.name} state but this run uses one")
+                    raise VitlabError(f"the checkpoint has no {f.name} state but this run uses one")
                 current.load_state_dict(saved)
             elif current is None and isinstance(saved, dict) and saved and f.name != "resume_at":  # an empty
                 # one is a task that keeps none; resume_at is a plain value
-                raise ValueError(f"the checkpoint has {f.name} state but this run uses none")
+                raise VitlabError(f"the checkpoint has {f.name} state but this run uses none")
             else:
                 setattr(self, f.name, saved)
 
@@ -91,9 +92,9 @@ def take_place(state: TrainState, per_epoch: int, sizes: list[int], by_epochs: b
         return 0, None
     images = sum(sizes[:done])
     if at is None or at.get("images") != images:
-        raise ValueError(f"the checkpoint stands at step {done} of epoch {state.epoch + 1}, but its sample offset "
-                         f"is {None if at is None else at.get('images')} where {images} images precede that step; "
-                         "accepted: a checkpoint of this run, resumed with its batch size")
+        raise VitlabError(f"the checkpoint stands at step {done} of epoch {state.epoch + 1}, but its sample offset "
+                          f"is {None if at is None else at.get('images')} where {images} images precede that step; "
+                          "accepted: a checkpoint of this run, resumed with its batch size")
     if dist.is_main:
         torch.set_rng_state(at["rng"])
         if at.get("cuda_rng") is not None and dist.device.type == "cuda":

@@ -9,6 +9,8 @@ import math
 import numbers
 from pathlib import Path
 
+from ..errors import VitlabError
+
 INSTALL_HINT = "pip install 'vitlab[tensorboard]'"
 TB_DIR = "tb"
 
@@ -20,7 +22,7 @@ class TensorBoardLog:
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
-            raise ValueError(f"--log tensorboard needs the tensorboard package: {INSTALL_HINT}") from None
+            raise VitlabError(f"--log tensorboard needs the tensorboard package: {INSTALL_HINT}") from None
         self.dir = Path(run_dir) / TB_DIR
         self.writer = SummaryWriter(log_dir=str(self.dir))
 

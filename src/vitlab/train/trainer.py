@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from ..errors import VitlabError
 from ..progress import log_line
 from ..runs.folder import check_claimed
 from ..runs.format import EpochRow, Summary, run_images_per_second, write_metrics, write_summary
@@ -49,7 +50,7 @@ def train(recipe: Recipe, resume: bool = False, log: Callable[[str], None] | Non
     started is left as the run found it.
     """
     if recipe.out is None:
-        raise ValueError("a training run needs an output folder: --out DIR")
+        raise VitlabError("a training run needs an output folder: --out DIR")
     check_sources_outside(recipe)
     with torch_globals_kept():
         dist = init_distributed(recipe.device)
@@ -247,9 +248,9 @@ def finish(run: Run, final_metrics: dict | None, stopped_early: bool, t_start: f
     """The end: evaluate, save the model, the figures and the summary (last: it marks the run finished)."""
     recipe, dist, state, model, data = run.recipe, run.dist, run.state, run.model, run.data
     if not state.history:
-        raise ValueError(f"--time-budget {recipe.time_budget:g} min ran out before the first training step (after "
-                         f"{run.clock.reserve:.0f} s kept back for the final evaluation); accepted: a budget that "
-                         "leaves time to train")
+        raise VitlabError(f"--time-budget {recipe.time_budget:g} min ran out before the first training step (after "
+                          f"{run.clock.reserve:.0f} s kept back for the final evaluation); accepted: a budget that "
+                          "leaves time to train")
     if final_metrics is None or "test_loss" not in state.history[-1]:  # resumed after its last epoch
         final_metrics, _ = better_of_ema(run, run.evaluate(model))  # the choice the last epoch made
     in_sync = replicas_agree(model, dist)

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from ... import checkpoint
 from ...data.augment import normalize
 from ...devices import to_device
+from ...errors import VitlabError
 from ...progress import Progress
 from ..metrics import head_logits
 from ..step import has_conv_stages
@@ -44,9 +45,9 @@ class TrainLoss(nn.Module):
                  teacher_channels_last: bool = False):
         super().__init__()
         if kind not in ("none", "hard", "soft"):
-            raise ValueError(f"distillation type {kind!r} is not one of none, hard, soft")
+            raise VitlabError(f"distillation type {kind!r} is not one of none, hard, soft")
         if kind != "none" and teacher is None:
-            raise ValueError(f"{kind} distillation needs a teacher")
+            raise VitlabError(f"{kind} distillation needs a teacher")
         self.kind, self.tau, self.alpha = kind, tau, alpha
         self.teacher = teacher
         self.kept: torch.Tensor | None = None  # the teacher's logits by training image, where made once
@@ -109,8 +110,8 @@ class TrainLoss(nn.Module):
         if kept is None:
             return self.teacher(self.teacher_input(images)).float()
         if index is None:
-            raise ValueError("the teacher's predictions were made once, by training image: the loss needs the "
-                             "batch's index in the training set")
+            raise VitlabError("the teacher's predictions were made once, by training image: the loss needs the "
+                              "batch's index in the training set")
         return kept.index_select(0, to_device(index, kept.device))
 
     def forward(self, images: torch.Tensor, outputs, targets: torch.Tensor,
@@ -138,8 +139,8 @@ def teacher_fit(logits: torch.Tensor, labels: torch.Tensor, tau: float = 1.0) ->
     ``off_label``, the mean probability that softmax(logits / tau) puts on the other classes (0 for targets that are
     the labels themselves; the soft targets' information beyond them)."""
     if logits.ndim != 2 or labels.shape != logits.shape[:1]:
-        raise ValueError(f"teacher_fit needs logits (N, classes) and labels (N,), got {tuple(logits.shape)} and "
-                         f"{tuple(labels.shape)}")
+        raise VitlabError(f"teacher_fit needs logits (N, classes) and labels (N,), got {tuple(logits.shape)} and "
+                          f"{tuple(labels.shape)}")
     labels = labels.to(logits.device).long()
     probs = F.softmax(logits.float() / tau, dim=1)
     return {"match": (logits.argmax(1) == labels).float().mean().item(),
@@ -161,8 +162,8 @@ class Distillation(Supervised):
         recipe = self.recipe
         teacher = checkpoint.load(recipe.teacher).to(device)
         if teacher.num_classes != len(classes):
-            raise ValueError(f"teacher {recipe.teacher} predicts {teacher.num_classes} classes, the data has "
-                             f"{len(classes)}")
+            raise VitlabError(f"teacher {recipe.teacher} predicts {teacher.num_classes} classes, the data has "
+                              f"{len(classes)}")
         self.log(f"teacher: {recipe.teacher} ({type(teacher).__name__}), {recipe.distill} distillation")
         teacher_norm = (teacher.pretrained_cfg["mean"], teacher.pretrained_cfg["std"])
         self.loss = TrainLoss(teacher, recipe.distill, recipe.tau, recipe.alpha, student_norm=(mean, std),

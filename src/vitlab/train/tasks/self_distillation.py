@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn as nn
 
+from ...errors import VitlabError
 from ..step import ema_update
 from .distillation import TrainLoss
 from .supervised import Supervised
@@ -52,7 +53,7 @@ class SelfDistillation(Supervised):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if "teacher" not in state:
-            raise ValueError("the checkpoint holds no EMA teacher (it was written by an earlier vitlab): resumed, the "
-                             "run would go on with another teacher than its own; accepted: a new run (vitlab train "
-                             "--out NEW_FOLDER)")
+            raise VitlabError("the checkpoint holds no EMA teacher (it was written by an earlier vitlab): resumed, the "
+                              "run would go on with another teacher than its own; accepted: a new run (vitlab train "
+                              "--out NEW_FOLDER)")
         self.teacher.load_state_dict(state["teacher"])
