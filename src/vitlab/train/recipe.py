@@ -146,7 +146,7 @@ class Recipe(Settings):
     max_nonfinite: int = Field(20, ge=1, description="fp16: stop after this many steps with a non-finite loss")
     log: Log = Field("none", description="extra logger besides metrics.jsonl")
     threads: int | None = Field(None, ge=1, description="CPU threads")
-    seed: int = Field(0, ge=0, description="random seed")
+    seed: int = Field(0, ge=0, le=2**32 - 1, description="random seed (0 to 2**32 - 1, as NumPy takes)")
     checkpoint_every: int | None = Field(None, ge=1, description="also checkpoint every this many steps within an "
                                          "epoch (epochs mode): a run killed midway resumes at that step (long epochs "
                                          "of shards)")
