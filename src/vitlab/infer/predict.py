@@ -10,7 +10,7 @@ import torch
 from PIL import Image
 
 from .. import checkpoint
-from ..data.arrays import images_nchw
+from ..data.arrays import images_nchw, to_uint8
 from ..data.augment import normalize
 from ..data.sources import read_image
 from ..data.views import Preprocess
@@ -38,10 +38,12 @@ def prepare_image(image: torch.Tensor, cfg: dict) -> torch.Tensor:
 
 def decode_images(images: Any, cfg: dict) -> torch.Tensor:
     """Images as a model of pretrained config ``cfg`` takes them, uint8 (N, C, h, w): image files (decoded as
-    ``predict_files`` decodes them), PIL images, or uint8 arrays (H, W, C), (H, W) or (N, H, W, C), brought to the
-    model's size by its own rule (``Preprocess``)."""
+    ``predict_files`` decodes them), PIL images, or arrays (H, W, C), (H, W) or (N, H, W, C) (uint8, or floats in
+    [0, 1] or [0, 255]), brought to the model's size by its own rule (``Preprocess``)."""
     prep = Preprocess.from_cfg(cfg)
     chans = cfg["input_size"][0]
+    if isinstance(images, (np.ndarray, torch.Tensor)) and np.asarray(images).dtype != np.uint8:
+        images = to_uint8(np.asarray(images), "images")  # floats in [0, 1] or [0, 255]: the batch's range, not each's
     if isinstance(images, (np.ndarray, torch.Tensor)) and np.asarray(images).ndim == 4:
         images = list(images)
     elif not isinstance(images, (list, tuple)):
