@@ -168,3 +168,17 @@ def test_options_by_name_still_reach_the_recipe_and_unknown_ones_are_refused(tmp
     with pytest.raises(VitlabError, match="epochs=0|epochs"):
         vitlab.fit("vit_micro_patch2_8", "digits", out=tmp_path / "run", epochs=0)
     assert not (tmp_path / "run").exists()
+
+
+def test_predict_reads_float_images_by_the_batch_range():
+    from vitlab.infer.predict import decode_images
+    model = vitlab.create_model("vit_micro_patch2_8", in_chans=1, img_size=8, num_classes=10)
+    x, _ = digits(16)
+    x[0] = x[0] > 200  # a near-black image of 0s and 1s: alone it reads as [0, 1]; in its batch, as [0, 255]
+    as_uint8 = decode_images(x[..., None], model.pretrained_cfg)
+    assert torch.equal(decode_images(x[..., None] / 255.0, model.pretrained_cfg), as_uint8)
+    assert torch.equal(decode_images(x[..., None].astype(np.float32), model.pretrained_cfg), as_uint8)
+    probs = vitlab.predict(model, x[..., None] / 255.0)
+    assert probs.shape == (16, 10) and np.allclose(probs, vitlab.predict(model, x[..., None]), atol=1e-6)
+    with pytest.raises(VitlabError, match="outside"):
+        vitlab.predict(model, x[..., None] * 4.0)
