@@ -96,6 +96,11 @@ def test_validation_split_holds_out_the_last_share_as_keras_does(tmp_path):
         with pytest.raises(VitlabError, match=None) as e:
             vitlab.fit("vit_micro_patch2_8", data, validation_split=value, out=tmp_path / "run")
         assert message in str(e.value) and "\n" not in str(e.value)
+    for data, extra, message in [(((x, y), (x, y)), {}, "not ((x_train, y_train), (x_test, y_test))"),
+                                 ("digits", {}, "nor a source"), ((x, y), {"validation_split": 0.1}, "one of them")]:
+        with pytest.raises(VitlabError) as e:
+            vitlab.fit("vit_micro_patch2_8", data, validation_data=(x[:4], y[:4]), out=tmp_path / "run", **extra)
+        assert message in str(e.value)
     with pytest.raises(VitlabError, match="accepted with resume"):
         vitlab.fit(resume=tmp_path, validation_split=0.2)
     assert not (tmp_path / "run").exists()
@@ -141,6 +146,14 @@ def test_the_history_is_also_a_dict_of_lists_as_keras_history(two_fits):
     assert h["val_accuracy"] == h["test_top1"] == [row["test_top1"] for row in first.history]
     assert h["accuracy"] == h["train_acc"] and h["val_loss"] == h["test_loss"]
     assert h["epoch"] == [1, 2] and all(len(v) == 2 for v in h.values())
+
+
+def test_validation_data_is_the_test_split_as_keras_takes_it(tmp_path, one_thread):
+    x, y = digits(120)
+    result = vitlab.fit("vit_micro_patch2_8", (x[:100], y[:100]), validation_data=(x[100:], y[100:]),
+                        out=tmp_path / "run", cache_dir=str(tmp_path / "cache"), **QUICK)
+    assert result.summary["num_train"] == 100 and result.summary["num_test"] == 20
+    assert vitlab.evaluate(result.model, (x[100:], y[100:]))["top1"] == pytest.approx(result.summary["top1"])
 
 
 def test_help_and_completion_list_every_option_with_its_default():

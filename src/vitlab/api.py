@@ -97,7 +97,7 @@ class FitResult:
 
 def fit(model: ModelLike | None = None, data: Any = None, *, out: str | os.PathLike | None = None,
         resume: str | os.PathLike | None = None, class_names: Sequence[str] | None = None,
-        validation_split: float | None = None, **options: Any) -> FitResult:
+        validation_split: float | None = None, validation_data: Any = None, **options: Any) -> FitResult:
     """Train ``model`` on ``data`` as ``vitlab train`` does, into a run folder; returns its ``FitResult``.
 
     model: a registered name (``vitlab.list_models()``); a module from ``create_model`` or ``load``, which is
@@ -110,7 +110,8 @@ def fit(model: ModelLike | None = None, data: Any = None, *, out: str | os.PathL
     class indices, or one-hot (N, C) (``to_categorical``'s). ``(x, y)`` alone holds out ``val_fraction`` of each
     class, drawn at random, as the test split; or, given ``validation_split``, the LAST share of the arrays as
     Keras's ``fit(validation_split=...)`` does (taken before any shuffling: ``x[:k]`` trains and ``x[k:]`` is the
-    test split, ``k = floor(N * (1 - validation_split))``). ``class_names`` names the arrays' classes ("0".."K-1"
+    test split, ``k = floor(N * (1 - validation_split))``); ``validation_data=(x_test, y_test)`` beside ``(x, y)`` is
+    the test split, as Keras's. ``class_names`` names the arrays' classes ("0".."K-1"
     without). options: every recipe field by name, listed below with the command line's defaults (``vitlab train
     --help``). out: the run folder (default ``runs/<model>-<time>``). resume: a run folder to continue (with only
     the options a resume may change, e.g. a larger ``epochs``). Stopped by an interrupt (Ctrl-C, the notebook's
@@ -126,7 +127,7 @@ def fit(model: ModelLike | None = None, data: Any = None, *, out: str | os.PathL
     """
     if resume is not None:
         if (model is not None or data is not None or out is not None or class_names is not None
-                or validation_split is not None):
+                or validation_split is not None or validation_data is not None):
             raise VitlabError("fit(resume=RUN) goes on with the run's own model, data and folder; accepted with "
                               f"resume: {', '.join(ON_RESUME)}")
         return train_recipe(resumed_recipe(resume, checked(options)), resume=True)
@@ -135,6 +136,8 @@ def fit(model: ModelLike | None = None, data: Any = None, *, out: str | os.PathL
     if model is None or data is None:
         raise VitlabError("fit needs a model and data, e.g. vitlab.fit('vit_micro_patch2_8', 'digits'); or "
                           "resume=RUN to continue a run")
+    if validation_data is not None:
+        data = with_test_split(data, validation_data, validation_split)
     if validation_split is not None:
         data = hold_out_last(data, validation_split)
     result = train_recipe(new_recipe(model, data, out, class_names, checked(options)), resume=False)
@@ -260,6 +263,17 @@ def adopt(module: nn.Module, trained: nn.Module) -> nn.Module:
     else:
         module.__dict__.update(trained.__dict__)
     return module.eval()
+
+
+def with_test_split(data: Any, test: Any, split: float | None) -> tuple[Any, Any]:
+    """Keras's ``fit((x, y), validation_data=(x_test, y_test))`` as vitlab's pair of pairs (one line when the data
+    is not arrays ``(x, y)`` alone, or ``validation_split`` is given too)."""
+    if split is not None:
+        raise VitlabError("validation_data and validation_split both name the test split; accepted: one of them")
+    if not is_arrays(data) or len(data) != 2 or all(is_arrays(part) for part in data) or not is_arrays(test):
+        raise VitlabError("validation_data=(x_test, y_test) is the test split of arrays (x, y); accepted with it: data "
+                          "(x, y), not ((x_train, y_train), (x_test, y_test)) nor a source")
+    return data, test
 
 
 def options_signature(function: Callable, names: Sequence[str], default: Callable[[str], Any]) -> inspect.Signature:
