@@ -195,3 +195,17 @@ def test_predict_reads_float_images_by_the_batch_range():
     assert probs.shape == (16, 10) and np.allclose(probs, vitlab.predict(model, x[..., None]), atol=1e-6)
     with pytest.raises(VitlabError, match="outside"):
         vitlab.predict(model, x[..., None] * 4.0)
+
+
+def test_a_module_whose_head_the_run_replaces_is_that_run_s_model_after(tmp_path, one_thread):
+    x, y = digits(100)
+    module = vitlab.create_model("vit_micro_patch2_8", in_chans=1, img_size=8, num_classes=4)
+    head = module.get_classifier()
+    result = vitlab.fit(module, (x, y), validation_split=0.2, out=tmp_path / "run", cache_dir=str(tmp_path / "c"),
+                        **QUICK)
+    assert result.model is module and module.num_classes == 10 and module.get_classifier() is not head
+    saved = vitlab.load(result.out).state_dict()
+    assert module.state_dict().keys() == saved.keys()
+    assert all(torch.equal(v, saved[k]) for k, v in module.state_dict().items())
+    assert vitlab.predict(module, x[80:]).shape == (20, 10)  # (N, H, W): one channel each, as Keras's MNIST
+    assert vitlab.explain(module, x[80:83]).shape == (3, 4, 4) and vitlab.explain(module, x[80]).shape == (4, 4)

@@ -28,7 +28,7 @@ from .devices import PREDICT_BATCH, to_device
 from .errors import NotFoundError, VitlabError
 from .infer.eval import Options, evaluate_folder, evaluate_images, model_data
 from .infer.precision import inference_precision
-from .infer.predict import class_names, class_probabilities, decode_images
+from .infer.predict import class_names, class_probabilities, decode_images, is_grey_batch
 from .models import list_models
 from .runs.figures import confusion_figure, curves_figure
 from .runs.folder import LOCK, STARTED, check_model_written, new_run_folder
@@ -203,9 +203,10 @@ def evaluate(model: ModelLike, data: Any = None, *, batch_size: int = 256, preci
 
 
 def predict(model: ModelLike, images: Any, *, batch_size: int = PREDICT_BATCH, precision: str = "auto") -> np.ndarray:
-    """Class probabilities, an (N, classes) array, for image files, PIL images or uint8 arrays ((H, W, C) one image,
-    (N, H, W, C) several), each prepared by the model's own preprocessing (as ``vitlab predict``); ``precision``
-    as ``vitlab predict --precision`` (auto: a run folder's own, else bf16 where it pays for the model).
+    """Class probabilities, an (N, classes) array, for image files, PIL images or arrays ((H, W, C) one image,
+    (N, H, W, C) or, one channel, (N, H, W) several; uint8, or floats in [0, 1] or [0, 255]), each prepared by the
+    model's own preprocessing (as ``vitlab predict``); ``precision`` as ``vitlab predict --precision`` (auto: a run
+    folder's own, else bf16 where it pays for the model).
 
     Example::
 
@@ -237,8 +238,9 @@ def explain(model: ModelLike, image: Any, method: str = "rollout", *, target_cla
     target = class_probabilities(module, x).argmax(1) if target_class is None else target_class
     maps = explain_map(module.eval(), normalize(to_device(x, dev), cfg["mean"], cfg["std"]), method, target, token)
     maps = maps.detach().float().cpu().numpy()
-    one = not isinstance(image, (list, tuple)) and not (isinstance(image, (np.ndarray, torch.Tensor)) and
-                                                        np.asarray(image).ndim == 4)
+    array = np.asarray(image) if isinstance(image, (np.ndarray, torch.Tensor)) else None
+    one = not isinstance(image, (list, tuple)) and not (array is not None and (array.ndim == 4 or
+                                                                               is_grey_batch(array)))
     return maps[0] if one else maps
 
 
