@@ -111,11 +111,11 @@ def fit(model: ModelLike | None = None, data: Any = None, *, out: str | os.PathL
     class, drawn at random, as the test split; or, given ``validation_split``, the LAST share of the arrays as
     Keras's ``fit(validation_split=...)`` does (taken before any shuffling: ``x[:k]`` trains and ``x[k:]`` is the
     test split, ``k = floor(N * (1 - validation_split))``); ``validation_data=(x_test, y_test)`` beside ``(x, y)`` is
-    the test split, as Keras's. ``class_names`` names the arrays' classes ("0".."K-1"
-    without). options: every recipe field by name, listed below with the command line's defaults (``vitlab train
-    --help``). out: the run folder (default ``runs/<model>-<time>``). resume: a run folder to continue (with only
-    the options a resume may change, e.g. a larger ``epochs``). Stopped by an interrupt (Ctrl-C, the notebook's
-    stop button), the run keeps its last finished epoch for ``fit(resume=...)``.
+    the test split, as Keras's. ``class_names`` names the arrays' classes ("0".."K-1" without). options: every
+    recipe field by name, listed below with the command line's defaults (``vitlab train --help``). out: the run
+    folder (default ``runs/<model>-<time>``). resume: a run folder to continue (with only the options a resume may
+    change, e.g. a larger ``epochs``). Stopped by an interrupt (Ctrl-C, the notebook's stop button), the run keeps
+    its last finished epoch for ``fit(resume=...)``; a module given stays as it was.
 
     Example::
 
