@@ -138,6 +138,7 @@ def test_a_module_trains_from_its_weights_and_the_default_folder_is_under_runs(t
     (train, test), _, tmp = tutorial
     monkeypatch.chdir(tmp_path)
     module = vitlab.create_model("vit_micro_patch2_8", in_chans=3, img_size=16, num_classes=3)
+    before = {k: v.clone() for k, v in module.state_dict().items()}
     result = vitlab.fit(module, (train, test), epochs=1, threads=1, precision="fp32", batch_size=32,
                         cache_dir=str(tmp / "cache"))
     assert result.out.absolute().parent == tmp_path / "runs" and result.out.name.startswith("vit_micro_patch2_8-")
@@ -147,15 +148,16 @@ def test_a_module_trains_from_its_weights_and_the_default_folder_is_under_runs(t
         vitlab.fit(module, (train, test), out=tmp_path / "taken", cache_dir=str(tmp / "cache"))
     assert not (tmp_path / "taken.init").exists() and (tmp_path / "taken" / "notes.txt").read_text() == "mine"
     start = vitlab.load(read_config(result.out)["init"])
-    for a, b in zip(start.state_dict().values(), module.state_dict().values()):
+    for a, b in zip(start.state_dict().values(), before.values()):
         assert torch.equal(a, b)  # the run started from the module's own weights
+    assert result.model is module  # and trained it in place
 
 
 @pytest.mark.parametrize("data, message", [
     (((np.zeros((4, 8, 8, 3), np.float32), np.zeros(4, int)),), "not valid; accepted: (("),
-    ((np.zeros((4, 8, 8, 3), np.float32), np.zeros(4, int)), "dtype float32 are not valid; accepted: uint8"),
+    ((np.full((4, 8, 8, 3), 300, np.float32), np.zeros(4, int)), "outside [0, 1] and [0, 255] (they exceed 255"),
     ((np.zeros((4, 8, 8, 5), np.uint8), np.zeros(4, int)), "shape (4, 8, 8, 5) are not valid; accepted: (N, H, W, C)"),
-    ((np.zeros((4, 8, 8, 3), np.uint8), np.zeros((4, 2), int)), "accepted: integers of shape (N,) or (N, 1)"),
+    ((np.zeros((4, 8, 8, 3), np.uint8), np.zeros((4, 2), int)), "accepted: class indices (N,) or (N, 1), or one-hot"),
     ((np.zeros((4, 8, 8, 3), np.uint8), np.zeros(3, int)), "labels number 3, the images 4"),
     ((np.zeros((4, 8, 8, 3), np.uint8), np.full(4, -1)), "accepted: class indices 0, 1, ..."),
 ])

@@ -7,7 +7,9 @@ its figures.
 """
 from __future__ import annotations
 
+import inspect
 import os
+import textwrap
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,19 +22,29 @@ from torch import nn
 
 from . import progress
 from .checkpoint import load, save
-from .data.arrays import is_arrays, split_arrays, store_arrays
+from .data.arrays import hold_out_last, is_arrays, split_arrays, store_arrays
 from .data.augment import normalize
 from .devices import PREDICT_BATCH, to_device
 from .errors import NotFoundError, VitlabError
 from .infer.eval import Options, evaluate_folder, evaluate_images, model_data
 from .infer.precision import inference_precision
-from .infer.predict import class_names, class_probabilities, decode_images
+from .infer.predict import class_names, class_probabilities, decode_images, is_grey_batch
 from .models import list_models
 from .runs.figures import confusion_figure, curves_figure
 from .runs.folder import LOCK, STARTED, check_model_written, new_run_folder
 from .runs.format import CONFIG_YAML, check_out_dir, read_config, read_history, read_summary
 from .runs.identity import ON_RESUME
-from .train.recipe import AUGMENT_FIELDS, FIELDS, Recipe, load_recipe
+from .train.recipe import (
+    AUGMENT_FIELDS,
+    FIELDS,
+    PRETRAIN_DEFAULTS,
+    SECTIONS,
+    SUPERVISED_ONLY,
+    Recipe,
+    default_words,
+    field_default,
+    load_recipe,
+)
 
 __all__ = ["FitResult", "evaluate", "explain", "fit", "predict", "pretrain"]
 
@@ -42,7 +54,8 @@ ModelLike = str | os.PathLike | nn.Module  # a registered name, a folder (or hf-
 @dataclass
 class FitResult:
     """A finished run, read back from its folder: ``model`` (trained, in eval mode), ``history`` (one dict per
-    epoch, as metrics.jsonl), ``summary`` (summary.json), ``out`` (the run folder), and its figures."""
+    epoch, as metrics.jsonl), ``history_dict`` (the same as lists, as Keras's ``History.history``), ``summary``
+    (summary.json), ``out`` (the run folder), and its figures."""
 
     out: Path
     model: nn.Module
@@ -55,6 +68,16 @@ class FitResult:
         """The result of the finished run in ``out``."""
         out = Path(out)
         return cls(out, load(out).eval(), [row.to_dict() for row in read_history(out)], read_summary(out).to_dict())
+
+    @property
+    def history_dict(self) -> dict[str, list[Any]]:
+        """The history as one list a metric, one value an epoch (None where an epoch has none: not evaluated), in
+        Keras's ``History.history`` shape: vitlab's names (``train_loss``, ``test_top1``, ``lr``, ...) and Keras's
+        (``loss``, ``accuracy``, ``val_loss``, ``val_accuracy``: train_loss, train_acc, test_loss, test_top1)."""
+        names = list(dict.fromkeys(k for row in self.history for k in row))
+        lists = {k: [row.get(k) for row in self.history] for k in names}
+        keras = {"loss": "train_loss", "accuracy": "train_acc", "val_loss": "test_loss", "val_accuracy": "test_top1"}
+        return {**{k: lists[v] for k, v in keras.items() if v in lists}, **lists}
 
     def plot(self) -> Figure:
         """Loss and accuracy against epoch, train and test (the run's curves.png)."""
@@ -74,36 +97,53 @@ class FitResult:
 
 def fit(model: ModelLike | None = None, data: Any = None, *, out: str | os.PathLike | None = None,
         resume: str | os.PathLike | None = None, class_names: Sequence[str] | None = None,
-        **options: Any) -> FitResult:
+        validation_split: float | None = None, validation_data: Any = None, **options: Any) -> FitResult:
     """Train ``model`` on ``data`` as ``vitlab train`` does, into a run folder; returns its ``FitResult``.
 
-    model: a registered name (``vitlab.list_models()``); a module from ``create_model`` or ``load``, trained
-    from its weights (saved beside the run as ``<out>.init``, as ``--init``); or a run or model folder (``--init``).
+    model: a registered name (``vitlab.list_models()``); a module from ``create_model`` or ``load``, which is
+    trained in place, as Keras's ``model.fit`` trains its model: it ends with the trained weights and is the
+    result's ``model``, so a second ``fit`` of it goes on from where the first ended (the weights it started from
+    are kept beside the run as ``<out>.init``, the run's ``init``); or a run or model folder (``--init``).
     data: any source ``vitlab train --data`` reads ("digits", "cifar10", an image folder, ...), or NumPy arrays in
-    Keras's layout, ``((x_train, y_train), (x_test, y_test))``, uint8 images (N, H, W, C) and integer labels (N,)
-    or (N, 1); ``(x, y)`` alone holds out ``val_fraction`` as a test split. ``class_names`` names the arrays'
-    classes ("0".."K-1" without). options: every recipe field by name (``vitlab train --help``), with the
-    command line's defaults. out: the run folder (default ``runs/<model>-<time>``). resume: a run folder to
-    continue (with only the options a resume may change, e.g. a larger ``epochs``). Stopped by an interrupt
-    (Ctrl-C, the notebook's stop button), the run keeps its last finished epoch for ``fit(resume=...)``.
+    Keras's layout, ``((x_train, y_train), (x_test, y_test))``: images (N, H, W, C), or (N, H, W) as one channel
+    (Keras's MNIST), uint8 or floats in [0, 1] or [0, 255] (converted, said in the log); labels (N,) or (N, 1) of
+    class indices, or one-hot (N, C) (``to_categorical``'s). ``(x, y)`` alone holds out ``val_fraction`` of each
+    class, drawn at random, as the test split; or, given ``validation_split``, the LAST share of the arrays as
+    Keras's ``fit(validation_split=...)`` does (taken before any shuffling: ``x[:k]`` trains and ``x[k:]`` is the
+    test split, ``k = floor(N * (1 - validation_split))``); ``validation_data=(x_test, y_test)`` beside ``(x, y)`` is
+    the test split, as Keras's. ``class_names`` names the arrays' classes ("0".."K-1" without). options: every
+    recipe field by name, listed below with the command line's defaults (``vitlab train --help``). out: the run
+    folder (default ``runs/<model>-<time>``). resume: a run folder to continue (with only the options a resume may
+    change, e.g. a larger ``epochs``). Stopped by an interrupt (Ctrl-C, the notebook's stop button), the run keeps
+    its last finished epoch for ``fit(resume=...)``; a module given stays as it was.
 
     Example::
 
         (x, y), (x_test, y_test) = keras.datasets.cifar10.load_data()   # or any uint8 arrays
         result = vitlab.fit("vit_tiny_patch4_32", ((x, y), (x_test, y_test)), epochs=30)
         result.plot()                       # the curves; result.confusion(): the confusion matrix
-        result.history[-1]["test_top1"], result.summary["top1"], result.out
-        vitlab.fit(resume=result.out, epochs=40)                        # ten epochs more
+        result.history_dict["test_top1"], result.summary["top1"], result.out
+        vitlab.fit(result.model, ((x, y), (x_test, y_test)), epochs=10)  # ten epochs more, from where it ended
     """
     if resume is not None:
-        if model is not None or data is not None or out is not None or class_names is not None:
+        if (model is not None or data is not None or out is not None or class_names is not None
+                or validation_split is not None or validation_data is not None):
             raise VitlabError("fit(resume=RUN) goes on with the run's own model, data and folder; accepted with "
                               f"resume: {', '.join(ON_RESUME)}")
         return train_recipe(resumed_recipe(resume, checked(options)), resume=True)
+    if model is None and options.get("init") is not None:
+        model = options.pop("init")  # the folder to fine-tune, named as the recipe names it
     if model is None or data is None:
         raise VitlabError("fit needs a model and data, e.g. vitlab.fit('vit_micro_patch2_8', 'digits'); or "
                           "resume=RUN to continue a run")
-    return train_recipe(new_recipe(model, data, out, class_names, checked(options)), resume=False)
+    if validation_data is not None:
+        data = with_test_split(data, validation_data, validation_split)
+    if validation_split is not None:
+        data = hold_out_last(data, validation_split)
+    result = train_recipe(new_recipe(model, data, out, class_names, checked(options)), resume=False)
+    if isinstance(model, nn.Module):
+        result.model = adopt(model, result.model)
+    return result
 
 
 def pretrain(model: ModelLike | None = None, data: Any = None, *, method: str = "mae",
@@ -146,7 +186,7 @@ def evaluate(model: ModelLike, data: Any = None, *, batch_size: int = 256, preci
         return {**found["heads"]["logits"], "heads": found["heads"], "data": found["data"]}
     module = loaded(model)
     if is_arrays(data):
-        train, test = split_arrays(data)
+        train, test = split_arrays(data, say)
         x, y = test if test is not None else train
         classes = class_names(module)
         if len(y) and int(y.max()) >= len(classes):
@@ -163,9 +203,10 @@ def evaluate(model: ModelLike, data: Any = None, *, batch_size: int = 256, preci
 
 
 def predict(model: ModelLike, images: Any, *, batch_size: int = PREDICT_BATCH, precision: str = "auto") -> np.ndarray:
-    """Class probabilities, an (N, classes) array, for image files, PIL images or uint8 arrays ((H, W, C) one image,
-    (N, H, W, C) several), each prepared by the model's own preprocessing (as ``vitlab predict``); ``precision``
-    as ``vitlab predict --precision`` (auto: a run folder's own, else bf16 where it pays for the model).
+    """Class probabilities, an (N, classes) array, for image files, PIL images or arrays ((H, W, C) one image,
+    (N, H, W, C) or, one channel, (N, H, W) several; uint8, or floats in [0, 1] or [0, 255]), each prepared by the
+    model's own preprocessing (as ``vitlab predict``); ``precision`` as ``vitlab predict --precision`` (auto: a run
+    folder's own, else bf16 where it pays for the model).
 
     Example::
 
@@ -197,12 +238,95 @@ def explain(model: ModelLike, image: Any, method: str = "rollout", *, target_cla
     target = class_probabilities(module, x).argmax(1) if target_class is None else target_class
     maps = explain_map(module.eval(), normalize(to_device(x, dev), cfg["mean"], cfg["std"]), method, target, token)
     maps = maps.detach().float().cpu().numpy()
-    one = not isinstance(image, (list, tuple)) and not (isinstance(image, (np.ndarray, torch.Tensor)) and
-                                                        np.asarray(image).ndim == 4)
+    array = np.asarray(image) if isinstance(image, (np.ndarray, torch.Tensor)) else None
+    one = not isinstance(image, (list, tuple)) and not (array is not None and (array.ndim == 4 or
+                                                                               is_grey_batch(array)))
     return maps[0] if one else maps
 
 
 # --- what fit hands the trainer ---
+
+
+def adopt(module: nn.Module, trained: nn.Module) -> nn.Module:
+    """``module``, the one given to ``fit``, made the ``trained`` model in place: its tensors take the trained values
+    (the same tensor objects, where the run kept every shape), or, where the run changed its layers (a new head for
+    the data's classes, another input size), its layers become the run's; its config (classes, preprocessing) is the
+    run's. A module of another class (which a run from a module never builds) is left as it was, ``trained``
+    returned."""
+    if type(module) is not type(trained):
+        return trained
+    own, new = module.state_dict(), trained.state_dict()
+    if own.keys() == new.keys() and all(own[k].shape == new[k].shape for k in own):
+        with torch.no_grad():
+            module.load_state_dict(new)
+        kept = {"_parameters", "_buffers", "_modules"}
+        module.__dict__.update({k: v for k, v in trained.__dict__.items() if k not in kept and not k.startswith("_")})
+        module.to(next(trained.parameters()).device)
+    else:
+        module.__dict__.update(trained.__dict__)
+    return module.eval()
+
+
+def with_test_split(data: Any, test: Any, split: float | None) -> tuple[Any, Any]:
+    """Keras's ``fit((x, y), validation_data=(x_test, y_test))`` as vitlab's pair of pairs (one line when the data
+    is not arrays ``(x, y)`` alone, or ``validation_split`` is given too)."""
+    if split is not None:
+        raise VitlabError("validation_data and validation_split both name the test split; accepted: one of them")
+    if not is_arrays(data) or len(data) != 2 or all(is_arrays(part) for part in data) or not is_arrays(test):
+        raise VitlabError("validation_data=(x_test, y_test) is the test split of arrays (x, y); accepted with it: data "
+                          "(x, y), not ((x_train, y_train), (x_test, y_test)) nor a source")
+    return data, test
+
+
+def options_signature(function: Callable, names: Sequence[str], default: Callable[[str], Any]) -> inspect.Signature:
+    """``function``'s own arguments, then the recipe fields ``names`` it takes as options, each a keyword with its
+    default (``default``, from the one declaration in train/recipe.py): what ``help()`` and a notebook's completion
+    show instead of ``**options``."""
+    own = list(inspect.signature(function).parameters.values())[:-1]  # without **options
+    taken = {p.name for p in own}
+    fields = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default(name),
+                                annotation=option_annotation(name)) for name in names if name not in taken]
+    return inspect.Signature([*own, *fields], return_annotation=FitResult)
+
+
+def option_default(name: str) -> Any:
+    """The general default of a recipe or augmentation field (a data set may have its own: ``default_words``)."""
+    if name == "augment":
+        return None  # the augmentation fields by name, or a mapping of them
+    return (FIELDS.get(name) or AUGMENT_FIELDS[name]).get_default(call_default_factory=True)
+
+
+def pretrain_default(name: str) -> Any:
+    """A field's default in pre-training (MAE's where it has its own; the lr follows the batch: None here)."""
+    if name in ("augment", "lr"):
+        return None
+    return PRETRAIN_DEFAULTS[name] if name in PRETRAIN_DEFAULTS else field_default(name)
+
+
+def pretrain_options() -> list[str]:
+    """The recipe fields ``pretrain`` takes as options: all but the supervised-only (distill's teacher aside)."""
+    return [n for n in [*FIELDS, *AUGMENT_FIELDS] if n != "pretrain" and (n not in SUPERVISED_ONLY or n == "teacher")]
+
+
+def option_annotation(name: str) -> Any:
+    info = FIELDS.get(name) or AUGMENT_FIELDS[name]
+    return dict[str, Any] | None if name == "augment" else info.annotation
+
+
+def options_doc(taken: Sequence[str] = (), title: str = "every recipe field") -> str:
+    """The options section of a docstring: the recipe fields (but those in ``taken``) by section, each's default
+    (with a data set's own and pre-training's) and what it does, from the declarations themselves."""
+    lines = ["", f"    Options ({title}, by name; a data set's own defaults where it has them):", ""]
+    for section, names in SECTIONS.items():
+        names = [n for n in names if n not in ("data", "out", "augment", *taken)]
+        if names:
+            lines.append(f"    {section}:")
+        for name in names:
+            info = FIELDS.get(name) or AUGMENT_FIELDS[name]
+            words = f"{name}: {info.description or ''} ({default_words(name)})"
+            lines += textwrap.wrap(words, 116, initial_indent="        ", subsequent_indent="            ",
+                                   break_on_hyphens=False)
+    return "\n".join(lines) + "\n"
 
 
 def loaded(model: ModelLike) -> nn.Module:
@@ -237,7 +361,7 @@ def accepted_options() -> list[str]:
 def new_recipe(model: ModelLike, data: Any, out: str | os.PathLike | None, names: Sequence[str] | None,
                options: dict[str, Any]) -> Recipe:
     """The recipe of a new run: the model as a name or as ``init``, the data as a source, the folder."""
-    if {"model", "init", "data"} & set(options):
+    if {"model", "init", "data"} & {k for k, v in options.items() if v is not None}:
         raise VitlabError(f"{', '.join(sorted({'model', 'init', 'data'} & set(options)))}: given as fit's model and "
                           "data arguments, not as options")
     folder = Path(out) if out is not None else new_run_folder(model_name(model))
@@ -346,3 +470,10 @@ def train_recipe(recipe: Recipe, resume: bool) -> FitResult:
         from .probe.pretraining import judge_pretraining
         judge_pretraining(recipe.out, log=say)
     return FitResult.read(recipe.out)
+
+
+fit.__signature__ = options_signature(fit, [*FIELDS, *AUGMENT_FIELDS], option_default)
+fit.__doc__ = (fit.__doc__ or "") + options_doc()
+pretrain.__signature__ = options_signature(pretrain, pretrain_options(), pretrain_default)
+pretrain.__doc__ = (pretrain.__doc__ or "") + options_doc(
+    [n for n in [*FIELDS, *AUGMENT_FIELDS] if n not in pretrain_options()], "the recipe fields pre-training takes")

@@ -55,7 +55,12 @@ def current_args(model: nn.Module) -> dict[str, Any]:
 
 
 def save(model: nn.Module, path: str | os.PathLike, extra: dict[str, Any] | None = None) -> Path:
-    """Write ``model`` to a folder as config.json + model.safetensors that vitlab.load reads."""
+    """Write ``model`` to a folder as config.json + model.safetensors that vitlab.load reads.
+
+    Example::
+
+        vitlab.save(result.model, "my_vit")           # a folder: config.json and model.safetensors
+    """
     check_model(model, "vitlab.save")
     folder = Path(path)
     folder.mkdir(parents=True, exist_ok=True)
@@ -323,6 +328,11 @@ def load(path: str | os.PathLike, **overrides: Any) -> nn.Module:
     different count gives fresh, untrained heads; ``dynamic_img_size=True`` accepts any input size. The model the
     config describes is first built on the meta device (no memory) and held to the weights' tensors, so a config
     that disagrees with its weights (a depth or width far beyond them) is refused before anything is allocated.
+
+    Example::
+
+        model = vitlab.load("my_vit")                 # or a run folder, a timm or Hugging Face folder
+        bigger = vitlab.load("my_vit", img_size=64)   # the position table resampled to 64x64
     """
     folder, cfg = read_config(path)
     _check_config_types(cfg, folder / CONFIG)

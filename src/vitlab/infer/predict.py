@@ -10,7 +10,7 @@ import torch
 from PIL import Image
 
 from .. import checkpoint
-from ..data.arrays import images_nchw
+from ..data.arrays import images_nchw, to_uint8
 from ..data.augment import normalize
 from ..data.sources import read_image
 from ..data.views import Preprocess
@@ -36,12 +36,22 @@ def prepare_image(image: torch.Tensor, cfg: dict) -> torch.Tensor:
     return Preprocess.from_cfg(cfg).apply(image[None])[0]
 
 
+def is_grey_batch(x: np.ndarray) -> bool:
+    """Whether a 3-D array is (N, H, W) one-channel images, as Keras's MNIST gives them, not one (H, W, C) image:
+    its last axis is no channel count (1 or 3)."""
+    return x.ndim == 3 and x.shape[-1] not in (1, 3)
+
+
 def decode_images(images: Any, cfg: dict) -> torch.Tensor:
     """Images as a model of pretrained config ``cfg`` takes them, uint8 (N, C, h, w): image files (decoded as
-    ``predict_files`` decodes them), PIL images, or uint8 arrays (H, W, C), (H, W) or (N, H, W, C), brought to the
-    model's size by its own rule (``Preprocess``)."""
+    ``predict_files`` decodes them), PIL images, or arrays (H, W, C), (H, W), (N, H, W) or (N, H, W, C) (uint8, or
+    floats in [0, 1] or [0, 255]), brought to the model's size by its own rule (``Preprocess``)."""
     prep = Preprocess.from_cfg(cfg)
     chans = cfg["input_size"][0]
+    if isinstance(images, (np.ndarray, torch.Tensor)) and np.asarray(images).dtype != np.uint8:
+        images = to_uint8(np.asarray(images), "images")  # floats in [0, 1] or [0, 255]: the batch's range, not each's
+    if isinstance(images, (np.ndarray, torch.Tensor)) and is_grey_batch(np.asarray(images)):
+        images = np.asarray(images)[..., None]  # (N, H, W) as Keras's MNIST: one channel each
     if isinstance(images, (np.ndarray, torch.Tensor)) and np.asarray(images).ndim == 4:
         images = list(images)
     elif not isinstance(images, (list, tuple)):

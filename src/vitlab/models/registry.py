@@ -318,7 +318,12 @@ def check_model(model: object, what: str) -> None:
 
 
 def list_models(pattern: str = "*") -> list[str]:
-    """Registered names matching a shell-style pattern (``vit_*``, ``*cifar*``), sorted."""
+    """Registered names matching a shell-style pattern (``vit_*``, ``*cifar*``), sorted.
+
+    Example::
+
+        vitlab.list_models("vit_tiny*")               # ['vit_tiny_avg_patch4_32', 'vit_tiny_patch16_224', ...]
+    """
     return matching(_REGISTRY, pattern)
 
 
@@ -416,7 +421,13 @@ def build(cls: type[nn.Module], args: dict[str, Any], given: dict[str, Any] | No
 
 def create_model(name: str, **overrides: Any) -> nn.Module:
     """A new model by registered name, its defaults updated by overrides (timm's argument names); its weights are
-    new (pretrained ones come from ``vitlab.load``)."""
+    new (pretrained ones come from ``vitlab.load``).
+
+    Example::
+
+        model = vitlab.create_model("vit_tiny_patch4_32", num_classes=10, depth=6)
+        result = vitlab.fit(model, ((x, y), (x_test, y_test)), epochs=5)   # trains model itself
+    """
     if "pretrained" in overrides:
         raise VitlabError(f"create_model({name!r}, pretrained=...): vitlab's models start new; pretrained weights load "
                           f"with vitlab.load('hf-hub:timm/<name>'), a timm or Hugging Face folder, or a run folder")
