@@ -34,7 +34,6 @@ from .distributed import (
 from .feed import EpochPlan
 from .lora import finish_lora
 from .recipe import Recipe
-from .schedule import set_lr, step_share, warmup_cosine
 from .setup import Run, check_sources_outside, claim_out, epoch_seed, model_name, run_net, set_up, torch_globals_kept
 from .state import save_checkpoint, take_place
 from .step import Batch, EpochMeter, check_finite, ema_decay_at, figures_every, train_step
@@ -126,10 +125,8 @@ def train_epoch(run: Run) -> tuple[EpochRow | None, bool]:
         if (run.budget is not None or recipe.steps) and p >= 1:
             cut = True
             break
-        share = step_share(p, state.step, run.clock.total_steps)
-        lr = warmup_cosine(p, recipe.lr, recipe.min_lr, recipe.warmup, share) * state.plateau.scale
+        lr = run.schedule.apply(state.optimizer, p, state.step)
         size = run.resize.size_at(p)
-        set_lr(state.optimizer, lr)  # times each group's lr_scale (layer decay, BatchNorm biases, SGD)
         stepper.ema_decay = ema_decay_at(p, recipe.ema_decay, recipe.ema_start)
         images = run.augment.alternate(images, index, epoch, recipe.seed)
         loss, hits = train_step(stepper, Batch(images, labels, size, share=len(images) * dist.world / sizes[i],
