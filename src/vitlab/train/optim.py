@@ -1,7 +1,8 @@
 """The optimiser, built in one place, one way: parameter groups (weight decay or not), layer-wise learning-rate
 decay, a learning-rate scale for BatchNorm biases, AdamW or Nesterov SGD with decoupled hyperparameters, and
-lookahead. ``recipe_optimizer`` is the one entry point; each group carries ``lr_scale``, which ``schedule.set_lr``
-applies as timm's schedulers do (``lr * lr_scale``).
+lookahead. ``recipe_optimizer`` is the one entry point; each group carries ``lr_scale``, which the run's schedule
+(``schedule.LrSchedule``, through ``schedule.set_lr``) applies at every step as timm's schedulers do
+(``lr * lr_scale``): nothing here sets a learning rate.
 
 Weight decay: none on norms, biases, LayerScale, position embeddings and tokens (a model's ``no_weight_decay``).
 
@@ -33,7 +34,6 @@ import torch
 import torch.nn as nn
 
 from ..errors import VitlabError
-from .schedule import set_lr
 
 if TYPE_CHECKING:
     from .recipe import Recipe
@@ -126,12 +126,6 @@ def kilostep_scale(momentum: float) -> float:
     return 1024.0 * (1.0 + 1.0 / (1.0 - momentum))
 
 
-def decoupled_sgd(lr: float, weight_decay: float, batch_size: int, momentum: float) -> tuple[float, float]:
-    """(lr_step, wd_step): the step learning rate and the share of each weight decayed per step."""
-    k = batch_size / kilostep_scale(momentum)
-    return lr * k, weight_decay * k
-
-
 def bn_bias_ids(model: nn.Module) -> set[int]:
     """The ids of the BatchNorm biases of a model."""
     return {id(m.bias) for m in model.modules()
@@ -155,7 +149,9 @@ def scale_bn_biases(groups: list[dict], model: nn.Module, scale: float) -> list[
 def build_optimizer(groups: list[dict], kind: str, lr: float, momentum: float, batch_size: int,
                     device: torch.device, betas: tuple[float, float] = (0.9, 0.999)) -> torch.optim.Optimizer:
     """AdamW, or Nesterov SGD with decoupled hyperparameters, over groups carrying ``lr_scale`` and ``weight_decay``
-    (the recipe's decay, or 0); the learning rate is then set with ``schedule.set_lr(optimizer, recipe_lr)``."""
+    (the recipe's decay, or 0). SGD's groups get the decoupling here, the one place it is computed: ``lr_scale``
+    times ``B / kilostep_scale`` (so that ``set_lr(optimizer, lr)`` gives lr_step) and ``weight_decay`` wd_step /
+    lr_step at the peak ``lr`` (so that the decay follows the schedule). The schedule sets the learning rate."""
     if kind == "adamw":
         opt = torch.optim.AdamW(groups, lr=lr, betas=betas, fused=True if device.type == "cuda" else None)
     elif kind == "sgd":
@@ -167,7 +163,6 @@ def build_optimizer(groups: list[dict], kind: str, lr: float, momentum: float, b
         opt = torch.optim.SGD(groups, lr=lr, momentum=momentum, nesterov=True)
     else:
         raise VitlabError(f"optimizer={kind!r} is not valid; accepted: adamw, sgd")
-    set_lr(opt, lr)
     return opt
 
 
