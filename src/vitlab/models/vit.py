@@ -27,7 +27,7 @@ from .layers import (
     resample_abs_pos_embed,
     sincos_2d_pos_embed,
 )
-from .vit_presets import MORE_TIMM_PRESETS
+from .vit_presets import MORE_TIMM_PRESETS, vit_size
 
 POS_EMBEDS = ("learn", "sincos", "none")
 MLP_LAYERS = ("mlp", "swiglu_packed")  # timm's Mlp and SwiGLUPacked (fc1's width int(embed_dim * mlp_ratio))
@@ -39,13 +39,8 @@ TIMM_ARGS = ("img_size", "patch_size", "in_chans", "num_classes", "global_pool",
              "no_embed_class", "reg_tokens", "pre_norm", "final_norm", "fc_norm", "dynamic_img_size", "act_layer",
              "drop_rate", "pos_drop_rate", "proj_drop_rate", "attn_drop_rate", "drop_path_rate", "norm_layer")
 
-_SIZES = {"small": (384, 12, 6), "medium": (512, 12, 8), "betwixt": (640, 12, 10), "base": (768, 12, 12),
-          "large": (1024, 24, 16), "huge": (1280, 32, 16), "so400m": (1152, 27, 16)}
-
-
 def _size(size: str, patch: int, img: int, **options) -> dict:
-    dim, depth, heads = _SIZES[size]
-    return {"img_size": img, "patch_size": patch, "embed_dim": dim, "depth": depth, "num_heads": heads, **options}
+    return {"img_size": img, "patch_size": patch, **vit_size(size), **options}
 
 
 def timm_presets() -> dict[str, dict]:
