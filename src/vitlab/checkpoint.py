@@ -27,6 +27,7 @@ from .errors import NotFoundError, VitlabError
 from .interop import hf, hub, timm
 from .models.base import make_pretrained_cfg
 from .models.beit import resize_rel_pos_table
+from .models.groups import patch_embedding
 from .models.layers import resample_abs_pos_embed, resample_patch_embed, to_2tuple
 from .models.registry import build, check_model, create_model, get_spec, model_class
 from .text import quote
@@ -47,7 +48,7 @@ def current_args(model: nn.Module) -> dict[str, Any]:
     """The model's construction arguments, updated for a replaced head or a new input size."""
     args = dict(getattr(model, "model_args", {}))
     args["num_classes"] = model.num_classes
-    embed = getattr(model, "patch_embed", None)
+    embed = patch_embedding(model)
     if embed is not None:  # an int stays one while it says the same
         same = isinstance(args.get("img_size"), int) and (args["img_size"],) * 2 == tuple(embed.img_size)
         args["img_size"] = args["img_size"] if same else list(embed.img_size)
@@ -193,10 +194,10 @@ def _adapt_pos_embed(model: nn.Module, state: dict[str, torch.Tensor], old_img, 
     ckpt = state.get("pos_embed")
     if own is None or ckpt is None or own.shape == ckpt.shape or own.shape[-1] != ckpt.shape[-1]:
         return
-    grid = model.patch_embed.grid_size
+    grid = patch_embedding(model).grid_size
     prefix = own.shape[1] - grid[0] * grid[1]
     n_old = ckpt.shape[1] - prefix
-    patch = old_patch or model.patch_embed.patch_size
+    patch = old_patch or patch_embedding(model).patch_size
     old_grid = None
     if old_img is not None:
         h, w = to_2tuple(old_img)

@@ -7,7 +7,7 @@ import torch
 import torch.nn as nn
 
 from ..errors import VitlabError
-from .optim import layer_ids
+from ..models.groups import layer_ids
 
 # "zero": weight and bias 0 (timm's --head-init-scale 0); "trunc_normal": weight ~ N(0, 2e-5) truncated at
 # +-2 (absolute), bias 0, as MAE's fine-tuning starts the head
