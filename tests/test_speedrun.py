@@ -14,9 +14,9 @@ from torch import nn
 
 import vitlab
 from vitlab.data.augment import AugmentConfig, BatchAugment, alternating_flip
+from vitlab.metrics import head_logits
 from vitlab.models.airbench import Whiten, patches_2d, whitening_filters
 from vitlab.train import load_recipe, train
-from vitlab.train.metrics import head_logits
 from vitlab.train.optim import (
     Lookahead,
     build_optimizer,

@@ -1,13 +1,27 @@
 """The device a computation runs on: moving tensors to it, its precision and, on a CPU, how many threads."""
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Callable
+from typing import Literal
 
 import torch
 
 from .errors import VitlabError
+
+# The precision and device choices every command takes (the recipe's fields and the options of evaluate, predict,
+# explain and probe): declared once, here.
+Precision = Literal["auto", "bf16", "fp16", "fp32"]
+Device = Literal["auto", "cpu", "cuda"]
+AMP_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def autocast(device: torch.device, precision: str):
+    """Autocast to the precision's dtype on the device ('bf16', 'fp16'), or nothing ('fp32')."""
+    dtype = AMP_DTYPES[precision]
+    return torch.autocast(device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
 
 
 def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:

@@ -14,14 +14,12 @@ import yaml
 from pydantic import Field, model_validator
 
 from ..data.augment import AugmentConfig
-from ..devices import BF16_CPU_MIN_MACS
+from ..devices import BF16_CPU_MIN_MACS, Device, Precision
 from ..errors import NotFoundError, VitlabError
 from ..pretrain.objective import check_options
 from ..settings import Settings
 
-# The choices of the options more than one command takes: declared once, here.
-Precision = Literal["auto", "bf16", "fp16", "fp32"]
-Device = Literal["auto", "cpu", "cuda"]
+# The choices of the recipe's options (the precision and the device: devices.py, which every command shares).
 DistillType = Literal["none", "hard", "soft", "self"]
 Log = Literal["none", "tensorboard"]
 HeadInit = Literal["auto", "zero", "trunc_normal", "keep"]

@@ -25,9 +25,9 @@ from ... import checkpoint
 from ...data.augment import normalize
 from ...devices import to_device
 from ...errors import VitlabError
+from ...metrics import head_logits
 from ...models.groups import patch_embedding
 from ...progress import Progress
-from ..metrics import head_logits
 from ..step import has_conv_stages
 from .supervised import Supervised, heads_loss, soft_target_cross_entropy
 
