@@ -1,6 +1,7 @@
 """What the training side asks of a model's structure, answered beside the models (timm's ``group_matcher``): the
 layers it has in depth order and the layer of each parameter (layer-wise lr decay, freezing the first blocks), and
-its patch embedding (the patch size and grid that resizing, fine-tuning at another size and checkpoints read).
+its patch embedding (the patch size and grid that resizing, fine-tuning at another size and checkpoints read), and
+its classifiers (a fine-tune's new head, a linear probe's).
 
 Every parameter gets a layer id: the input side (patch embedding, a hybrid's CNN backbone, position embedding,
 class / distillation / register tokens; a ResNet's stem) is layer 0, block i is layer i + 1 (CaiT's
@@ -56,3 +57,9 @@ def patch_embedding(model: nn.Module) -> nn.Module | None:
     """The model's patch embedding (``patch_size``, ``grid_size``, ``img_size``, its ``proj``); None for a model
     without one (a CNN, or an objective around a model)."""
     return getattr(model, "patch_embed", None)
+
+
+def classifiers(model: nn.Module) -> dict[str, nn.Linear]:
+    """The model's classifier layers by name (its ``classifier_names``: 'head', DeiT's 'head_dist', a ResNet's 'fc')."""
+    heads = {name: getattr(model, name, None) for name in getattr(model, "classifier_names", ())}
+    return {name: m for name, m in heads.items() if isinstance(m, nn.Linear)}
