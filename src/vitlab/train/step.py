@@ -177,7 +177,7 @@ def figures_every(device: torch.device) -> int:
     return 50 if device.type == "cuda" else 5
 
 
-def check_finite(nonfinite: float, precision: str, bound: int, step: int) -> None:
+def check_loss_finite(nonfinite: float, precision: str, bound: int, step: int) -> None:
     """Stop a run whose loss is no longer finite: at once in float32/bf16 (it diverged), after ``bound``
     skipped steps in fp16 (whose gradient scaler skips such steps while it finds its scale)."""
     if nonfinite == 0 or math.isnan(nonfinite):

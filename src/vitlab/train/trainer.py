@@ -36,7 +36,7 @@ from .lora import finish_lora
 from .recipe import Recipe
 from .setup import Run, check_sources_outside, claim_out, epoch_seed, model_name, run_net, set_up, torch_globals_kept
 from .state import save_checkpoint, take_place
-from .step import Batch, EpochMeter, check_finite, ema_decay_at, figures_every, train_step
+from .step import Batch, EpochMeter, check_loss_finite, ema_decay_at, figures_every, train_step
 
 
 def train(recipe: Recipe, resume: bool = False, log: Callable[[str], None] | None = None,
@@ -167,7 +167,7 @@ def show_running(run: Run, meter: EpochMeter, epoch: int, epoch_t0: float) -> No
     """Read the running totals back: stop a diverged run, and show loss, accuracy and speed on the bar."""
     dist, state = run.dist, run.state
     running = meter.totals()
-    check_finite(all_reduce_value(running["nonfinite"], dist) + state.nonfinite, run.precision,
+    check_loss_finite(all_reduce_value(running["nonfinite"], dist) + state.nonfinite, run.precision,
                  run.recipe.max_nonfinite, state.step)
     if dist.is_main:
         rate = running["seen"] * dist.world / max(run.now() - epoch_t0, 1e-9)
