@@ -108,7 +108,7 @@ def _shards(index: Path) -> list[str]:
     return sorted(set(weight_map.values()))
 
 
-def read_config(path: str | os.PathLike) -> tuple[Path, dict[str, Any]]:
+def read_model_config(path: str | os.PathLike) -> tuple[Path, dict[str, Any]]:
     """(folder, parsed config.json) for a model folder, its config.json or a Hub id."""
     p = resolve(path)
     folder = no_loop(p.parent if p.name == CONFIG else p)
@@ -124,7 +124,7 @@ def read_config(path: str | os.PathLike) -> tuple[Path, dict[str, Any]]:
 def files_sha256(path: str | os.PathLike) -> dict[str, str]:
     """The sha256 of every file ``load`` reads from a model folder (config.json, its weights, a transformers folder's
     preprocessing), by file name: what a run records of a model it starts from or learns from."""
-    folder, _ = read_config(path)
+    folder, _ = read_model_config(path)
     names = [CONFIG, WEIGHTS, "model.safetensors.index.json", "pytorch_model.bin", hf.PREPROCESSOR]
     index = folder / "model.safetensors.index.json"
     if index.is_file() and not (folder / WEIGHTS).is_file():
@@ -325,7 +325,7 @@ def load(path: str | os.PathLike, **overrides: Any) -> nn.Module:
     config describes is first built on the meta device (no memory) and held to the weights' tensors, so a config
     that disagrees with its weights (a depth or width far beyond them) is refused before anything is allocated.
     """
-    folder, cfg = read_config(path)
+    folder, cfg = read_model_config(path)
     _check_config_types(cfg, folder / CONFIG)
     arch, cls, args, preprocess, convert, expected_sha = _kind(cfg, folder)
     old_img = args.get("img_size", get_spec(arch).args.get("img_size", 224) if arch else 224)
