@@ -240,7 +240,7 @@ def new_recipe(model: ModelLike, data: Any, out: str | os.PathLike | None, names
     if {"model", "init", "data"} & set(options):
         raise VitlabError(f"{', '.join(sorted({'model', 'init', 'data'} & set(options)))}: given as fit's model and "
                           "data arguments, not as options")
-    folder = Path(out) if out is not None else new_run_folder(model_name(model))
+    folder = Path(out) if out is not None else new_run_folder(run_name(model))
     start = folder.with_name(folder.name + ".init").absolute()  # where a module is saved to start from
     values = {**options, **model_values(model, start)}
     if names is not None and not is_arrays(data):
@@ -270,7 +270,7 @@ def model_values(model: ModelLike, start: Path) -> dict[str, str]:
                       "hf-hub: id")
 
 
-def model_name(model: ModelLike) -> str:
+def run_name(model: ModelLike) -> str:
     """What a run folder of the model is named after: its registered name, or its folder's name."""
     if isinstance(model, nn.Module):
         return getattr(model, "arch", None) or type(model).__name__
