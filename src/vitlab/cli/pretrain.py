@@ -41,8 +41,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     refused = [n for n in SUPERVISED_ONLY if n not in TAKEN]
     train_cli.add_run_options(p, skip=(*OWN, *refused))
     for name in refused:  # parsed, to be refused by name in one line, but not listed
-        add_recipe_option(p, name)
-        p._actions[-1].help = argparse.SUPPRESS
+        add_recipe_option(p, name, hidden=True)
     p.set_defaults(func=run)
 
 

@@ -17,7 +17,7 @@ from ..data.augment import AugmentConfig
 from ..devices import BF16_CPU_MIN_MACS, Device, Precision
 from ..errors import NotFoundError, VitlabError
 from ..pretrain.objective import check_options
-from ..settings import Settings
+from ..settings import UNSET, Settings
 
 # The choices of the recipe's options (the precision and the device: devices.py, which every command shares).
 DistillType = Literal["none", "hard", "soft", "self"]
@@ -364,22 +364,19 @@ def default_words(name: str) -> str:
     general = info.get_default(call_default_factory=True)
 
     def of(values: dict[str, Any]) -> Any:
-        return values.get("augment", {}).get(name, NOT_SET) if name in AUGMENT_FIELDS else values.get(name, NOT_SET)
+        return values.get("augment", {}).get(name, UNSET) if name in AUGMENT_FIELDS else values.get(name, UNSET)
 
     said = [f"default {general!r}"]
-    per_data = [f"{data}: {of(values)!r}" for data, values in DATA_DEFAULTS.items() if of(values) is not NOT_SET]
+    per_data = [f"{data}: {of(values)!r}" for data, values in DATA_DEFAULTS.items() if of(values) is not UNSET]
     per_model = [f"{data} with {model}: {of(values)!r}" for (data, model), values in MODEL_DEFAULTS.items()
-                 if of(values) is not NOT_SET]
+                 if of(values) is not UNSET]
     said += [f"per data set ({', '.join(per_data)})"] if per_data else []
     said += [f"per model ({', '.join(per_model)})"] if per_model else []
     if name == "lr":
         said.append(f"pre-training: {PRETRAIN_BASE_LR:g} x batch_size / 256")
-    elif of(PRETRAIN_DEFAULTS) is not NOT_SET:
+    elif of(PRETRAIN_DEFAULTS) is not UNSET:
         said.append(f"pre-training: {of(PRETRAIN_DEFAULTS)!r}")
     return "; ".join(said)
-
-
-NOT_SET = object()
 
 
 def resolve_defaults(values: dict[str, Any]) -> dict[str, Any]:
