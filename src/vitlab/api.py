@@ -33,6 +33,7 @@ from .runs.folder import LOCK, STARTED, check_model_written, new_run_folder
 from .runs.format import CONFIG_YAML, check_out_dir, read_config, read_history, read_summary
 from .runs.identity import ON_RESUME
 from .train.recipe import AUGMENT_FIELDS, FIELDS, Recipe, load_recipe
+from .train.trainer import train
 
 __all__ = ["FitResult", "evaluate", "explain", "fit", "predict", "pretrain"]
 
@@ -335,7 +336,6 @@ def say(line: str) -> None:
 
 def train_recipe(recipe: Recipe, resume: bool) -> FitResult:
     """Train the recipe (the command line's trainer) and read the run back; an interrupt leaves it resumable."""
-    from .train import train
     try:
         train(recipe, resume=resume, log=say)
     except KeyboardInterrupt:
