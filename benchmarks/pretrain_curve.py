@@ -21,7 +21,7 @@ with several.
     python benchmarks/pretrain_curve.py WORK --guidance "a 2-core Intel Xeon with AMX, one thread per run, float32"
 
 ``--guidance CPU`` also writes the CIFAR-10 encoders' 20-NN against the untrained one's into
-src/vitlab/pretrain/knn_measured.json (the table `vitlab pretrain` says its first line from), as measured on CPU:
+src/vitlab/objectives/knn_measured.json (the table `vitlab pretrain` says its first line from), as measured on CPU:
 a point of the same method, minutes, model and CPU is replaced, the others kept.
 
 ``--split TAR`` first unpacks the archive into WORK/cifar10-0-4 and WORK/cifar10-5-9 (train/ and test/ of classes

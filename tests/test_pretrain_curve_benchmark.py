@@ -58,7 +58,7 @@ def test_fine_tunes_meet_scratch_of_the_same_total_time_and_the_figure_is_drawn(
 
 
 def test_the_guidance_table_is_written_from_the_runs_and_read_back_by_pretrain(bench, tmp_path, monkeypatch):
-    from vitlab.pretrain import guidance as guidance_module
+    from vitlab.objectives import guidance as guidance_module
     run(tmp_path, "mae-3min")
     (tmp_path / "runs" / "mae-3min" / "summary.json").write_text(json.dumps(
         {"data": "CIFAR-10", "num_train": 1000, "model": "vit_nano_patch4_32", "images": 36_000}))

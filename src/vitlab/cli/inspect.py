@@ -41,7 +41,7 @@ def _pretraining_objective(folder: str):
     if not folder_path.is_dir() or (read_config(folder_path).get("pretrain") in (None, "none")
                                     and not (folder_path / PRETRAIN_WEIGHTS).is_file()):
         return None
-    from ..pretrain import load_objective
+    from ..objectives import load_objective
     return load_objective(folder)
 
 

@@ -16,7 +16,7 @@ from pydantic import Field, model_validator
 from ..data.augment import AugmentConfig
 from ..devices import BF16_CPU_MIN_MACS, Device, Precision
 from ..errors import NotFoundError, VitlabError
-from ..pretrain.objective import check_options
+from ..objectives.objective import check_options
 from ..settings import UNSET, Settings
 
 # The choices of the recipe's options (the precision and the device: devices.py, which every command shares).

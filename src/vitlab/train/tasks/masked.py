@@ -14,8 +14,8 @@ import torch.nn as nn
 
 from ...data.augment import normalize
 from ...devices import autocast, to_device
-from ...pretrain import OBJECTIVES, check_encoder, create_objective, save_objective
-from ...pretrain.guidance import guidance
+from ...objectives import OBJECTIVES, check_encoder, create_objective, save_objective
+from ...objectives.guidance import guidance
 from ...runs.figures import LOSS_NAMES, plot_curves
 from ...runs.format import CURVES_PNG, EpochRow
 from .base import EvalSplit, Task
