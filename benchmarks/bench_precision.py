@@ -21,9 +21,8 @@ import torch
 import torch.nn.functional as F
 
 import vitlab
-from vitlab.devices import BF16_CPU_FLAG, cpu_flags, cpu_name
+from vitlab.devices import BF16_CPU_FLAG, autocast, cpu_flags, cpu_name
 from vitlab.models.summary import matmul_macs
-from vitlab.train.step import autocast
 
 SPEEDRUN_HYBRID = dict(stem_widths=(64, 256, 256), stem_pad=False, depth=2, embed_dim=256, num_heads=4)
 

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 import vitlab
-from vitlab.pretrain import create_objective
+from vitlab.objectives import create_objective
 
 
 def cpu_name() -> str:

@@ -21,8 +21,9 @@ import torch.nn.functional as F
 
 import vitlab
 from vitlab.data.augment import AugmentConfig, BatchAugment
+from vitlab.devices import autocast
 from vitlab.train.optim import param_groups
-from vitlab.train.step import Batch, Stepper, autocast, train_step
+from vitlab.train.step import Batch, Stepper, train_step
 from vitlab.train.tasks.supervised import HeadsLoss
 
 

@@ -18,6 +18,11 @@ with several.
 
     python benchmarks/pretrain_curve.py WORK [--finetune-minutes 1.5] [--png docs/pretraining-curve.png]
     python benchmarks/pretrain_curve.py WORK --split ../shared/data/cifar10-jpg.tar.gz   # the two class folders
+    python benchmarks/pretrain_curve.py WORK --guidance "a 2-core Intel Xeon with AMX, one thread per run, float32"
+
+``--guidance CPU`` also writes the CIFAR-10 encoders' 20-NN against the untrained one's into
+src/vitlab/objectives/knn_measured.json (the table `vitlab pretrain` says its first line from), as measured on CPU:
+a point of the same method, minutes, model and CPU is replaced, the others kept.
 
 ``--split TAR`` first unpacks the archive into WORK/cifar10-0-4 and WORK/cifar10-5-9 (train/ and test/ of classes
 0-4 and 5-9), the distillation teacher's data and its students' task, as benchmarks/finetune_transfer.py splits it.
@@ -172,12 +177,46 @@ def draw(data: dict, ft_minutes: float, png: Path) -> None:
     print(f"wrote {png}")
 
 
+GUIDANCE = Path(__file__).resolve().parents[1] / "src" / "vitlab" / "pretrain" / "knn_measured.json"
+
+
+def guidance_points(work: Path, data: dict, cpu: str) -> list[dict]:
+    """The CIFAR-10 encoders' points for the guidance table: each pre-training run's 20-NN top-1 beside the untrained
+    encoder's, with its images, model, minutes and the rate at which it saw images (images seen over its minutes)."""
+    if not data["untrained"]:
+        return []
+    points = []
+    for (task, method, minutes), probed in sorted(data["pretrained"].items()):
+        summary = work / "runs" / f"{method}-{minutes:g}min" / "summary.json"
+        if task or not probed or not summary.is_file():
+            continue
+        s = json.loads(summary.read_text())
+        points.append({"method": method, "data": s["data"], "images": s["num_train"], "model": s["model"],
+                       "minutes": minutes, "rate": round(s["images"] / (minutes * 60), 2), "knn": round(probed[0], 2),
+                       "untrained": round(data["untrained"][0], 2), "cpu": cpu})
+    return points
+
+
+def write_guidance(points: list[dict], path: Path = GUIDANCE) -> None:
+    """Merge ``points`` into the guidance table at ``path``: one of the same method, minutes, model and CPU replaced."""
+    doc = json.loads(path.read_text()) if path.is_file() else {"about": "", "points": []}
+    key = lambda p: (p["method"], p["minutes"], p["model"], p["cpu"])  # noqa: E731
+    new = {key(p): p for p in points}
+    kept = [new.pop(key(p), p) for p in doc["points"]]
+    rows = [json.dumps(p) for p in [*kept, *new.values()]]
+    path.write_text("{\n" + f' "about": {json.dumps(doc["about"])},\n "points": [\n  ' + ",\n  ".join(rows)
+                    + "\n ]\n}\n")
+    print(f"wrote {len(points)} points into {path}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("work", type=Path)
     ap.add_argument("--finetune-minutes", type=float, default=1.5)
     ap.add_argument("--png", type=Path, default=None, help="where to draw the figure (default WORK/curve.png)")
     ap.add_argument("--split", type=Path, default=None, help="CIFAR-10 archive to split into classes 0-4 and 5-9")
+    ap.add_argument("--guidance", metavar="CPU", default=None,
+                    help="write the encoders' 20-NN into vitlab's guidance table, as measured on CPU")
     args = ap.parse_args()
     if args.split:
         from finetune_transfer import split_tar  # the sibling benchmark's split, so both tasks are the same
@@ -185,6 +224,8 @@ def main() -> None:
     data = collect(args.work)
     print("\n".join(report(data, args.finetune_minutes)))
     draw(data, args.finetune_minutes, args.png or args.work / "curve.png")
+    if args.guidance:
+        write_guidance(guidance_points(args.work, data, args.guidance))
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ import pytest
 from conftest import error_line
 
 from vitlab.cli import build_parser, main
-from vitlab.train.recipe import Device, Precision
+from vitlab.devices import Device, Precision
 
 
 def commands() -> dict[str, argparse.ArgumentParser]:

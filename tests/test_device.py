@@ -17,8 +17,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 import vitlab
 from vitlab.data.augment import AugmentConfig, BatchAugment, normalize
 from vitlab.infer.predict import class_probabilities
+from vitlab.metrics import confusion_counts, head_logits
 from vitlab.train.feed import BatchFeeder
-from vitlab.train.metrics import confusion_counts, head_logits
 from vitlab.train.optim import param_groups
 from vitlab.train.progressive import any_size
 from vitlab.train.step import Batch, EpochMeter, Stepper, train_step

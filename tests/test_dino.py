@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import vitlab
-from vitlab.pretrain import create_objective
-from vitlab.pretrain.dino import (
+from vitlab.objectives import create_objective
+from vitlab.objectives.dino import (
     ProjectionHead,
     cosine_momentum,
     crop_size,

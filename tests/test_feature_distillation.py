@@ -9,8 +9,8 @@ import torch.nn.functional as F
 
 import vitlab
 from vitlab.cli import main
-from vitlab.pretrain import create_objective, load_objective
-from vitlab.pretrain.distill import FeatureDistillation, feature_loss, model_features, teacher_view
+from vitlab.objectives import create_objective, load_objective
+from vitlab.objectives.distill import FeatureDistillation, feature_loss, model_features, teacher_view
 from vitlab.runs.format import read_summary
 from vitlab.train import load_recipe, train
 from vitlab.train.tasks.feature_distillation import teacher_bf16

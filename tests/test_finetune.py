@@ -13,11 +13,11 @@ from PIL import Image
 
 import vitlab
 from vitlab.cli import main
+from vitlab.models.groups import layer_ids
 from vitlab.runs.format import load_checkpoint
 from vitlab.train import load_recipe, train
 from vitlab.train.build import epoch_plan
 from vitlab.train.finetune import fit_head
-from vitlab.train.optim import layer_ids
 from vitlab.train.schedule import describe_warmup, step_share, warmup_cosine
 
 DECAY = 0.5

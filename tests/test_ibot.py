@@ -6,9 +6,9 @@ import pytest
 import torch
 
 import vitlab
-from vitlab.pretrain import create_objective
-from vitlab.pretrain.dino import encoded_tokens
-from vitlab.pretrain.ibot import masked_patch_loss
+from vitlab.objectives import create_objective
+from vitlab.objectives.dino import encoded_tokens
+from vitlab.objectives.ibot import masked_patch_loss
 from vitlab.train import load_recipe
 
 pytestmark = pytest.mark.usefixtures("one_thread")

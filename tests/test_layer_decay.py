@@ -6,8 +6,9 @@ import torch
 import torch.nn as nn
 
 import vitlab
+from vitlab.models.groups import layer_ids
 from vitlab.train.finetune import HEAD_INIT_STD, freeze_blocks, init_head
-from vitlab.train.optim import layer_ids, param_groups, param_groups_layer_decay
+from vitlab.train.optim import param_groups, param_groups_layer_decay
 from vitlab.train.schedule import set_lr
 
 DECAY, LR, WD = 0.5, 1e-3, 0.05

@@ -5,7 +5,7 @@ import torch
 
 import vitlab
 from vitlab.models.vit import VisionTransformer
-from vitlab.pretrain import (
+from vitlab.objectives import (
     MaskedAutoencoder,
     MaskedPatchPrediction,
     Masking,
@@ -17,9 +17,9 @@ from vitlab.pretrain import (
     split_pretrained,
     unpatchify,
 )
-from vitlab.pretrain.mae import decoder_defaults, patch_targets
-from vitlab.pretrain.masking import gather_tokens, num_visible, restore_tokens
-from vitlab.pretrain.mpp import Corruption, draw_corruption
+from vitlab.objectives.mae import decoder_defaults, patch_targets
+from vitlab.objectives.masking import gather_tokens, num_visible, restore_tokens
+from vitlab.objectives.mpp import Corruption, draw_corruption
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one thread beats two fighting over a busy machine
 

@@ -55,3 +55,24 @@ def test_fine_tunes_meet_scratch_of_the_same_total_time_and_the_figure_is_drawn(
     assert bench.spread(data["scratch"], ("five", 100, 3.0)) == pytest.approx(1.4142, abs=1e-3)  # the 6-min seeds'
     bench.draw(data, 1.5, tmp_path / "curve.png")
     assert (tmp_path / "curve.png").stat().st_size > 10_000
+
+
+def test_the_guidance_table_is_written_from_the_runs_and_read_back_by_pretrain(bench, tmp_path, monkeypatch):
+    from vitlab.objectives import guidance as guidance_module
+    run(tmp_path, "mae-3min")
+    (tmp_path / "runs" / "mae-3min" / "summary.json").write_text(json.dumps(
+        {"data": "CIFAR-10", "num_train": 1000, "model": "vit_nano_patch4_32", "images": 36_000}))
+    probed(tmp_path, "mae-3min", 0.3125, 0.40)
+    probed(tmp_path, "untrained", 0.27, 0.33)
+    table = tmp_path / "knn_measured.json"
+    old = {"method": "mae", "data": "CIFAR-10", "images": 1000, "model": "vit_nano_patch4_32", "minutes": 3.0,
+           "rate": 1.0, "knn": 1.0, "untrained": 2.0, "cpu": "box"}
+    other = dict(old, method="mpp")
+    table.write_text(json.dumps({"about": "figures", "points": [old, other]}))
+    bench.write_guidance(bench.guidance_points(tmp_path, bench.collect(tmp_path), "box"), table)
+    doc = json.loads(table.read_text())
+    assert doc["about"] == "figures" and doc["points"][1] == other  # the others kept, in place
+    assert doc["points"][0] == dict(old, rate=200.0, knn=31.25, untrained=27.0)  # 36,000 images in 3 min
+    monkeypatch.setattr(guidance_module.resources, "files", lambda package: tmp_path)
+    points = guidance_module.measured()
+    assert points[0].epochs == pytest.approx(36.0) and points[0].knn > points[0].untrained

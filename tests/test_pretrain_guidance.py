@@ -9,8 +9,8 @@ from PIL import Image
 
 import vitlab
 from vitlab.cli import main
-from vitlab.pretrain import guidance as guidance_module
-from vitlab.pretrain.guidance import MEASURED, KnnPoint, first_ahead, guidance
+from vitlab.objectives import guidance as guidance_module
+from vitlab.objectives.guidance import MEASURED, KnnPoint, first_ahead, guidance
 from vitlab.probe import pretraining
 from vitlab.probe.pretraining import bounded, untrained_like, verdict
 from vitlab.probe.run import probe

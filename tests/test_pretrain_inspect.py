@@ -9,7 +9,7 @@ import vitlab
 from vitlab.analysis.pretraining import colour_of_classes, mae_reconstructions, mpp_predictions
 from vitlab.analysis.report import Inspection, inspect_model
 from vitlab.analysis.sections import pretraining
-from vitlab.pretrain import create_objective, mean_color_classes
+from vitlab.objectives import create_objective, mean_color_classes
 
 
 def tiny_encoder(num_classes: int = 10):
@@ -90,7 +90,7 @@ def test_pretraining_section_skips_an_ordinary_model(tmp_path):
 @pytest.mark.parametrize("method", ["mae", "mpp", "dino"])
 def test_inspect_command_on_a_saved_pretraining_objective(tmp_path, method, cache_dir):
     from vitlab.cli import main
-    from vitlab.pretrain import save_objective
+    from vitlab.objectives import save_objective
 
     options = {"mae": {"decoder_depth": 1}, "mpp": {"mean": [0.5], "std": [0.5]}, "dino": {"out_dim": 16}}[method]
     objective = create_objective(method, vitlab.create_model("vit_micro_patch2_8", depth=1, num_classes=0), **options)

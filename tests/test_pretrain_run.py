@@ -14,8 +14,8 @@ from test_train import comparable, kill_at, metrics, run_cli
 
 import vitlab
 from vitlab.cli import main
-from vitlab.pretrain import create_objective, load_objective, save_objective
-from vitlab.pretrain.objective import read_pretrain, write_pretrain
+from vitlab.objectives import create_objective, load_objective, save_objective
+from vitlab.objectives.objective import read_pretrain, write_pretrain
 from vitlab.runs.compare import read_run
 from vitlab.runs.format import PRETRAIN_WEIGHTS, load_checkpoint, read_history
 from vitlab.train import load_recipe, train

@@ -123,13 +123,13 @@ def test_checkpoint_holds_every_field_of_the_train_state(tmp_path, cache_dir):
 
 
 def test_non_finite_loss_policy():
-    from vitlab.train.step import check_finite
-    check_finite(0, "fp32", 20, 10)
-    check_finite(5, "fp16", 20, 10)  # skipped by the scaler, under the bound: go on
+    from vitlab.train.step import check_loss_finite
+    check_loss_finite(0, "fp32", 20, 10)
+    check_loss_finite(5, "fp16", 20, 10)  # skipped by the scaler, under the bound: go on
     with pytest.raises(FloatingPointError, match="21 fp16 steps had a non-finite loss"):
-        check_finite(21, "fp16", 20, 10)
+        check_loss_finite(21, "fp16", 20, 10)
     with pytest.raises(FloatingPointError, match="diverged"):
-        check_finite(1, "bf16", 20, 10)
+        check_loss_finite(1, "bf16", 20, 10)
 
 
 def test_every_command_prints_its_help(capsys):

@@ -3,9 +3,10 @@ import json
 import math
 
 import pytest
+import torch
 
 from vitlab.train import load_recipe, train
-from vitlab.train.schedule import Plateau, warmup_cosine
+from vitlab.train.schedule import LrSchedule, Plateau, step_share, warmup_cosine
 
 
 def test_warmup_then_cosine():
@@ -25,6 +26,22 @@ def test_plateau_reduces_after_patience():
     restored = Plateau(2, 0.5)
     restored.load_state_dict(p.state_dict())
     assert restored.state_dict() == p.state_dict()
+
+
+def test_schedule_writes_each_steps_rate_into_every_group_times_the_plateau_factor():
+    weights = [torch.nn.Parameter(torch.zeros(1)) for _ in range(2)]
+    optimizer = torch.optim.SGD([{"params": [weights[0]]}, {"params": [weights[1]], "lr_scale": 0.25}], lr=1.0)
+    plateau = Plateau(patience=1, factor=0.5)
+    schedule = LrSchedule(lr=2.0, min_lr=0.1, warmup=0.2, total_steps=10, plateau=plateau)
+    for step in range(10):
+        expected = warmup_cosine(step / 10, 2.0, 0.1, 0.2, step_share(step / 10, step, 10))
+        assert schedule.apply(optimizer, step / 10, step) == expected
+        assert [g["lr"] for g in optimizer.param_groups] == [expected, expected * 0.25]
+    assert schedule.lr_at(0.0, 0) == pytest.approx(2.0 * 0.1 / 0.3)  # the first step learns
+    plateau.step(1.0), plateau.step(0.5)  # the run's plateau, stepped by its evaluations, halves the rate
+    assert schedule.apply(optimizer, 0.5, 5) == pytest.approx(0.5 * warmup_cosine(0.5, 2.0, 0.1, 0.2, 0.1))
+    assert schedule.describe() == "warmup over the first 2 of 10 steps, lr 0.667 to 2"
+    assert LrSchedule(2.0, 0.1, 0.2, 10, plateau, by_time=True).describe().startswith("warmup over the first 20% of")
 
 
 def test_early_stop_ends_a_run_that_does_not_improve(tmp_path, cache_dir):

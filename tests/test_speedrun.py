@@ -14,13 +14,12 @@ from torch import nn
 
 import vitlab
 from vitlab.data.augment import AugmentConfig, BatchAugment, alternating_flip
+from vitlab.metrics import head_logits
 from vitlab.models.airbench import Whiten, patches_2d, whitening_filters
 from vitlab.train import load_recipe, train
-from vitlab.train.metrics import head_logits
 from vitlab.train.optim import (
     Lookahead,
     build_optimizer,
-    decoupled_sgd,
     kilostep_scale,
     lookahead_alpha,
     param_groups,
@@ -152,12 +151,23 @@ def test_augment_leaves_flips_to_the_alternating_rule():
     torch.testing.assert_close(x, images.float())  # no random flip on top
 
 
+def _sgd_steps(lr: float, wd: float, batch: int, m: float, at: float) -> tuple[float, float]:
+    """(lr_step, wd_step) of the decayed group of the SGD the optimiser builds, at schedule value ``at``."""
+    opt = build_optimizer([{"params": [nn.Parameter(torch.zeros(2, 2))], "weight_decay": wd}], "sgd", lr, m, batch,
+                          torch.device("cpu"))
+    set_lr(opt, at)
+    group = opt.param_groups[0]
+    return group["lr"], group["lr"] * group["weight_decay"]  # torch's SGD decays by lr * weight_decay a step
+
+
 def test_decoupled_sgd_equals_airbench_formula():
     assert kilostep_scale(0.85) == pytest.approx(1024 * (1 + 1 / 0.15))
-    lr_step, wd_step = decoupled_sgd(11.5, 0.0153, 1024, 0.85)
+    lr_step, wd_step = _sgd_steps(11.5, 0.0153, 1024, 0.85, at=11.5)
     assert lr_step == pytest.approx(11.5 * 1024 / (1024 * (1 + 1 / 0.15))) == pytest.approx(1.5)
     assert wd_step == pytest.approx(0.0153 * 1024 / (1024 * (1 + 1 / 0.15)))
-    assert decoupled_sgd(11.5, 0.0153, 512, 0.85) == pytest.approx((lr_step / 2, wd_step / 2))
+    assert _sgd_steps(11.5, 0.0153, 512, 0.85, at=11.5) == pytest.approx((lr_step / 2, wd_step / 2))
+    # the schedule scales the decay with the rate: half the rate, half of each
+    assert _sgd_steps(11.5, 0.0153, 1024, 0.85, at=11.5 / 2) == pytest.approx((lr_step / 2, wd_step / 2))
 
 
 def _toy():

@@ -275,7 +275,7 @@ def test_a_run_trained_by_another_live_process_is_waited_for(tmp_path, monkeypat
 
 def test_probe_rows_judge_a_pretrained_and_a_random_encoder_on_nested_label_shares(tmp_path, cache_dir):
     import vitlab
-    from vitlab.pretrain import create_objective, save_objective
+    from vitlab.objectives import create_objective, save_objective
     from vitlab.studies.probe import probe_rows
 
     encoder = vitlab.create_model("vit_micro_patch2_8", depth=1, num_classes=0)

@@ -433,7 +433,7 @@ def test_time_bar_prints_at_most_once_per_interval():
 
 @pytest.mark.parametrize("name", ["vit_micro_patch2_8", "deit_nano_distilled_patch4_32"])
 def test_flip_tta_averages_image_and_mirror(name):
-    from vitlab.train.metrics import head_logits
+    from vitlab.metrics import head_logits
     torch.manual_seed(0)
     model = vitlab.create_model(name).eval()
     c, h, w = model.pretrained_cfg["input_size"]

@@ -35,7 +35,7 @@ from matplotlib.figure import Figure
 import vitlab
 from vitlab.analysis.plots import plot_mae_reconstructions
 from vitlab.analysis.pretraining import mae_reconstructions
-from vitlab.pretrain import load_objective
+from vitlab.objectives import load_objective
 
 QUICK = os.environ.get("VITLAB_NOTEBOOK_QUICK") == "1"
 MODEL = "vit_nano_patch4_32"  # the model of the measurements below

@@ -5,9 +5,6 @@ its history and its figures; ``vitlab.evaluate``, ``vitlab.predict``, ``vitlab.e
 (``help(vitlab.fit)``, docs/python.md).
 """
 import importlib
-import sys
-import types
-from typing import Any
 
 __version__ = "0.1.0"
 __all__ = ["FitResult", "__version__", "create_model", "evaluate", "explain", "fit", "list_models", "load",
@@ -15,24 +12,6 @@ __all__ = ["FitResult", "__version__", "create_model", "evaluate", "explain", "f
 API = ("FitResult", "evaluate", "explain", "fit", "predict", "pretrain")
 # imported on first use, not with vitlab, so `vitlab models` starts without torch
 LAZY = {"load": "checkpoint", "save": "checkpoint", "create_model": "models", "list_models": "models"}
-
-
-class _Vitlab(types.ModuleType):
-    """The vitlab module, whose ``pretrain`` stays the function once the ``vitlab.pretrain`` package (the objectives)
-    is imported: the import system sets a package on its parent, and that is ignored here (``import
-    vitlab.pretrain`` and ``from vitlab.pretrain import ...`` still reach the package)."""
-
-    @property
-    def pretrain(self):
-        from .api import pretrain
-        return pretrain
-
-    @pretrain.setter
-    def pretrain(self, value: Any) -> None:
-        pass
-
-
-sys.modules[__name__].__class__ = _Vitlab
 
 
 def __getattr__(name: str):  # the Python API pulls in the trainer: imported on first use, not with vitlab

@@ -45,6 +45,7 @@ from .train.recipe import (
     field_default,
     load_recipe,
 )
+from .train.trainer import train
 
 __all__ = ["FitResult", "evaluate", "explain", "fit", "predict", "pretrain"]
 
@@ -364,7 +365,7 @@ def new_recipe(model: ModelLike, data: Any, out: str | os.PathLike | None, names
     if {"model", "init", "data"} & {k for k, v in options.items() if v is not None}:
         raise VitlabError(f"{', '.join(sorted({'model', 'init', 'data'} & set(options)))}: given as fit's model and "
                           "data arguments, not as options")
-    folder = Path(out) if out is not None else new_run_folder(model_name(model))
+    folder = Path(out) if out is not None else new_run_folder(run_name(model))
     start = folder.with_name(folder.name + ".init").absolute()  # where a module is saved to start from
     values = {**options, **model_values(model, start)}
     if names is not None and not is_arrays(data):
@@ -394,7 +395,7 @@ def model_values(model: ModelLike, start: Path) -> dict[str, str]:
                       "hf-hub: id")
 
 
-def model_name(model: ModelLike) -> str:
+def run_name(model: ModelLike) -> str:
     """What a run folder of the model is named after: its registered name, or its folder's name."""
     if isinstance(model, nn.Module):
         return getattr(model, "arch", None) or type(model).__name__
@@ -459,7 +460,6 @@ def say(line: str) -> None:
 
 def train_recipe(recipe: Recipe, resume: bool) -> FitResult:
     """Train the recipe (the command line's trainer) and read the run back; an interrupt leaves it resumable."""
-    from .train import train
     try:
         train(recipe, resume=resume, log=say)
     except KeyboardInterrupt:

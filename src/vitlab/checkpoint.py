@@ -27,6 +27,7 @@ from .errors import NotFoundError, VitlabError
 from .interop import hf, hub, timm
 from .models.base import make_pretrained_cfg
 from .models.beit import resize_rel_pos_table
+from .models.groups import patch_embedding
 from .models.layers import resample_abs_pos_embed, resample_patch_embed, to_2tuple
 from .models.registry import build, check_model, create_model, get_spec, model_class
 from .text import quote
@@ -47,7 +48,7 @@ def current_args(model: nn.Module) -> dict[str, Any]:
     """The model's construction arguments, updated for a replaced head or a new input size."""
     args = dict(getattr(model, "model_args", {}))
     args["num_classes"] = model.num_classes
-    embed = getattr(model, "patch_embed", None)
+    embed = patch_embedding(model)
     if embed is not None:  # an int stays one while it says the same
         same = isinstance(args.get("img_size"), int) and (args["img_size"],) * 2 == tuple(embed.img_size)
         args["img_size"] = args["img_size"] if same else list(embed.img_size)
@@ -112,7 +113,7 @@ def _shards(index: Path) -> list[str]:
     return sorted(set(weight_map.values()))
 
 
-def read_config(path: str | os.PathLike) -> tuple[Path, dict[str, Any]]:
+def read_model_config(path: str | os.PathLike) -> tuple[Path, dict[str, Any]]:
     """(folder, parsed config.json) for a model folder, its config.json or a Hub id."""
     p = resolve(path)
     folder = no_loop(p.parent if p.name == CONFIG else p)
@@ -128,7 +129,7 @@ def read_config(path: str | os.PathLike) -> tuple[Path, dict[str, Any]]:
 def files_sha256(path: str | os.PathLike) -> dict[str, str]:
     """The sha256 of every file ``load`` reads from a model folder (config.json, its weights, a transformers folder's
     preprocessing), by file name: what a run records of a model it starts from or learns from."""
-    folder, _ = read_config(path)
+    folder, _ = read_model_config(path)
     names = [CONFIG, WEIGHTS, "model.safetensors.index.json", "pytorch_model.bin", hf.PREPROCESSOR]
     index = folder / "model.safetensors.index.json"
     if index.is_file() and not (folder / WEIGHTS).is_file():
@@ -198,10 +199,10 @@ def _adapt_pos_embed(model: nn.Module, state: dict[str, torch.Tensor], old_img, 
     ckpt = state.get("pos_embed")
     if own is None or ckpt is None or own.shape == ckpt.shape or own.shape[-1] != ckpt.shape[-1]:
         return
-    grid = model.patch_embed.grid_size
+    grid = patch_embedding(model).grid_size
     prefix = own.shape[1] - grid[0] * grid[1]
     n_old = ckpt.shape[1] - prefix
-    patch = old_patch or model.patch_embed.patch_size
+    patch = old_patch or patch_embedding(model).patch_size
     old_grid = None
     if old_img is not None:
         h, w = to_2tuple(old_img)
@@ -334,7 +335,7 @@ def load(path: str | os.PathLike, **overrides: Any) -> nn.Module:
         model = vitlab.load("my_vit")                 # or a run folder, a timm or Hugging Face folder
         bigger = vitlab.load("my_vit", img_size=64)   # the position table resampled to 64x64
     """
-    folder, cfg = read_config(path)
+    folder, cfg = read_model_config(path)
     _check_config_types(cfg, folder / CONFIG)
     arch, cls, args, preprocess, convert, expected_sha = _kind(cfg, folder)
     old_img = args.get("img_size", get_spec(arch).args.get("img_size", 224) if arch else 224)

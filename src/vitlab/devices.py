@@ -1,13 +1,27 @@
 """The device a computation runs on: moving tensors to it, its precision and, on a CPU, how many threads."""
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Callable
+from typing import Literal
 
 import torch
 
 from .errors import VitlabError
+
+# The precision and device choices every command takes (the recipe's fields and the options of evaluate, predict,
+# explain and probe): declared once, here.
+Precision = Literal["auto", "bf16", "fp16", "fp32"]
+Device = Literal["auto", "cpu", "cuda"]
+AMP_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def autocast(device: torch.device, precision: str):
+    """Autocast to the precision's dtype on the device ('bf16', 'fp16'), or nothing ('fp32')."""
+    dtype = AMP_DTYPES[precision]
+    return torch.autocast(device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
 
 
 def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -64,13 +78,9 @@ def cpu_bf16() -> tuple[bool, str]:
 
 
 # bf16 autocast on a CPU with AMX pays once a model's matrix products are large enough to fill the tiles; below
-# that, the casts around every small product cost more than AMX saves. Measured on a 2-core Xeon with AMX, shared
-# and loaded (benchmarks/bench_precision.py, docs/precision.md), bf16 against float32, training step / inference,
-# one thread: ViT-B/16 at 224 (16.8 GMACs an image) 2.4x / 4.4x, ViT-S/16 (4.2) 3.0x / 2.1x, the speed-run hybrid
-# (0.13) 1.9x / 2.3x, ViT-Ti/4 at 32 (0.26) 0.8x / 3.3x, the 8x8 digits model (0.002) 0.7x / 1.0x; two threads:
-# the hybrid 0.46x / 1.24x, ViT-Ti/4 1.02x / 1.17x, the digits model 0.74x / 0.80x. Training gains for sure only
-# from the 224-pixel ViTs (the models under 1 GMAC were between 0.46x and 1.9x, and the digits model also lost
-# accuracy), inference from the hybrid and ViT-Ti/4 on: two lines, an order of magnitude apart.
+# that, the casts around every small product cost more than AMX saves. Training gained for sure only from the
+# 224-pixel ViTs, inference from models an order of magnitude smaller: two lines, measured per model, precision and
+# thread count in docs/precision.md (benchmarks/bench_precision.py).
 BF16_CPU_MIN_MACS = 1e9  # multiply-adds an image (linear and convolution layers) from which bf16 training pays
 BF16_CPU_MIN_MACS_INFERENCE = 0.1e9  # and from which bf16 inference pays, on a CPU with AMX
 # Images a forward pass of `vitlab predict` takes: small batches keep a CPU's caches warm (ViT-B/16 at 224 in bf16

@@ -12,6 +12,9 @@ from pydantic.fields import FieldInfo
 
 from .errors import VitlabError
 
+UNSET: Any = object()  # a value not given (where None is a value someone may give): the one such marker
+
+
 
 class Settings(BaseModel):
     """A set of declared options. Text coerces to the declared type (``"1e-3"`` is the float 0.001, ``"no"`` is

@@ -11,9 +11,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..pretrain.mae import patch_targets, patchify, unpatchify
-from ..pretrain.masking import random_masking
-from ..pretrain.mpp import draw_corruption
+from ..objectives.mae import patch_targets, patchify, unpatchify
+from ..objectives.masking import random_masking
+from ..objectives.mpp import draw_corruption
 from .plots import display_images
 
 MASK_GREY = 0.5  # how a hidden patch is drawn

@@ -111,7 +111,7 @@ def inspect_model(model: nn.Module, images: torch.Tensor, out_dir: str | Path, *
     distance_images (default: images) are the set the mean attention distance and head importance
     are averaged over; faithfulness_images (default: images) with their labels (default: the
     shown labels, else the model's own prediction) the set the faithfulness scores are measured on.
-    objective: a pre-training run's objective around ``model`` (vitlab.pretrain.load_objective), whose section
+    objective: a pre-training run's objective around ``model`` (vitlab.objectives.load_objective), whose section
     draws what it learnt; the sections that read class scores are then skipped.
     Returns the path of report.html. A model without attention (ResNet) raises ValueError; a token model that says
     why it has none (MLP-Mixer's ``no_attention``) gets the sections that need no attention, and a note.

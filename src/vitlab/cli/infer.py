@@ -47,7 +47,7 @@ def run_eval(args: argparse.Namespace) -> int:
     result = evaluate_folder(args.model, args.data, out=args.out, batch_size=args.batch_size,
                              precision=args.precision, cache_dir=args.cache_dir, download=args.download,
                              tta=args.tta, device=args.device, tta_translate=args.tta_translate)
-    from ..train.metrics import top_k_text
+    from ..metrics import top_k_text
     for head, m in result["heads"].items():
         print(f"{head:>6}: top-1 {100 * m['top1']:.2f}%  {top_k_text(m['per_class'])} {100 * m['top5']:.2f}%  "
               f"({m['count']} images)")

@@ -41,7 +41,7 @@ def _pretraining_objective(folder: str):
     if not folder_path.is_dir() or (read_config(folder_path).get("pretrain") in (None, "none")
                                     and not (folder_path / PRETRAIN_WEIGHTS).is_file()):
         return None
-    from ..pretrain import load_objective
+    from ..objectives import load_objective
     return load_objective(folder)
 
 
@@ -111,10 +111,9 @@ def _run(args: argparse.Namespace, out: Path) -> int:
     from .. import load
     from ..analysis.capture import attention_modules
     from ..analysis.report import inspect_model
-    from ..devices import resolve_device
+    from ..devices import autocast, resolve_device
     from ..infer.precision import inference_precision
     from ..runs.folder import check_model_written
-    from ..train.step import autocast
     device = resolve_device(args.device)
     check_model_written(args.model)
     objective = _pretraining_objective(args.model)  # a pre-training run: its encoder, and its own section

@@ -11,10 +11,8 @@ import yaml
 from pydantic import TypeAdapter, ValidationError
 from pydantic.fields import FieldInfo
 
-from ..settings import accepted
+from ..settings import UNSET, accepted
 from ..train.recipe import AUGMENT_FIELDS, FIELDS, NULL, default_words
-
-UNSET: Any = object()
 
 
 def flag(name: str) -> str:
@@ -38,12 +36,15 @@ def help_text(info: FieldInfo, help_: str | None = None, default: Any = UNSET, s
     return f"{help_ or info.description or ''} [{accepted(info)}; {said}]".replace("%", "%%")
 
 
-def add_recipe_option(parser: argparse.ArgumentParser | argparse._ActionsContainer, name: str) -> None:
+def add_recipe_option(parser: argparse.ArgumentParser | argparse._ActionsContainer, name: str,
+                      hidden: bool = False) -> None:
     """``--name`` for ``vitlab train``: the value stays text (None = not given) and the recipe coerces and checks
     it, so a bad value on the command line gets the same one-line message as in a YAML recipe. ``null`` (YAML's
-    word for none) sets a field to None, as in a recipe: ``--time-budget null`` takes a recipe's budget away."""
+    word for none) sets a field to None, as in a recipe: ``--time-budget null`` takes a recipe's budget away.
+    ``hidden``: parsed, but not listed by ``--help``."""
     info = field(name)
-    annotation, text = info.annotation, help_text(info, said=default_words(name))
+    annotation = info.annotation
+    text = argparse.SUPPRESS if hidden else help_text(info, said=default_words(name))
     if is_bool(annotation):
         parser.add_argument(flag(name), action=argparse.BooleanOptionalAction, default=None, help=text)
     elif typing.get_origin(annotation) is tuple:

@@ -22,7 +22,7 @@ TAKEN = tuple(sorted({name for names in PRETRAIN_TAKES.values() for name in name
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from ..pretrain import OBJECTIVES, objective_options
+    from ..objectives import OBJECTIVES, objective_options
     p = add_command(sub, "pretrain",
                     description="Pre-train a ViT/DeiT encoder without labels on any data vitlab reads, or a flat "
                     "folder of images; then fine-tune it with `vitlab train --init RUN`.")
@@ -41,8 +41,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     refused = [n for n in SUPERVISED_ONLY if n not in TAKEN]
     train_cli.add_run_options(p, skip=(*OWN, *refused))
     for name in refused:  # parsed, to be refused by name in one line, but not listed
-        add_recipe_option(p, name)
-        p._actions[-1].help = argparse.SUPPRESS
+        add_recipe_option(p, name, hidden=True)
     p.set_defaults(func=run)
 
 
@@ -62,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
             raise VitlabError(f"{args.resume} is not a pre-training run; continue it with `vitlab train --resume`")
         args.pretrain = None  # train's --resume reads the method from the run's config.yaml
         return train_cli.run(args)
-    from ..pretrain import OBJECTIVES
+    from ..objectives import OBJECTIVES
     if not args.method:
         raise VitlabError(f"--method is required; accepted: {', '.join(OBJECTIVES)}")
     from ..train import load_recipe, train

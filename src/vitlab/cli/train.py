@@ -104,7 +104,7 @@ def result_line(summary: dict, out: str) -> str:
         held = "held-out" if summary["num_test"] else "training-image (none held out)"
         return (f"{held} {summary['pretrain']} loss {summary['test_loss']:.4f}  {summary['wall_seconds']:.0f} s  -> "
                 f"{out} (fine-tune its encoder: vitlab train --init {out})")
-    from ..train.metrics import top_k_text
+    from ..metrics import top_k_text
     top_k = top_k_text(summary["per_class"])
     return (f"test top-1 {100 * summary['top1']:.2f}%  {top_k} {100 * summary['top5']:.2f}%  "
             f"{summary['wall_seconds']:.0f} s  -> {out}")

@@ -13,10 +13,10 @@ from ..data.sources import DataBundle, load_data
 from ..data.views import Preprocess
 from ..devices import resolve_device
 from ..errors import VitlabError
+from ..metrics import evaluate_model
 from ..runs.folder import check_model_written, claim_folder
 from ..runs.format import CONFUSION_PNG, EvalSummary, read_split, write_summary
 from ..runs.identity import check_data
-from ..train.metrics import evaluate_model
 from .precision import cast_for_inference, inference_precision
 from .predict import class_names
 

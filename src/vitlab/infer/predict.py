@@ -14,13 +14,12 @@ from ..data.arrays import images_nchw, to_uint8
 from ..data.augment import normalize
 from ..data.sources import read_image
 from ..data.views import Preprocess
-from ..devices import PREDICT_BATCH, resolve_device, to_device
+from ..devices import PREDICT_BATCH, autocast, resolve_device, to_device
 from ..errors import VitlabError
 from ..finite import check_finite
+from ..metrics import head_logits
 from ..progress import progress_bar
 from ..runs.folder import check_model_written
-from ..train.metrics import head_logits
-from ..train.step import autocast
 from .precision import cast_for_inference, inference_precision
 
 

@@ -7,6 +7,7 @@ interop/ and the reports read them off the model; nothing outside models/ keys o
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,7 +16,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..errors import VitlabError
-from .layers import to_2tuple
+from .layers import PatchEmbed, to_2tuple
 
 DEFAULT_MEAN, DEFAULT_STD = (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)  # timm's and transformers' ViT default
 
@@ -76,6 +77,23 @@ class Model(nn.Module):
             else:
                 blk.__dict__.pop("forward", None)
         self.grad_checkpointing = enable
+
+    def init_vit_input(self, img_size: int | tuple[int, int], patch_size: int | tuple[int, int], in_chans: int,
+                       num_classes: int, global_pool: str, embed_dim: int, dynamic_img_size: bool,
+                       norm_eps: float) -> Callable[[int], nn.LayerNorm]:
+        """The opening of a ViT-like constructor with one class token (BEiT, CaiT, ConViT): ``global_pool`` checked
+        against ``global_pools``, the head's facts, the patch embedding ``patch_embed`` and the class token
+        ``cls_token`` (zeros until the model's init); returns the model's LayerNorm (``norm_eps``)."""
+        if global_pool not in self.global_pools:
+            raise VitlabError(f"global_pool {global_pool!r} is not one of {self.global_pools}")
+        self.num_classes = num_classes
+        self.global_pool = global_pool
+        self.num_features = self.embed_dim = embed_dim
+        self.num_prefix_tokens = 1
+        self.dynamic_img_size = dynamic_img_size
+        self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim, dynamic_img_size=dynamic_img_size)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
+        return functools.partial(nn.LayerNorm, eps=norm_eps)
 
     def no_weight_decay(self) -> set[str]:
         return set(self.no_weight_decay_names)

@@ -22,7 +22,6 @@ from .base import Model, TimmSpec
 from .layers import (
     Attention,
     Block,
-    PatchEmbed,
     drop_path_rates,
     get_act_layer,
     init_weights_rescaled,
@@ -211,18 +210,9 @@ class Beit(Model):
                  act_layer="gelu", norm_eps=1e-6, dynamic_img_size=False, drop_rate=0.0, pos_drop_rate=0.0,
                  proj_drop_rate=0.0, attn_drop_rate=0.0, drop_path_rate=0.0):
         super().__init__()
-        if global_pool not in self.global_pools:
-            raise VitlabError(f"global_pool {global_pool!r} is not one of {self.global_pools}")
-        norm_layer = partial(nn.LayerNorm, eps=norm_eps)
-        self.num_classes = num_classes
-        self.global_pool = global_pool
-        self.num_features = self.embed_dim = embed_dim
-        self.num_prefix_tokens = 1
-        self.dynamic_img_size = dynamic_img_size
-
-        self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim, dynamic_img_size=dynamic_img_size)
+        norm_layer = self.init_vit_input(img_size, patch_size, in_chans, num_classes, global_pool, embed_dim,
+                                         dynamic_img_size, norm_eps)
         grid = self.patch_embed.grid_size
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
         self.pos_embed = nn.Parameter(torch.zeros(1, grid[0] * grid[1] + 1, embed_dim)) if use_abs_pos_emb else None
         self.pos_drop = nn.Dropout(pos_drop_rate)
         self.rel_pos_bias = RelativePositionBias(grid, num_heads) if use_shared_rel_pos_bias else None

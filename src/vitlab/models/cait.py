@@ -5,20 +5,16 @@ enter, through ``depth_token_only`` class-attention blocks in which it alone is 
 """
 from __future__ import annotations
 
-from functools import partial
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import VitlabError
 from .base import Model, TimmSpec
 from .layers import (
     Block,
     DropPath,
     LayerScale,
     Mlp,
-    PatchEmbed,
     get_act_layer,
     init_weights_vit,
     mlp_hidden,
@@ -126,18 +122,9 @@ class Cait(Model):
                  norm_eps=1e-6, drop_rate=0.0, pos_drop_rate=0.0, proj_drop_rate=0.0, attn_drop_rate=0.0,
                  drop_path_rate=0.0):
         super().__init__()
-        if global_pool not in ("token", "avg", ""):
-            raise VitlabError(f"global_pool {global_pool!r} is not one of ('token', 'avg', '')")
-        norm_layer = partial(nn.LayerNorm, eps=norm_eps)
+        norm_layer = self.init_vit_input(img_size, patch_size, in_chans, num_classes, global_pool, embed_dim,
+                                         dynamic_img_size, norm_eps)
         act = get_act_layer(act_layer)
-        self.num_classes = num_classes
-        self.global_pool = global_pool
-        self.num_features = self.embed_dim = embed_dim
-        self.num_prefix_tokens = 1
-        self.dynamic_img_size = dynamic_img_size
-
-        self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim, dynamic_img_size=dynamic_img_size)
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
         self.pos_embed = nn.Parameter(torch.zeros(1, self.patch_embed.num_patches, embed_dim))
         self.pos_drop = nn.Dropout(pos_drop_rate)
         self.blocks = nn.Sequential(*[  # CaiT keeps the drop-path rate constant over depth

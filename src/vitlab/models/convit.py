@@ -6,8 +6,6 @@ the paper and timm, ``embed_dim`` is the width per head.
 """
 from __future__ import annotations
 
-from functools import partial
-
 import torch
 from torch import nn
 
@@ -16,7 +14,6 @@ from .base import Model, TimmSpec
 from .layers import (
     Attention,
     Block,
-    PatchEmbed,
     drop_path_rates,
     init_weights_vit,
     resample_abs_pos_embed,
@@ -113,21 +110,12 @@ class ConVit(Model):
                  locality_strength=1.0, use_pos_embed=True, dynamic_img_size=False, norm_eps=1e-6,
                  drop_rate=0.0, pos_drop_rate=0.0, proj_drop_rate=0.0, attn_drop_rate=0.0, drop_path_rate=0.0):
         super().__init__()
-        if global_pool not in ("token", "avg", ""):
-            raise VitlabError(f"global_pool {global_pool!r} is not one of ('token', 'avg', '')")
         if not 0 <= local_up_to_layer <= depth:
             raise VitlabError(f"local_up_to_layer {local_up_to_layer} must lie in [0, depth={depth}]")
         embed_dim *= num_heads  # embed_dim is per head
-        norm_layer = partial(nn.LayerNorm, eps=norm_eps)
-        self.num_classes = num_classes
-        self.global_pool = global_pool
-        self.num_features = self.embed_dim = embed_dim
+        norm_layer = self.init_vit_input(img_size, patch_size, in_chans, num_classes, global_pool, embed_dim,
+                                         dynamic_img_size, norm_eps)
         self.local_up_to_layer = local_up_to_layer
-        self.num_prefix_tokens = 1
-        self.dynamic_img_size = dynamic_img_size
-
-        self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim, dynamic_img_size=dynamic_img_size)
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
         num_patches = self.patch_embed.num_patches
         self.pos_embed = nn.Parameter(torch.zeros(1, num_patches, embed_dim)) if use_pos_embed else None
         self.pos_drop = nn.Dropout(pos_drop_rate)

@@ -34,6 +34,7 @@ from .layers import (
     to_2tuple,
 )
 from .rope import AxialRope, CenteredRope, CoordAugment, MixedRope, apply_rope
+from .vit_presets import VIT_SIZES
 
 
 class RopeAttention(Attention):
@@ -149,17 +150,18 @@ EVA_ARGS = ("img_size", "patch_size", "in_chans", "num_classes", "global_pool", 
             "swiglu_align_to", "rope_rotate_half", "rope_shift_coords", "rope_jitter_coords", "rope_rescale_coords",
             "num_kv_heads", "attn_only_layer_scale", "use_post_norm")
 ROPE_TYPES = ("cat", "mixed", "dinov3")
-DINOV3_SIZES = {"small": (384, 12, 6, False), "small_plus": (384, 12, 6, True), "base": (768, 12, 12, False),
-                "large": (1024, 24, 16, False), "huge_plus": (1280, 32, 20, True)}  # width, depth, heads, SwiGLU
+DINOV3_SIZES = {"small": (*VIT_SIZES["small"], False), "small_plus": (*VIT_SIZES["small"], True),
+                "base": (*VIT_SIZES["base"], False), "large": (*VIT_SIZES["large"], False),
+                "huge_plus": (1280, 32, 20, True)}  # width, depth, heads (huge_plus: 20, not huge's 16), SwiGLU
 # timm's DINOv3 names outside that pattern: a tiny one with q and v biases (EUPE's), and the 7B (SwiGLU at ratio 2,
 # its width rounded to 64)
 DINOV3_OTHERS = {"vit_tiny_patch16_dinov3_qkvb": dict(embed_dim=192, depth=12, num_heads=3, qkv_bias=True),
                  "vit_7b_patch16_dinov3": dict(embed_dim=4096, depth=40, num_heads=32, mlp_ratio=2.0, swiglu_mlp=True,
                                                swiglu_align_to=64)}
 DINOV3_NORM_EPS = 1e-5  # timm's DINOv3 names build their LayerNorms with eps 1e-5, its other Eva names 1e-6
-LINGBOT_SIZES = {"small": (384, 12, 6), "base": (768, 12, 12), "large": (1024, 24, 16)}  # width, depth, heads
-SAPIENS2_SIZES = {"base": (768, 12, 12, 6), "large": (1024, 24, 16, 8), "huge": (1280, 32, 16, 8),
-                  "giant": (1536, 40, 24, 12), "5b": (2432, 56, 32, 16)}  # width, depth, heads, kv heads
+LINGBOT_SIZES = {size: VIT_SIZES[size] for size in ("small", "base", "large")}  # width, depth, heads
+SAPIENS2_SIZES = {"base": (*VIT_SIZES["base"], 6), "large": (*VIT_SIZES["large"], 8), "huge": (*VIT_SIZES["huge"], 8),
+                  "giant": (*VIT_SIZES["giant2"], 12), "5b": (2432, 56, 32, 16)}  # width, depth, heads, kv heads
 
 
 def sapiens2_kv_heads(depth: int, num_heads: int, num_kv_heads: int, full: int = 8) -> tuple[int, ...]:

@@ -33,6 +33,7 @@ from .pe import PE_IMAGES, PE_LANG_DEPTH, PE_NORM_EPS, PE_PROJ, PE_SIZES, Percep
 from .resnet import ResNet
 from .resnetv2 import ResNetV2VisionTransformer
 from .vit import TIMM_PRESETS, VisionTransformer
+from .vit_presets import VIT_SIZES, vit_size
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 INCEPTION_MEAN, INCEPTION_STD = DEFAULT_MEAN, DEFAULT_STD
@@ -54,7 +55,7 @@ def register(name: str, cls: type[nn.Module], mean=IMAGENET_MEAN, std=IMAGENET_S
 
 
 # ViT (timm's names; "augreg" weights use mean = std = 0.5)
-_VIT_SIZES = {"tiny": (192, 12, 3), "small": (384, 12, 6), "base": (768, 12, 12), "large": (1024, 24, 16)}
+_VIT_SIZES = {_size: VIT_SIZES[_size] for _size in ("tiny", "small", "base", "large")}
 for _size, (_dim, _depth, _heads) in _VIT_SIZES.items():
     for _patch in (16, 32):
         for _img in (224, 384):
@@ -85,16 +86,16 @@ for _name, (_dim, _depth, _heads, _ls) in _CAIT.items():
 _BEIT = dict(patch_size=16, use_abs_pos_emb=False, use_rel_pos_bias=True)
 for _img in (224, 384):
     register(f"beit_base_patch16_{_img}", Beit, INCEPTION_MEAN, INCEPTION_STD, **_BEIT, img_size=_img,
-             embed_dim=768, depth=12, num_heads=12, init_values=0.1)
+             **vit_size("base"), init_values=0.1)
 for _img in (224, 384, 512):
     register(f"beit_large_patch16_{_img}", Beit, INCEPTION_MEAN, INCEPTION_STD, **_BEIT, img_size=_img,
-             embed_dim=1024, depth=24, num_heads=16, init_values=1e-5)
-for _size, (_dim, _depth, _heads) in (("base", (768, 12, 12)), ("large", (1024, 24, 16))):
+             **vit_size("large"), init_values=1e-5)
+for _size, (_dim, _depth, _heads) in ((_s, VIT_SIZES[_s]) for _s in ("base", "large")):
     register(f"beitv2_{_size}_patch16_224", Beit, **_BEIT, embed_dim=_dim, depth=_depth, num_heads=_heads,
              init_values=1e-5)
 # EVA02 (timm's names): axial RoPE rescaled to the 16x16 pre-training grid, SwiGLU (sub-LayerNorm from base up)
-_EVA02 = {"tiny": (192, 12, 3, (224, 336)), "small": (384, 12, 6, (224, 336)), "base": (768, 12, 12, (224, 448)),
-          "large": (1024, 24, 16, (224, 448))}
+_EVA02 = {"tiny": (*VIT_SIZES["tiny"], (224, 336)), "small": (*VIT_SIZES["small"], (224, 336)),
+          "base": (*VIT_SIZES["base"], (224, 448)), "large": (*VIT_SIZES["large"], (224, 448))}
 for _size, (_dim, _depth, _heads, _imgs) in _EVA02.items():
     _big = dict(qkv_fused=False, scale_mlp=True) if _size in ("base", "large") else {}
     for _img in _imgs:
@@ -122,7 +123,7 @@ register("eva_giant_patch14_clip_224", Eva, CLIP_MEAN, CLIP_STD, img_size=224, p
 register("eva02_enormous_patch14_clip_224", Eva, CLIP_MEAN, CLIP_STD, img_size=224, patch_size=14, embed_dim=1792,
          depth=64, num_heads=16, mlp_ratio=15360 / 1792, use_post_norm=True, global_pool="token", num_classes=1024)
 # RoPE ViTs (Heo et al. 2024, timm's names): axial (temperature 100) or mixed RoPE, optionally an absolute embedding
-for _size, (_dim, _depth, _heads) in (("small", (384, 12, 6)), ("base", (768, 12, 12)), ("large", (1024, 24, 16))):
+for _size, (_dim, _depth, _heads) in ((_s, VIT_SIZES[_s]) for _s in ("small", "base", "large")):
     for _kind, _rope in (("", dict(rope_temperature=100.0)), ("_mixed", dict(rope_temperature=10.0,
                                                                                 rope_type="mixed"))):
         for _ape, _pos in (("", dict(use_abs_pos_emb=False)), ("_ape", dict(no_embed_class=True))):
@@ -177,16 +178,16 @@ _RADIO = dict(img_size=512, patch_size=16, class_token=True, global_pool="token"
               pos_embed_grid_size=(128, 128), pos_embed_interp_mode="bilinear", pos_embed_ar_preserving=True,
               pos_embed_antialias=False)
 for _name, _args in {
-        "naflexvit_base_patch16_radio_v3": dict(embed_dim=768, depth=12, num_heads=12, init_values=1e-5, reg_tokens=7,
+        "naflexvit_base_patch16_radio_v3": dict(**vit_size("base"), init_values=1e-5, reg_tokens=7,
                                                 pos_embed_align_corners=True),
-        "naflexvit_large_patch16_radio_v3": dict(embed_dim=1024, depth=24, num_heads=16, init_values=1e-5,
+        "naflexvit_large_patch16_radio_v3": dict(**vit_size("large"), init_values=1e-5,
                                                  reg_tokens=7),
-        "naflexvit_huge_patch16_radio_v3": dict(embed_dim=1280, depth=32, num_heads=16, reg_tokens=7,
+        "naflexvit_huge_patch16_radio_v3": dict(**vit_size("huge"), reg_tokens=7,
                                                 pos_embed_align_corners=True),
-        "naflexvit_giant_patch16_radio_v3": dict(embed_dim=1536, depth=40, num_heads=24, reg_tokens=7),
-        "naflexvit_so400m_patch16_radio_v4": dict(embed_dim=1152, depth=27, num_heads=16, mlp_ratio=4304 / 1152,
+        "naflexvit_giant_patch16_radio_v3": dict(**vit_size("giant2"), reg_tokens=7),
+        "naflexvit_so400m_patch16_radio_v4": dict(**vit_size("so400m"), mlp_ratio=4304 / 1152,
                                                   reg_tokens=9),
-        "naflexvit_huge_patch16_radio_v4": dict(embed_dim=1280, depth=32, num_heads=16, reg_tokens=9)}.items():
+        "naflexvit_huge_patch16_radio_v4": dict(**vit_size("huge"), reg_tokens=9)}.items():
     register(_name, NaFlexVit, CLIP_MEAN, CLIP_STD, **_RADIO, **_args)
 # Perception Encoder (timm's names): CLIP's pre-norm ViT with a position table and axial RoPE counted from 1 in (x, y)
 # order, rescaled to the weights' grid; Core reads out through an attention pool and its projection, Spatial and Lang
@@ -209,7 +210,7 @@ for _kind, _sizes in PE_IMAGES.items():
 _LINGBOT = {**_DINOV3, "img_size": 224, "qkv_bias": True, "global_pool": "token"}
 for _size, (_dim, _depth, _heads) in LINGBOT_SIZES.items():
     register(f"vit_{_size}_patch16_lingbot", Eva, **_LINGBOT, embed_dim=_dim, depth=_depth, num_heads=_heads)
-register("vit_giant_patch16_lingbot", Eva, **{**_LINGBOT, "qkv_bias": False}, embed_dim=1536, depth=40, num_heads=24,
+register("vit_giant_patch16_lingbot", Eva, **{**_LINGBOT, "qkv_bias": False}, **vit_size("giant2"),
          mlp_ratio=4 * 2 / 3, swiglu_mlp=True, swiglu_align_to=8)
 # Sapiens2 (timm's names): DINOv3's RoPE, class + 8 registers, RMSNorm, qk-norm, q/k/v biases, packed SwiGLU, LayerScale
 # on attention only; grouped-query attention in all but the first and last 8 blocks; 1024x768 portraits, any size
@@ -224,9 +225,9 @@ for _size, (_dim, _depth, _heads, _kv) in SAPIENS2_SIZES.items():
 for _name, _heads in (("tiny", 4), ("small", 9), ("base", 16)):
     register(f"convit_{_name}", ConVit, local_up_to_layer=10, locality_strength=1.0, embed_dim=48, num_heads=_heads)
 # Hybrid: ResNet-18 stages to stride 16, then ViT-S/ViT-Ti
-register("vit_small_r18_s16_224", HybridVisionTransformer, embed_dim=384, depth=12, num_heads=6,
+register("vit_small_r18_s16_224", HybridVisionTransformer, **vit_size("small"),
          backbone_layers=(2, 2, 2), backbone_widths=(64, 128, 256), backbone_stem="imagenet")
-register("vit_tiny_r18_s16_224", HybridVisionTransformer, embed_dim=192, depth=12, num_heads=3,
+register("vit_tiny_r18_s16_224", HybridVisionTransformer, **vit_size("tiny"),
          backbone_layers=(2, 2, 2), backbone_widths=(64, 128, 256), backbone_stem="imagenet")
 # The ViT paper's hybrids: a BiT ResNetV2 (stage depths) makes the tokens; timm's names
 for _name, (_layers, _patch, _dim, _depth, _heads) in {

@@ -27,7 +27,7 @@ from .layers import (
     resample_abs_pos_embed,
     sincos_2d_pos_embed,
 )
-from .vit_presets import MORE_TIMM_PRESETS
+from .vit_presets import MORE_TIMM_PRESETS, vit_size
 
 POS_EMBEDS = ("learn", "sincos", "none")
 MLP_LAYERS = ("mlp", "swiglu_packed")  # timm's Mlp and SwiGLUPacked (fc1's width int(embed_dim * mlp_ratio))
@@ -39,13 +39,8 @@ TIMM_ARGS = ("img_size", "patch_size", "in_chans", "num_classes", "global_pool",
              "no_embed_class", "reg_tokens", "pre_norm", "final_norm", "fc_norm", "dynamic_img_size", "act_layer",
              "drop_rate", "pos_drop_rate", "proj_drop_rate", "attn_drop_rate", "drop_path_rate", "norm_layer")
 
-_SIZES = {"small": (384, 12, 6), "medium": (512, 12, 8), "betwixt": (640, 12, 10), "base": (768, 12, 12),
-          "large": (1024, 24, 16), "huge": (1280, 32, 16), "so400m": (1152, 27, 16)}
-
-
 def _size(size: str, patch: int, img: int, **options) -> dict:
-    dim, depth, heads = _SIZES[size]
-    return {"img_size": img, "patch_size": patch, "embed_dim": dim, "depth": depth, "num_heads": heads, **options}
+    return {"img_size": img, "patch_size": patch, **vit_size(size), **options}
 
 
 def timm_presets() -> dict[str, dict]:
@@ -173,13 +168,56 @@ class VisionTransformer(Model):
             return None
         return "deit" if self.dist_token is not None else "vit"
 
-    def __init__(self, img_size=224, patch_size=16, in_chans=3, num_classes=1000, global_pool="token",
-                 embed_dim=768, depth=12, num_heads=12, mlp_ratio=4.0, qkv_bias=True, init_values=None,
-                 class_token=True, reg_tokens=0, distilled=False, no_embed_class=False, pos_embed="learn",
-                 dynamic_img_size=False, fc_norm=None, act_layer="gelu", norm_eps=1e-6, qk_norm=False, proj_bias=True,
-                 pre_norm=False, final_norm=True, pos_embed_antialias=True, drop_rate=0.0, pos_drop_rate=0.0,
-                 proj_drop_rate=0.0, attn_drop_rate=0.0, drop_path_rate=0.0, num_parallel=1,
-                 parallel_scaling=False, norm_layer="layernorm", mlp_layer="mlp"):
+    def __init__(self, img_size: int | tuple[int, int] = 224, patch_size: int | tuple[int, int] = 16,
+                 in_chans: int = 3, num_classes: int = 1000, global_pool: str = "token", embed_dim: int = 768,
+                 depth: int = 12, num_heads: int = 12, mlp_ratio: float = 4.0, qkv_bias: bool = True,
+                 init_values: float | None = None, class_token: bool = True, reg_tokens: int = 0,
+                 distilled: bool = False, no_embed_class: bool = False, pos_embed: str = "learn",
+                 dynamic_img_size: bool = False, fc_norm: bool | None = None, act_layer: str = "gelu",
+                 norm_eps: float = 1e-6, qk_norm: bool = False, proj_bias: bool = True, pre_norm: bool = False,
+                 final_norm: bool = True, pos_embed_antialias: bool = True, drop_rate: float = 0.0,
+                 pos_drop_rate: float = 0.0, proj_drop_rate: float = 0.0, attn_drop_rate: float = 0.0,
+                 drop_path_rate: float = 0.0, num_parallel: int = 1, parallel_scaling: bool = False,
+                 norm_layer: str = "layernorm", mlp_layer: str = "mlp"):
+        """timm's arguments, with timm's names and meaning (``TIMM_ARGS``), and vitlab's few more.
+
+        Args:
+            img_size: the input size the position table is made for (an int, or (height, width)).
+            patch_size: the side of a patch (an int, or (height, width)); the grid is img_size / patch_size.
+            in_chans: the channels of an input image.
+            num_classes: the classifier's width; 0 gives no classifier (forward returns the pooled features).
+            global_pool: how the tokens become one: 'token' (the class token), 'avg' (the mean patch token), 'map'
+                (SigLIP's attention pool), 'token_avg' (class and mean patch token side by side), '' (none).
+            embed_dim: the width of every token.
+            depth: the number of transformer blocks.
+            num_heads: the attention heads of each block.
+            mlp_ratio: the MLP's hidden width over embed_dim.
+            qkv_bias: biases on the query, key and value projections.
+            init_values: LayerScale's initial value (DeiT III, DINOv2); None: no LayerScale.
+            class_token: a class token before the patch tokens.
+            reg_tokens: register tokens after the class token (Darcet et al. 2023).
+            distilled: DeiT's distillation token and its head ``head_dist``.
+            no_embed_class: the position table covers the patch tokens only (the prefix tokens get none).
+            pos_embed: 'learn' (a learned table), 'sincos' (a fixed 2D sin-cos table) or 'none'.
+            dynamic_img_size: accept other input sizes, the position table resampled to each grid.
+            fc_norm: a norm on the pooled token instead of the final norm on every token; None: with 'avg' pooling.
+            act_layer: the MLP's activation, a name in ``layers.ACTIVATIONS`` (gelu, gelu_tanh, relu, silu, quick_gelu).
+            norm_eps: the norms' epsilon (timm: 1e-6; CLIP: 1e-5).
+            qk_norm: normalise queries and keys per head.
+            proj_bias: biases on the attention's and the MLP's output projections.
+            pre_norm: CLIP's norm ``norm_pre`` after the position embedding (the patch projection then has no bias).
+            final_norm: the final norm (and fc_norm); False drops both.
+            pos_embed_antialias: antialias when the position table is resampled to another grid (timm: True).
+            drop_rate: dropout before the classifier.
+            pos_drop_rate: dropout after the position embedding.
+            proj_drop_rate: dropout after the attention's and the MLP's output projections.
+            attn_drop_rate: dropout on the attention weights.
+            drop_path_rate: stochastic depth of the last block (growing linearly from 0 over the blocks).
+            num_parallel: attention then MLP branches per block (timm's ParallelThingsBlock); 1: sequential.
+            parallel_scaling: ViT-22B's block, attention and MLP side by side from one fused projection.
+            norm_layer: 'layernorm' or 'rmsnorm' (every norm of the model).
+            mlp_layer: 'mlp' (timm's Mlp) or 'swiglu_packed' (DINOv2's giant MLP, gate and value in one fc1).
+        """
         super().__init__()
         if num_parallel < 1:
             raise VitlabError(f"num_parallel {num_parallel} is not accepted: 1 (sequential blocks) or more (branches)")

@@ -8,7 +8,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..errors import VitlabError
-from ..train.finetune import classifiers
+from ..models.groups import classifiers
 
 SMALL_PROBLEM = 50_000_000  # features x classes below which the probe runs on one CPU thread
 

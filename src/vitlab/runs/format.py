@@ -9,7 +9,7 @@ A run folder holds::
     metrics.jsonl      one EpochRow per line, rewritten after every epoch
     config.json, model.safetensors   the trained model (vitlab.checkpoint); of a pre-training run, its encoder
     pretrain.safetensors             a pre-training run's other tensors (the decoder), with the method and options
-                                     (written and read in pretrain/objective.py)
+                                     (written and read in objectives/objective.py)
     curves.png, confusion.png        figures (runs/figures.py)
     summary.json       a Summary, written last: a folder without it is an unfinished run
 

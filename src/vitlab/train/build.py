@@ -15,6 +15,7 @@ from ..data.augment import normalize
 from ..data.sources import DataBundle, ImageSet, load_data
 from ..data.views import Preprocess, stratified_subset
 from ..errors import VitlabError
+from ..models.groups import patch_embedding
 from ..models.registry import accepted_args, check_args, create_model, get_spec
 from ..runs.format import PRETRAIN_WEIGHTS
 from .distributed import Dist, barrier
@@ -94,7 +95,7 @@ def _from_init(recipe: Recipe, task: Task, get_data: Callable,
     in_chans = base.pretrained_cfg["input_size"][0]
     own = tuple(base.pretrained_cfg["input_size"][1:])
     size = (recipe.img_size, recipe.img_size) if recipe.img_size else own
-    embed = getattr(base, "patch_embed", None)
+    embed = patch_embedding(base)
     patch = recipe.model_args.get("patch_size") or (embed.patch_size if embed is not None else None)
     patch = (patch, patch) if isinstance(patch, int) else tuple(patch) if patch else None
     if patch and (size[0] % patch[0] or size[1] % patch[1]):

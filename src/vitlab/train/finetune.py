@@ -7,18 +7,12 @@ import torch
 import torch.nn as nn
 
 from ..errors import VitlabError
-from .optim import layer_ids
+from ..models.groups import classifiers, layer_ids
 
 # "zero": weight and bias 0 (timm's --head-init-scale 0); "trunc_normal": weight ~ N(0, 2e-5) truncated at
 # +-2 (absolute), bias 0, as MAE's fine-tuning starts the head
 HEAD_INITS = ("zero", "trunc_normal")
 HEAD_INIT_STD = 2e-5
-
-
-def classifiers(model: nn.Module) -> dict[str, nn.Linear]:
-    """The model's classifier layers by name (its ``classifier_names``: 'head', DeiT's 'head_dist', a ResNet's 'fc')."""
-    heads = {name: getattr(model, name, None) for name in getattr(model, "classifier_names", ())}
-    return {name: m for name, m in heads.items() if isinstance(m, nn.Linear)}
 
 
 @torch.no_grad()

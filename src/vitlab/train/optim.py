@@ -1,19 +1,17 @@
 """The optimiser, built in one place, one way: parameter groups (weight decay or not), layer-wise learning-rate
 decay, a learning-rate scale for BatchNorm biases, AdamW or Nesterov SGD with decoupled hyperparameters, and
-lookahead. ``recipe_optimizer`` is the one entry point; each group carries ``lr_scale``, which ``schedule.set_lr``
-applies as timm's schedulers do (``lr * lr_scale``).
+lookahead. ``recipe_optimizer`` is the one entry point; each group carries ``lr_scale``, which the run's schedule
+(``schedule.LrSchedule``, through ``schedule.set_lr``) applies at every step as timm's schedulers do
+(``lr * lr_scale``): nothing here sets a learning rate.
 
 Weight decay: none on norms, biases, LayerScale, position embeddings and tokens (a model's ``no_weight_decay``).
 
 Layer-wise learning-rate decay (BEiT, MAE, DeiT III fine-tuning): deeper layers learn faster.
-Every parameter gets a layer id: the embeddings (patch embedding, a hybrid's CNN backbone, position
-embedding, class / distillation / register tokens; a ResNet's stem) are layer 0, block i is layer
-i + 1 (CaiT's class-attention blocks count after its self-attention blocks, a ResNet's stage k is
-layer k, the members of the stack a model names in ``layer_stack`` are its layers; airbench's conv
-groups), and everything after the last block (final norm, fc_norm, the heads) is layer depth + 1.
-A parameter in layer i learns at ``lr * decay ** (depth + 1 - i)``: the heads at the full rate, the
-last block at ``lr * decay``, the embeddings at ``lr * decay ** (depth + 1)``. As in BEiT and MAE,
-the final norm counts with the heads (timm's ViT puts it with the last block instead).
+Every parameter gets a layer id from the model (``models.groups.layer_ids``): the embeddings are layer 0,
+the blocks (or stages) 1..depth, everything after the last block depth + 1. A parameter in layer i learns at
+``lr * decay ** (depth + 1 - i)``: the heads at the full rate, the last block at ``lr * decay``, the embeddings at
+``lr * decay ** (depth + 1)``. As in BEiT and MAE, the final norm counts with the heads (timm's ViT puts it with the
+last block instead).
 
 Decoupled SGD hyperparameters (airbench's definition). With momentum m, lr and weight_decay are given per 1,024
 examples and per unit of Nesterov amplification, ``kilostep_scale = 1024 * (1 + 1 / (1 - m))``; a step of a
@@ -33,48 +31,10 @@ import torch
 import torch.nn as nn
 
 from ..errors import VitlabError
-from .schedule import set_lr
+from ..models.groups import layer_ids
 
 if TYPE_CHECKING:
     from .recipe import Recipe
-
-# parameters (first name part) that are the input side of a model: layer 0
-EMBED_NAMES = ("patch_embed", "embeds", "pos_embed", "cls_token", "dist_token", "reg_token", "mask_token", "norm_pre",
-               "conv1", "bn1", "stem")
-# module lists whose members are the layers, in the order the input passes through them
-BLOCK_STACKS = ("blocks", "blocks_token_only")
-
-
-def layer_units(model: nn.Module) -> list[str]:
-    """The name prefixes of the model's layers in depth order ('blocks.0', ..., or 'layer1', ...)."""
-    units = []
-    for stack in (*BLOCK_STACKS, getattr(model, "layer_stack", None)):
-        blocks = model.get_submodule(stack) if stack and hasattr(model, stack.split(".")[0]) else None
-        if isinstance(blocks, (nn.Sequential, nn.ModuleList)):
-            units += [f"{stack}.{i}" for i in range(len(blocks))]
-    k = 1
-    while isinstance(getattr(model, f"layer{k}", None), nn.Module):  # a ResNet's stages
-        units.append(f"layer{k}")
-        k += 1
-    if not units:
-        raise VitlabError(f"{type(model).__name__} has neither transformer blocks nor ResNet stages; layer-wise "
-                          "settings accept ViT, DeiT, CaiT, ConViT, hybrid ViT, ResNet and airbench models")
-    return units
-
-
-def layer_ids(model: nn.Module) -> tuple[dict[str, int], int]:
-    """({parameter name: layer id}, depth): embeddings 0, the layers 1..depth, the rest depth + 1."""
-    units = layer_units(model)
-    unit_id = {name: i + 1 for i, name in enumerate(units)}
-    depth = len(units)
-    ids = {}
-    for name, _ in model.named_parameters():
-        parts = name.split(".")
-        unit = next((unit_id[p] for p in (".".join(parts[:k]) for k in range(len(parts) - 1, 0, -1)) if p in unit_id),
-                    None)  # the longest prefix that is a layer
-        ids[name] = unit if unit is not None else 0 if parts[0] in EMBED_NAMES else depth + 1
-    return ids, depth
-
 
 def layer_scales(depth: int, decay: float) -> list[float]:
     """The lr scale of layers 0..depth + 1: ``decay ** (depth + 1 - i)``."""
@@ -126,12 +86,6 @@ def kilostep_scale(momentum: float) -> float:
     return 1024.0 * (1.0 + 1.0 / (1.0 - momentum))
 
 
-def decoupled_sgd(lr: float, weight_decay: float, batch_size: int, momentum: float) -> tuple[float, float]:
-    """(lr_step, wd_step): the step learning rate and the share of each weight decayed per step."""
-    k = batch_size / kilostep_scale(momentum)
-    return lr * k, weight_decay * k
-
-
 def bn_bias_ids(model: nn.Module) -> set[int]:
     """The ids of the BatchNorm biases of a model."""
     return {id(m.bias) for m in model.modules()
@@ -155,7 +109,9 @@ def scale_bn_biases(groups: list[dict], model: nn.Module, scale: float) -> list[
 def build_optimizer(groups: list[dict], kind: str, lr: float, momentum: float, batch_size: int,
                     device: torch.device, betas: tuple[float, float] = (0.9, 0.999)) -> torch.optim.Optimizer:
     """AdamW, or Nesterov SGD with decoupled hyperparameters, over groups carrying ``lr_scale`` and ``weight_decay``
-    (the recipe's decay, or 0); the learning rate is then set with ``schedule.set_lr(optimizer, recipe_lr)``."""
+    (the recipe's decay, or 0). SGD's groups get the decoupling here, the one place it is computed: ``lr_scale``
+    times ``B / kilostep_scale`` (so that ``set_lr(optimizer, lr)`` gives lr_step) and ``weight_decay`` wd_step /
+    lr_step at the peak ``lr`` (so that the decay follows the schedule). The schedule sets the learning rate."""
     if kind == "adamw":
         opt = torch.optim.AdamW(groups, lr=lr, betas=betas, fused=True if device.type == "cuda" else None)
     elif kind == "sgd":
@@ -167,7 +123,6 @@ def build_optimizer(groups: list[dict], kind: str, lr: float, momentum: float, b
         opt = torch.optim.SGD(groups, lr=lr, momentum=momentum, nesterov=True)
     else:
         raise VitlabError(f"optimizer={kind!r} is not valid; accepted: adamw, sgd")
-    set_lr(opt, lr)
     return opt
 
 

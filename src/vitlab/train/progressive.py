@@ -10,6 +10,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..errors import VitlabError
+from ..models.groups import patch_embedding
 
 
 def progressive_size(progress: float, full: tuple[int, int], start_scale: float, until: float,
@@ -48,7 +49,7 @@ def restore_size_flags(flags: dict[nn.Module, bool]) -> None:
 
 def size_step(model: nn.Module) -> int:
     """The granularity of input sizes a model takes: its patch size (a CNN's: 8)."""
-    pe = getattr(model, "patch_embed", None)
+    pe = patch_embedding(model)
     return int(max(pe.patch_size)) if pe is not None else 8
 
 

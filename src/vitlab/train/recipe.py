@@ -14,14 +14,12 @@ import yaml
 from pydantic import Field, model_validator
 
 from ..data.augment import AugmentConfig
-from ..devices import BF16_CPU_MIN_MACS
+from ..devices import BF16_CPU_MIN_MACS, Device, Precision
 from ..errors import NotFoundError, VitlabError
-from ..pretrain.objective import check_options
-from ..settings import Settings
+from ..objectives.objective import check_options
+from ..settings import UNSET, Settings
 
-# The choices of the options more than one command takes: declared once, here.
-Precision = Literal["auto", "bf16", "fp16", "fp32"]
-Device = Literal["auto", "cpu", "cuda"]
+# The choices of the recipe's options (the precision and the device: devices.py, which every command shares).
 DistillType = Literal["none", "hard", "soft", "self"]
 Log = Literal["none", "tensorboard"]
 HeadInit = Literal["auto", "zero", "trunc_normal", "keep"]
@@ -331,13 +329,10 @@ def pretrain_defaults(values: dict[str, Any]) -> None:
 
 # Defaults that suit a data set better than the general ones; options given explicitly win.
 # Digits are small, centred and not mirror-symmetric: no flips, no colour or erasing. No crops either: a shift by one
-# pixel moves the content of every 2x2 patch, and with random 1-pixel shifts the default model needed 150 epochs for
-# 97% (80% after 30); unshifted it learns in a fifth of the epochs and is held back from overfitting by weight
-# decay 0.3 and cutmix on half the batches; cutmix's mixed targets already soften the labels, and label smoothing
-# 0.1 on top left the lowest seed under 97% (seeds 0-2: 96.67/99.17/98.06% with it, 97.78/98.89/98.06% without;
-# benchmarks/main_job.py times the run). 50 epochs, not 40: float32 on an Intel Xeon with AMX computes other
-# roundings than an AMD EPYC, and there 40 epochs left seed 0 at 96.94% (seeds 0-2, one thread: 96.94/98.61/97.22%
-# at 40, 97.50/99.17/97.50% at 50, 97.50/98.89/97.78% at 60).
+# pixel moves the content of every 2x2 patch, and the model then needs several times the epochs; unshifted it is held
+# back from overfitting by weight decay 0.3 and cutmix on half the batches, whose mixed targets already soften the
+# labels (label smoothing on top cost the lowest seed). 50 epochs, not 40: float32 rounds otherwise on another CPU,
+# and 40 left a seed short there. The measurements behind each choice: docs/training.md, "The digits recipe".
 DATA_DEFAULTS: dict[str, dict[str, Any]] = {
     "digits": {"epochs": 50, "batch_size": 32, "warmup": 0.05, "weight_decay": 0.3,
                "drop_path": 0.0, "augment": {"crop": "none", "hflip": False, "auto_augment": "none",
@@ -345,8 +340,8 @@ DATA_DEFAULTS: dict[str, dict[str, Any]] = {
                                              "label_smoothing": 0.0}},
 }
 # The model a data set trains when none is named, and defaults that suit that model only: another model on
-# the same data keeps the general ones. (lr 5e-3 suits the 8x8 vit_micro_patch2_8; a 32x32 DeiT student on the
-# digits trains erratically at it, 41% on one seed in two against 94% at 1e-3: docs/studies.md.)
+# the same data keeps the general ones. (lr 5e-3 suits the 8x8 vit_micro_patch2_8, not a 32x32 DeiT student on the
+# digits: docs/training.md, "The digits recipe".)
 DEFAULT_MODELS: dict[str, str] = {"digits": "vit_micro_patch2_8"}
 GENERAL_DEFAULT_MODEL = "vit_tiny_patch4_32"
 MODEL_DEFAULTS: dict[tuple[str, str], dict[str, Any]] = {("digits", "vit_micro_patch2_8"): {"lr": 5e-3}}
@@ -366,22 +361,19 @@ def default_words(name: str) -> str:
     general = info.get_default(call_default_factory=True)
 
     def of(values: dict[str, Any]) -> Any:
-        return values.get("augment", {}).get(name, NOT_SET) if name in AUGMENT_FIELDS else values.get(name, NOT_SET)
+        return values.get("augment", {}).get(name, UNSET) if name in AUGMENT_FIELDS else values.get(name, UNSET)
 
     said = [f"default {general!r}"]
-    per_data = [f"{data}: {of(values)!r}" for data, values in DATA_DEFAULTS.items() if of(values) is not NOT_SET]
+    per_data = [f"{data}: {of(values)!r}" for data, values in DATA_DEFAULTS.items() if of(values) is not UNSET]
     per_model = [f"{data} with {model}: {of(values)!r}" for (data, model), values in MODEL_DEFAULTS.items()
-                 if of(values) is not NOT_SET]
+                 if of(values) is not UNSET]
     said += [f"per data set ({', '.join(per_data)})"] if per_data else []
     said += [f"per model ({', '.join(per_model)})"] if per_model else []
     if name == "lr":
         said.append(f"pre-training: {PRETRAIN_BASE_LR:g} x batch_size / 256")
-    elif of(PRETRAIN_DEFAULTS) is not NOT_SET:
+    elif of(PRETRAIN_DEFAULTS) is not UNSET:
         said.append(f"pre-training: {of(PRETRAIN_DEFAULTS)!r}")
     return "; ".join(said)
-
-
-NOT_SET = object()
 
 
 def resolve_defaults(values: dict[str, Any]) -> dict[str, Any]:

@@ -1,7 +1,10 @@
-"""Learning rate as a function of progress through the run: linear warmup, then cosine decay."""
+"""Learning rate as a function of progress through the run: linear warmup, then cosine decay, times the plateau
+factor. ``LrSchedule`` is built once in set-up and is the one place that writes the learning rate into the
+optimiser (``set_lr``)."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -72,3 +75,34 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
     """Set every parameter group's learning rate to ``lr`` times its ``lr_scale`` (1 where it has none)."""
     for group in optimizer.param_groups:
         group["lr"] = lr * group.get("lr_scale", 1.0)
+
+
+@dataclass(frozen=True)
+class LrSchedule:
+    """The learning rate of every step of a run, decided once in set-up: a linear warmup over the first ``warmup``
+    of the schedule to ``lr``, a cosine decay to ``min_lr`` at its end, times the plateau factor (``plateau``, the
+    run's own, which its evaluations step and its checkpoints keep). Progress is a share of ``total_steps`` or of
+    the time budget (``by_time``); the loop asks ``apply`` for each step's rate."""
+
+    lr: float
+    min_lr: float
+    warmup: float
+    total_steps: int
+    plateau: Plateau
+    by_time: bool = False
+
+    def lr_at(self, progress: float, step: int) -> float:
+        """The learning rate of step ``step`` (counted from 0), taken at ``progress`` in [0, 1] of the schedule."""
+        share = step_share(progress, step, self.total_steps)
+        return warmup_cosine(progress, self.lr, self.min_lr, self.warmup, share) * self.plateau.scale
+
+    def apply(self, optimizer: torch.optim.Optimizer, progress: float, step: int) -> float:
+        """Set the optimiser's learning rate for step ``step`` (times each group's ``lr_scale``: layer decay,
+        BatchNorm biases, SGD's decoupling) and return it."""
+        lr = self.lr_at(progress, step)
+        set_lr(optimizer, lr)
+        return lr
+
+    def describe(self) -> str | None:
+        """The line that says how the warmup falls on the run's steps (or its time budget); None without one."""
+        return describe_warmup(self.warmup, None if self.by_time else self.total_steps, self.lr, self.min_lr)

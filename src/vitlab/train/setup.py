@@ -42,7 +42,7 @@ from .feed import BatchFeeder, ShardFeeder, fits_on_device
 from .optim import Lookahead, describe_groups, recipe_optimizer
 from .progressive import ProgressiveResize
 from .recipe import Recipe
-from .schedule import Plateau, describe_warmup
+from .schedule import LrSchedule, Plateau
 from .state import TrainState, place_in_epoch, save_checkpoint
 from .step import Stepper, channels_last_helps
 from .tasks import EvalSplit, Task, task_for
@@ -67,7 +67,6 @@ class Run:
     feeder: BatchFeeder
     augment: BatchAugment
     view: Callable | None        # how stored test images larger than the training size are evaluated
-    img_size: tuple[int, int]
     batch_size: int
     per_epoch: int
     # the model as it trains: ``model`` is what the task trains (the model, or an objective around it), ``net`` the
@@ -80,6 +79,7 @@ class Run:
     lookahead: Lookahead | None
     state: TrainState
     clock: RunClock
+    schedule: LrSchedule
     tb: TensorBoardLog | None = None
     bar: Progress | None = None
     marks: dict | None = None   # what every checkpoint carries besides the state: the run's id, the recipe as run
@@ -187,13 +187,15 @@ def set_up(recipe: Recipe, dist: Dist, resume: bool, log: Callable[[str], None],
     budget = recipe.time_budget * 60 if recipe.time_budget else None
     clock = RunClock(dist, recipe.steps or per_epoch * recipe.epochs, budget, seconds=state.seconds,
                      reserve=state.reserve, now=now)
-    if said := describe_warmup(recipe.warmup, None if budget else clock.total_steps, recipe.lr, recipe.min_lr):
+    schedule = LrSchedule(recipe.lr, recipe.min_lr, recipe.warmup, clock.total_steps, state.plateau,
+                          by_time=budget is not None)
+    if said := schedule.describe():
         log(said)
     run = Run(recipe=recipe, dist=dist, out=out, log=log, now=now, task=task, data=data, classes=classes,
-              mean=prep.mean, std=prep.std, feeder=feeder, augment=augment, view=view, img_size=img_size,
+              mean=prep.mean, std=prep.std, feeder=feeder, augment=augment, view=view,
               batch_size=batch_size, per_epoch=per_epoch, model=model, net=net,
               n_params=n_params, channels_last=channels_last, resize=resize, lookahead=lookahead, state=state,
-              clock=clock, tb=tb, marks=checkpoint_marks(identity, config))
+              clock=clock, schedule=schedule, tb=tb, marks=checkpoint_marks(identity, config))
     if dist.is_main:  # only a run whose set-up succeeded leaves a recipe to resume (and its data's identity)
         write_run_files(out, config, identity)
     log(describe(run))
@@ -340,7 +342,7 @@ def describe(run: Run) -> str:
     return (f"model {model_name(run.model)} ({run.n_params / 1e6:.2f}M parameters) on "
             f"{dist.device}, {run.data.num_train} training images {tuple(train_images.shape[1:])}"
             f"{' streamed from shards' if run.data.shards is not None else ''}"
-            f"{f' trained at {run.img_size[0]}x{run.img_size[1]}' if run.view is not None else ''}"
+            f"{f' trained at {run.data.img_size[0]}x{run.data.img_size[1]}' if run.view is not None else ''}"
             f"{' (on the device)' if dist.device.type == 'cuda' and run.feeder.on_device else ''}, "
             f"{run.task.describe(run.classes)}, "
             f"batch {run.batch_size}{f' over {dist.world} processes' if dist.enabled else ''}"

@@ -11,16 +11,9 @@ import torch
 import torch.nn as nn
 
 from ..data.augment import BatchAugment
+from ..devices import autocast
 from .distributed import Dist, all_reduce_sum
 from .progressive import resize
-
-AMP_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def autocast(device: torch.device, precision: str):
-    """Autocast to the precision's dtype on the device ('bf16', 'fp16'), or nothing ('fp32')."""
-    dtype = AMP_DTYPES[precision]
-    return torch.autocast(device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
 
 
 def unwrap(net: nn.Module) -> nn.Module:
@@ -184,7 +177,7 @@ def figures_every(device: torch.device) -> int:
     return 50 if device.type == "cuda" else 5
 
 
-def check_finite(nonfinite: float, precision: str, bound: int, step: int) -> None:
+def check_loss_finite(nonfinite: float, precision: str, bound: int, step: int) -> None:
     """Stop a run whose loss is no longer finite: at once in float32/bf16 (it diverged), after ``bound``
     skipped steps in fp16 (whose gradient scaler skips such steps while it finds its scale)."""
     if nonfinite == 0 or math.isnan(nonfinite):

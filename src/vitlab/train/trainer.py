@@ -34,10 +34,9 @@ from .distributed import (
 from .feed import EpochPlan
 from .lora import finish_lora
 from .recipe import Recipe
-from .schedule import set_lr, step_share, warmup_cosine
 from .setup import Run, check_sources_outside, claim_out, epoch_seed, model_name, run_net, set_up, torch_globals_kept
 from .state import save_checkpoint, take_place
-from .step import Batch, EpochMeter, check_finite, ema_decay_at, figures_every, train_step
+from .step import Batch, EpochMeter, check_loss_finite, ema_decay_at, figures_every, train_step
 
 
 def train(recipe: Recipe, resume: bool = False, log: Callable[[str], None] | None = None,
@@ -126,10 +125,8 @@ def train_epoch(run: Run) -> tuple[EpochRow | None, bool]:
         if (run.budget is not None or recipe.steps) and p >= 1:
             cut = True
             break
-        share = step_share(p, state.step, run.clock.total_steps)
-        lr = warmup_cosine(p, recipe.lr, recipe.min_lr, recipe.warmup, share) * state.plateau.scale
+        lr = run.schedule.apply(state.optimizer, p, state.step)
         size = run.resize.size_at(p)
-        set_lr(state.optimizer, lr)  # times each group's lr_scale (layer decay, BatchNorm biases, SGD)
         stepper.ema_decay = ema_decay_at(p, recipe.ema_decay, recipe.ema_start)
         images = run.augment.alternate(images, index, epoch, recipe.seed)
         loss, hits = train_step(stepper, Batch(images, labels, size, share=len(images) * dist.world / sizes[i],
@@ -170,7 +167,7 @@ def show_running(run: Run, meter: EpochMeter, epoch: int, epoch_t0: float) -> No
     """Read the running totals back: stop a diverged run, and show loss, accuracy and speed on the bar."""
     dist, state = run.dist, run.state
     running = meter.totals()
-    check_finite(all_reduce_value(running["nonfinite"], dist) + state.nonfinite, run.precision,
+    check_loss_finite(all_reduce_value(running["nonfinite"], dist) + state.nonfinite, run.precision,
                  run.recipe.max_nonfinite, state.step)
     if dist.is_main:
         rate = running["seen"] * dist.world / max(run.now() - epoch_t0, 1e-9)

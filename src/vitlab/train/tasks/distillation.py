@@ -25,8 +25,9 @@ from ... import checkpoint
 from ...data.augment import normalize
 from ...devices import to_device
 from ...errors import VitlabError
+from ...metrics import head_logits
+from ...models.groups import patch_embedding
 from ...progress import Progress
-from ..metrics import head_logits
 from ..step import has_conv_stages
 from .supervised import Supervised, heads_loss, soft_target_cross_entropy
 
@@ -82,8 +83,8 @@ class TrainLoss(nn.Module):
             if t_chans and t_chans != x.shape[1]:  # grey <-> colour, as image decoding does
                 x = x.mean(1, keepdim=True).expand(-1, t_chans, -1, -1)
             x = (x - t_mean) / t_std
-        size = getattr(getattr(self.teacher, "patch_embed", None), "img_size", None)
-        if size is not None and not getattr(self.teacher.patch_embed, "dynamic_img_size", False) \
+        size = getattr(patch_embedding(self.teacher), "img_size", None)
+        if size is not None and not getattr(patch_embedding(self.teacher), "dynamic_img_size", False) \
                 and tuple(x.shape[-2:]) != tuple(size):
             x = F.interpolate(x, size=tuple(size), mode="bicubic", align_corners=False)
         return x.contiguous(memory_format=torch.channels_last) if self.teacher_channels_last else x

@@ -1,5 +1,5 @@
 """Pre-training by feature distillation (--pretrain distill --teacher MODEL): the masked pre-training task with a
-frozen teacher attached to its objective (pretrain/distill.py). The teacher is loaded from the recipe's folder on
+frozen teacher attached to its objective (objectives/distill.py). The teacher is loaded from the recipe's folder on
 every start and resume (the run's identity keeps the sha256 of its files, so a changed teacher is refused), and the
 facts about it that build the objective are written beside the encoder."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch.nn as nn
 from ... import checkpoint
 from ...devices import auto_precision
 from ...models.summary import matmul_macs
-from ...pretrain import FeatureDistillation
+from ...objectives import FeatureDistillation
 from .masked import MaskedPretraining
 
 if TYPE_CHECKING:

@@ -13,12 +13,11 @@ import torch
 import torch.nn as nn
 
 from ...data.augment import normalize
-from ...devices import to_device
-from ...pretrain import OBJECTIVES, check_encoder, create_objective, save_objective
-from ...pretrain.guidance import guidance
+from ...devices import autocast, to_device
+from ...objectives import OBJECTIVES, check_encoder, create_objective, save_objective
+from ...objectives.guidance import guidance
 from ...runs.figures import LOSS_NAMES, plot_curves
 from ...runs.format import CURVES_PNG, EpochRow
-from ..step import autocast
 from .base import EvalSplit, Task
 
 if TYPE_CHECKING:

@@ -10,10 +10,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ...metrics import confusion_counts, metrics_from_counts
 from ...runs.figures import LOSS_NAMES, plot_confusion, plot_curves
 from ...runs.format import CONFUSION_PNG, CURVES_PNG, EpochRow
 from ..finetune import fit_head
-from ..metrics import confusion_counts, metrics_from_counts
 from ..step import correct
 from .base import EvalSplit, Task
 

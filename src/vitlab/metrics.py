@@ -7,10 +7,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..data.augment import normalize
-from ..devices import to_device
-from ..finite import check_finite, nonfinite_rows
-from .step import autocast
+from .data.augment import normalize
+from .devices import autocast, to_device
+from .finite import check_finite, nonfinite_rows
 
 
 def head_logits(model: nn.Module, x: torch.Tensor, tta: bool = False, translate: int = 0) -> dict[str, torch.Tensor]:

@@ -1,12 +1,15 @@
 """How long pre-training needs before its encoder beats an untrained one, from vitlab's own measurements.
 
-``MEASURED`` is the one table of figures: a pre-training run's weighted 20-NN top-1 on the labelled test split beside
+``MEASURED`` is the one table of figures, read from knn_measured.json beside this module (which
+benchmarks/pretrain_curve.py writes): a pre-training run's weighted 20-NN top-1 on the labelled test split beside
 that of an untrained encoder of the same architecture (docs/pretraining.md, where each comes from, with its
 commands). ``guidance`` turns it into the line a pre-training run starts with: after how many epochs over the data
 the measured encoders first beat an untrained one, and how many images that is for the run's data size.
 """
 from __future__ import annotations
 
+import json
+from importlib import resources
 from typing import NamedTuple
 
 
@@ -30,36 +33,16 @@ class KnnPoint(NamedTuple):
 
 
 NAMES = {"mae": "MAE", "mpp": "MPP", "dino": "DINO", "ibot": "iBOT", "distill": "distillation"}
-XEON = "a 2-core Intel Xeon with AMX, one thread per run, float32"
-# (minutes, 20-NN top-1 %, the untrained encoder's) on the AMX Xeon, 10% of CIFAR-10's labels (docs/pretraining.md)
-DINO_KNN = ((1.5, 24.64, 27.31), (3, 24.66, 27.31), (6, 25.77, 27.31), (9, 26.11, 27.31), (15, 26.26, 27.25),
-            (30, 27.80, 27.25), (60, 29.04, 27.25))
-IBOT_KNN = ((1.5, 26.76, 27.25), (4.5, 25.56, 27.25), (15, 27.55, 27.25))
-DISTILL_KNN = ((1.5, 30.17, 27.25), (4.5, 39.30, 27.25), (15, 42.70, 27.25))
-MEASURED: tuple[KnnPoint, ...] = (
-    # docs/pretraining.md (`vitlab study pretrain`, vit_nano_patch4_32): the curve at 1.5, 4.5 and 15 minutes, at 3
-    # and 9 minutes and the 118.5-minute point, CIFAR-10's 50,000 training images; 20-NN on every label. The rates are
-    # the runs' own where the docs give them (MAE 444 img/s at 15 minutes, 422 in the 3-and-9-minute study, 400 on the
-    # 2-hour box; MPP 183 and 172), the nearest measured one elsewhere.
-    KnnPoint("mae", "CIFAR-10", 50_000, "vit_nano_patch4_32", 1.5, 444, 24.81, 29.45),
-    KnnPoint("mae", "CIFAR-10", 50_000, "vit_nano_patch4_32", 3, 422, 28.49, 29.45),
-    KnnPoint("mae", "CIFAR-10", 50_000, "vit_nano_patch4_32", 4.5, 444, 32.35, 29.45),
-    KnnPoint("mae", "CIFAR-10", 50_000, "vit_nano_patch4_32", 9, 422, 33.00, 29.45),
-    KnnPoint("mae", "CIFAR-10", 50_000, "vit_nano_patch4_32", 15, 444, 36.68, 29.45),
-    KnnPoint("mae", "CIFAR-10", 50_000, "vit_nano_patch4_32", 118.5, 400, 47.21, 29.45),
-    KnnPoint("mpp", "CIFAR-10", 50_000, "vit_nano_patch4_32", 1.5, 183, 28.09, 29.45),
-    KnnPoint("mpp", "CIFAR-10", 50_000, "vit_nano_patch4_32", 3, 183, 34.28, 29.45),
-    KnnPoint("mpp", "CIFAR-10", 50_000, "vit_nano_patch4_32", 4.5, 183, 35.96, 29.45),
-    KnnPoint("mpp", "CIFAR-10", 50_000, "vit_nano_patch4_32", 15, 183, 29.86, 29.45),
-    KnnPoint("mpp", "CIFAR-10", 50_000, "vit_nano_patch4_32", 118.5, 172, 32.22, 29.45),
-    # DINO, iBOT and distillation on the AMX Xeon in calibrated minutes: the rate is the method's calibrated images a
-    # minute over 60, so minutes x rate is the images the run saw. Distillation's teacher: the same ViT trained with
-    # labels on five of CIFAR-10's ten classes (its figures depend on the teacher as much as on the minutes).
-    *(KnnPoint("dino", "CIFAR-10", 50_000, "vit_nano_patch4_32", m, 1770 / 60, k, u, XEON) for m, k, u in DINO_KNN),
-    *(KnnPoint("ibot", "CIFAR-10", 50_000, "vit_nano_patch4_32", m, 1151 / 60, k, u, XEON) for m, k, u in IBOT_KNN),
-    *(KnnPoint("distill", "CIFAR-10", 50_000, "vit_nano_patch4_32 from a teacher trained on five of its classes", m,
-               4175 / 60, k, u, XEON) for m, k, u in DISTILL_KNN),
-)
+MEASURED_FILE = "knn_measured.json"  # beside this module; benchmarks/pretrain_curve.py --guidance writes it
+
+
+def measured() -> tuple[KnnPoint, ...]:
+    """The measured runs, from ``MEASURED_FILE`` (docs/pretraining.md says where each comes from)."""
+    text = resources.files(__package__).joinpath(MEASURED_FILE).read_text(encoding="utf-8")
+    return tuple(KnnPoint(**point) for point in json.loads(text)["points"])
+
+
+MEASURED: tuple[KnnPoint, ...] = measured()
 
 
 def first_ahead(points: list[KnnPoint]) -> tuple[KnnPoint | None, KnnPoint | None]:

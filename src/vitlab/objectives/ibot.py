@@ -1,9 +1,9 @@
 """iBOT, image BERT pre-training with an online tokenizer (Zhou et al. 2022): DINO's self-distillation of the class
 token plus a masked-patch token loss.
 
-Everything DINO does (pretrain/dino.py) happens as there: multi-crop, the EMA teacher, the centred and sharpened
+Everything DINO does (objectives/dino.py) happens as there: multi-crop, the EMA teacher, the centred and sharpened
 class-token outputs, the schedules. Besides, a random ``mask_ratio`` of each global crop's patches is masked for the
-student (per image and crop, as vitlab's MAE draws its masks: pretrain/masking.py): their patch embeddings become a
+student (per image and crop, as vitlab's MAE draws its masks: objectives/masking.py): their patch embeddings become a
 learned ``mask_token`` before the position embedding. The teacher sees the global crops unmasked. Every output patch
 token of both goes through the projection head (shared with the class token, as iBOT's ViT-S/B runs share it); the
 student's token at each masked patch predicts the teacher's distribution at that patch of the same crop: the

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import VitlabError
+from ..models.groups import patch_embedding
 from ..models.vit import VisionTransformer
 from .encoder import check_encoder, no_weight_decay, output_norm, set_aside_head
 
@@ -82,7 +83,7 @@ def model_features(model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, tor
 
 def patch_grid(model: nn.Module, x: torch.Tensor, n: int) -> tuple[int, int]:
     """The (h, w) grid of a model's n patch tokens on images x: its patch embedding's, else a square."""
-    patch = getattr(getattr(model, "patch_embed", None), "patch_size", None)
+    patch = getattr(patch_embedding(model), "patch_size", None)
     if patch is not None:
         h, w = x.shape[-2] // patch[0], x.shape[-1] // patch[1]
         if h * w == n:
@@ -115,7 +116,7 @@ class FeatureDistillation(nn.Module):
             raise VitlabError(f"distill loss {loss!r} is not valid; accepted: cosine, smooth_l1")
         set_aside_head(encoder)
         self.encoder: VisionTransformer = encoder
-        chans = encoder.patch_embed.proj.in_channels
+        chans = patch_embedding(encoder).proj.in_channels
         self.mean, self.std = list(mean or [0.0] * chans), list(std or [1.0] * chans)
         self.teacher_mean, self.teacher_std, self.teacher_size = list(teacher_mean), list(teacher_std), teacher_size
         self.loss_kind, self.patch_weight = loss, patch_weight
@@ -161,7 +162,7 @@ class FeatureDistillation(nn.Module):
 
     def forward(self, imgs: torch.Tensor, generator: torch.Generator | None = None) -> DistillOutput:
         e = self.encoder
-        ph, pw = e.patch_embed.patch_size
+        ph, pw = patch_embedding(e).patch_size
         B, h, w = imgs.shape[0], imgs.shape[-2] // ph, imgs.shape[-1] // pw
         tokens = e.forward_features(imgs)  # (B, P + h w, D)
         t_pooled, t_patches = (t.clone() for t in self.teacher_features(imgs, (h, w)))
