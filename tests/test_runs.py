@@ -103,11 +103,11 @@ def test_run_clock_follows_its_time_source():
     clock.start()
     t[0] += 6.0
     assert clock.seconds() == 10.0 and clock.progress(step=3) == 0.5  # the budget, not the steps
-    clock.keep_back(1.0)  # 2 x 1 s + 3 s
-    assert clock.reserve == 5.0 and clock.progress(step=3) == pytest.approx(10 / 15)
-    t[0] += 5.0
+    clock.keep_back(1.0)  # 1.25 x 1 s + 3 s
+    assert clock.reserve == 4.25 and clock.progress(step=3) == pytest.approx(10 / 15.75)
+    t[0] += 5.75
     assert clock.progress(step=3) == 1.0
-    assert clock.keep_back(30.0) and clock.reserve == 10.0  # 63 s wanted: half the 20 s budget at most
+    assert clock.keep_back(30.0) and clock.reserve == 10.0  # 40.5 s wanted: half the 20 s budget at most
     assert not clock.keep_back(1.0) and clock.reserve == 10.0  # never less than already reserved
     steps = RunClock(d, total_steps=10, now=lambda: t[0])
     assert steps.progress(step=3) == 0.3

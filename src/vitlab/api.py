@@ -32,7 +32,8 @@ from .runs.figures import confusion_figure, curves_figure
 from .runs.folder import LOCK, STARTED, check_model_written, new_run_folder
 from .runs.format import CONFIG_YAML, check_out_dir, read_config, read_history, read_summary
 from .runs.identity import ON_RESUME
-from .train.recipe import AUGMENT_FIELDS, FIELDS, Recipe, load_recipe
+from .train.auto import AUTO, auto_values
+from .train.recipe import AUGMENT_FIELDS, FIELDS, Recipe, load_recipe, make_recipe, recipe_values
 
 __all__ = ["FitResult", "evaluate", "explain", "fit", "predict", "pretrain"]
 
@@ -100,9 +101,9 @@ def fit(model: ModelLike | None = None, data: Any = None, *, out: str | os.PathL
             raise VitlabError("fit(resume=RUN) goes on with the run's own model, data and folder; accepted with "
                               f"resume: {', '.join(ON_RESUME)}")
         return train_recipe(resumed_recipe(resume, checked(options)), resume=True)
-    if model is None or data is None:
-        raise VitlabError("fit needs a model and data, e.g. vitlab.fit('vit_micro_patch2_8', 'digits'); or "
-                          "resume=RUN to continue a run")
+    if data is None:
+        raise VitlabError("fit needs data, e.g. vitlab.fit(data='digits') (the model chosen for it) or "
+                          "vitlab.fit('vit_micro_patch2_8', 'digits'); or resume=RUN to continue a run")
     return train_recipe(new_recipe(model, data, out, class_names, checked(options)), resume=False)
 
 
@@ -224,14 +225,14 @@ def classifier(model: ModelLike) -> nn.Module:
 
 def checked(options: dict[str, Any]) -> dict[str, Any]:
     """The options, each a recipe field (one line naming the unknown ones and listing the accepted)."""
-    unknown = sorted(set(options) - set(FIELDS) - set(AUGMENT_FIELDS))
+    unknown = sorted(set(options) - set(FIELDS) - set(AUGMENT_FIELDS) | {"auto"} & set(options))
     if unknown:
         raise VitlabError(f"unknown option(s) {', '.join(unknown)}; accepted: {', '.join(accepted_options())}")
     return options
 
 
 def accepted_options() -> list[str]:
-    return [n for n in [*FIELDS, *AUGMENT_FIELDS] if n not in ("augment", "out")]
+    return [n for n in [*FIELDS, *AUGMENT_FIELDS] if n not in ("augment", "out", "auto")]
 
 
 def new_recipe(model: ModelLike, data: Any, out: str | os.PathLike | None, names: Sequence[str] | None,
@@ -240,9 +241,10 @@ def new_recipe(model: ModelLike, data: Any, out: str | os.PathLike | None, names
     if {"model", "init", "data"} & set(options):
         raise VitlabError(f"{', '.join(sorted({'model', 'init', 'data'} & set(options)))}: given as fit's model and "
                           "data arguments, not as options")
-    folder = Path(out) if out is not None else new_run_folder(model_name(model))
+    auto = model is None or (isinstance(model, str) and model == AUTO)
+    folder = Path(out) if out is not None else new_run_folder("auto" if auto else model_name(model))
     start = folder.with_name(folder.name + ".init").absolute()  # where a module is saved to start from
-    values = {**options, **model_values(model, start)}
+    values = {**options, **({} if auto else model_values(model, start))}
     if names is not None and not is_arrays(data):
         raise VitlabError("class_names names the classes of arrays; a data source names its own")
     values["data"] = "arrays" if is_arrays(data) else os.fspath(data)
@@ -253,6 +255,11 @@ def new_recipe(model: ModelLike, data: Any, out: str | os.PathLike | None, names
                                           val_fraction=checked_recipe.val_fraction, seed=checked_recipe.seed, log=say))
     if isinstance(model, nn.Module):
         save_start(model, start)
+    if auto:  # the model, schedule and augmentation the rule table chooses for the data (train/auto.py)
+        values = auto_values(recipe_values(None, out=None if out is None else str(folder), **values), say)
+        if out is None:
+            values["out"] = str(new_run_folder(values["model"]))
+        return make_recipe(values)
     return load_recipe(None, out=str(folder), **values)
 
 
