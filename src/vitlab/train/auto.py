@@ -103,9 +103,8 @@ def stem_widths(side: int, stem: Mapping[str, Any]) -> list[int]:
     grid, groups = side - 1, 0
     while grid > stem["grid_max"] or groups == 0:
         grid, groups = grid // 2, groups + 1
-    last = list(stem["last"])[-groups:] if groups <= len(stem["last"]) else list(stem["last"])
-    head = [stem["first"]] if groups > len(last) else []
-    return head + [stem["middle"]] * (groups - len(head) - len(last)) + last
+    last = list(stem["last"])[-(groups - 1):] if groups > 1 else []
+    return [stem["first"]] + [stem["middle"]] * (groups - 1 - len(last)) + last
 
 
 def patch_for(side: int, grid: int) -> int:
