@@ -96,7 +96,7 @@ def test_resume_refuses_options_that_would_change_the_run(tmp_path, capsys):
                         "--eval-every, --log, --threads, --device, --cache-dir, --download, --workers, "
                         "--checkpoint-every")
     assert "--out" in error_line(capsys, ["train", "--resume", run, "--out", tmp_path / "elsewhere"])
-    assert "--epochs 1 is not valid on --resume" in error_line(capsys, ["train", "--resume", run, "--epochs", "1"])
+    assert "--epochs -1 is not valid on --resume" in error_line(capsys, ["train", "--resume", run, "--epochs", "-1"])
     assert (run / "config.yaml").read_text().endswith("lr: 0.001\n")
 
 

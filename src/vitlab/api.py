@@ -30,7 +30,16 @@ from .infer.predict import class_names, class_probabilities, decode_images
 from .models import list_models
 from .runs.figures import confusion_figure, curves_figure
 from .runs.folder import LOCK, STARTED, check_model_written, new_run_folder
-from .runs.format import CONFIG_YAML, check_out_dir, read_config, read_history, read_summary
+from .runs.format import (
+    CHECKPOINT,
+    CONFIG_YAML,
+    METRICS,
+    SUMMARY,
+    check_out_dir,
+    is_finished,
+    read_history,
+    read_summary,
+)
 from .runs.identity import ON_RESUME
 from .train.auto import AUTO, auto_values
 from .train.recipe import AUGMENT_FIELDS, FIELDS, Recipe, load_recipe, make_recipe, recipe_values
@@ -100,7 +109,9 @@ def fit(model: ModelLike | None = None, data: Any = None, *, out: str | os.PathL
         if model is not None or data is not None or out is not None or class_names is not None:
             raise VitlabError("fit(resume=RUN) goes on with the run's own model, data and folder; accepted with "
                               f"resume: {', '.join(ON_RESUME)}")
-        return train_recipe(resumed_recipe(resume, checked(options)), resume=True)
+        recipe = resumed_recipe(resume, checked(options))
+        reopen(Path(resume), options)
+        return train_recipe(recipe, resume=True)
     if data is None:
         raise VitlabError("fit needs data, e.g. vitlab.fit(data='digits') (the model chosen for it) or "
                           "vitlab.fit('vit_micro_patch2_8', 'digits'); or resume=RUN to continue a run")
@@ -124,7 +135,7 @@ def pretrain(model: ModelLike | None = None, data: Any = None, *, method: str = 
     return fit(model, data, out=out, pretrain=method, **options)
 
 
-def evaluate(model: ModelLike, data: Any = None, *, batch_size: int = 256, precision: str = "auto",
+def evaluate(model: ModelLike, data: Any = None, *, batch_size: int | None = None, precision: str = "auto",
              tta: bool = False, tta_translate: int = 0, cache_dir: str | None = None,
              download: bool = False) -> dict[str, Any]:
     """Metrics of a model on a test split: ``top1``, ``top5``, ``loss``, ``per_class`` (top-1 by class name),
@@ -306,25 +317,42 @@ def save_start(model: nn.Module, folder: Path) -> Path:
 def resumed_recipe(folder: str | os.PathLike, given: dict[str, Any], refused: Sequence[str] = (),
                    named: Callable[[str], str] = str) -> Recipe:
     """The recipe that continues the unfinished run in ``folder``: its config.yaml, with the options ``given`` that
-    a resume honours (a longer run: more epochs, a later time budget); any other, and those ``refused``, are
-    refused in one line that names them as the caller does (``named``: an option's name, e.g. its flag)."""
+    a resume honours (another length: epochs, no fewer than those done; a time budget, shorter or longer, also for
+    a run that had none: the rest of the schedule is laid over it); any other, and those ``refused``, are refused
+    in one line that names them as the caller does (``named``: an option's name, e.g. its flag)."""
     folder = Path(folder)
     if not (folder / CONFIG_YAML).is_file():
         raise NotFoundError(f"{folder} is not a run folder: it has no {CONFIG_YAML}")
-    config = read_config(folder)
     given = {k: v for k, v in given.items() if v is not None}
     changed = [named(n) for n in given if n not in ON_RESUME] + list(refused)
     if changed:
         raise VitlabError(f"{', '.join(changed)} cannot change on {named('resume')}; accepted with {named('resume')}: "
                           f"{', '.join(named(n) for n in ON_RESUME)}")
-    for name in ("epochs", "time_budget"):
-        old, new = config.get(name), given.get(name)
-        if new is not None and old is None:
-            raise VitlabError(f"{named(name)} cannot be given on {named('resume')} of a run without one")
-        if new is not None and not _number(new) >= old:
-            raise VitlabError(f"{named(name)} {new!r} is not valid on {named('resume')}; accepted: a number >= the "
-                              f"run's {old!r}")
+    done = len(read_history(folder)) if (folder / METRICS).is_file() else 0
+    if given.get("epochs") is not None and not _number(given["epochs"]) >= max(done, 1):
+        raise VitlabError(f"{named('epochs')} {given['epochs']!r} is not valid on {named('resume')}; accepted: a "
+                          f"number >= {max(done, 1)} (the epochs done)")
+    if given.get("time_budget") is not None and not _number(given["time_budget"]) > 0:
+        raise VitlabError(f"{named('time_budget')} {given['time_budget']!r} is not valid on {named('resume')}; "
+                          "accepted: minutes > 0 (fewer than trained: the run ends with its final evaluation)")
     return load_recipe(folder / CONFIG_YAML, out=str(folder), **given)
+
+
+def reopen(folder: Path, options: dict[str, Any]) -> None:
+    """A finished run given more epochs (or a time budget) to go on: its summary.json, which marks it finished, is
+    kept as ``summary-epoch<N>.json`` and the run continues from its last checkpoint (its model and summary are then
+    the longer run's). A finished run given nothing more is left for the trainer to refuse."""
+    if not is_finished(folder) or not (folder / CHECKPOINT).is_file():
+        return
+    done = len(read_history(folder))
+    if not (options.get("epochs") is not None and int(options["epochs"]) > done or options.get("time_budget")):
+        return
+    kept = folder / f"summary-epoch{done}.json"
+    if kept.exists():
+        raise VitlabError(f"{kept} exists: the finished run's summary would be kept there; accepted: a run folder "
+                          "without it")
+    (folder / SUMMARY).rename(kept)
+    say(f"{folder} was finished after {done} epochs: going on (its summary kept as {kept.name})")
 
 
 def _number(value: Any) -> float:

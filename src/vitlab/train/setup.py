@@ -21,7 +21,7 @@ from ..data.decode import default_workers
 from ..data.shards import ShardReader
 from ..data.sources import DataBundle, ImageSet
 from ..data.views import Preprocess, eval_view
-from ..devices import auto_precision, set_cpu_threads, to_device
+from ..devices import auto_precision, eval_batch, set_cpu_threads, to_device
 from ..errors import VitlabError
 from ..models.summary import matmul_flops, matmul_macs
 from ..progress import Progress, progress_bar
@@ -160,13 +160,13 @@ def held_out(data: DataBundle) -> ImageSet:
 # epoch's training time (at least EVAL_SAMPLE_MIN images); the whole split once at the end.
 EVAL_SHARE = 0.1
 EVAL_SAMPLE_MIN = 500
-CPU_EVAL_BATCH = 64  # a CPU evaluates faster in batches of 64 than of 256 (cache-sized activations: docs/training.md)
 
 
 def eval_batch_size(batch_size: int, dist: Dist) -> int:
-    """The batch of a pass without gradients (evaluation, a teacher's predictions made once) on each rank."""
+    """The batch of a pass without gradients (evaluation, a teacher's predictions made once) on each rank: a CPU's
+    (devices.eval_batch), on a GPU the training batch's share, at least 256."""
     if dist.device.type == "cpu":
-        return CPU_EVAL_BATCH
+        return eval_batch(dist.device)
     return max(batch_size // dist.world, 256)
 
 
