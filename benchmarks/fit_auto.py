@@ -61,7 +61,7 @@ SHAPES = {s.name: s for s in (
     Shape("rgb64-400x2", "cifar10", 64, 3, 200, 100, (3, 5)),   # cats and dogs: a few hundred images, 2 classes
     Shape("rgb96-5k", "cifar10", 96, 3, 1000, 200, (0, 1, 2, 8, 9)),
 )}
-CELLS = ("digits8@2", "grey28-10k@5", "rgb32-50k@10", "rgb32-50k@30", "rgb64-400x2@2", "rgb96-5k@10")
+CELLS = ("digits8@none", "digits8@2", "grey28-10k@5", "rgb32-50k@10", "rgb32-50k@30", "rgb64-400x2@2", "rgb96-5k@10")
 QUICK = {"train": 30, "test": 10, "budget": 0.1}  # --quick: images per class and minutes
 
 
@@ -117,7 +117,7 @@ def make_data(shape: Shape, quick: bool, cifar: Path) -> tuple[tuple, Facts]:
     return ((x_tr, y_tr.astype(np.int64)), (x_te, y_te.astype(np.int64))), facts
 
 
-def arms_of(facts: Facts, budget: float, threads: int) -> dict[str, tuple[str | None, dict]]:
+def arms_of(facts: Facts, budget: float | None, threads: int) -> dict[str, tuple[str | None, dict]]:
     """Each arm: (model, options). auto: nothing but the budget; generic: the docstring's model with the recipe's
     general defaults; row:NAME: the table's other rows fitted to the data (their own measured rates)."""
     # generic: a greyscale user has to say in_chans (the model's own is 3), the one option it is given
@@ -127,9 +127,10 @@ def arms_of(facts: Facts, budget: float, threads: int) -> dict[str, tuple[str | 
     for row in read_table()["rows"]:
         if row["name"] == chosen:
             continue
-        first = choose(facts, {"time_budget": budget}, row=row_named(row["name"]))
+        given = {} if budget is None else {"time_budget": budget}
+        first = choose(facts, given, row=row_named(row["name"]))
         rates = measure_rates(first.values, facts, threads)
-        values = choose(facts, {"time_budget": budget}, rates, row=row_named(row["name"])).values
+        values = choose(facts, given, rates, row=row_named(row["name"])).values
         flat = {**{k: v for k, v in values.items() if k != "augment"}, **values["augment"]}
         arms[f"row:{row['name']}"] = (flat.pop("model"), flat)
     return arms
@@ -139,7 +140,8 @@ def run_arm(model: str | None, options: dict, data: tuple, budget: float, thread
     """One arm's run: its summary's top-1, images a second, training and wall seconds (or its error)."""
     t0 = time.perf_counter()
     try:
-        result = vitlab.fit(model, data, out=out, time_budget=budget, threads=threads, **options)
+        result = vitlab.fit(model, data, out=out, threads=threads, **options,
+                            **({"time_budget": budget} if budget is not None else {}))
     except Exception as e:  # noqa: BLE001 - an arm that fails is a cell's finding, not the benchmark's end
         return {"error": f"{type(e).__name__}: {str(e)[:200]}", "wall": time.perf_counter() - t0}
     s = result.summary
@@ -150,10 +152,11 @@ def run_arm(model: str | None, options: dict, data: tuple, budget: float, thread
 
 def run_cell(cell: str, args: argparse.Namespace, results: dict) -> None:
     name, _, minutes = cell.partition("@")
-    shape, budget = SHAPES[name], QUICK["budget"] if args.quick else float(minutes)
+    shape = SHAPES[name]
+    budget = QUICK["budget"] if args.quick else None if minutes == "none" else float(minutes)
     data, facts = make_data(shape, args.quick, args.cifar)
     key = f"{cell}{' (quick)' if args.quick else ''}"
-    print(f"== {key}: {facts.words()}, {budget:g} min, {args.threads} thread(s)", flush=True)
+    print(f"== {key}: {facts.words()}, {said(budget)}, {args.threads} thread(s)", flush=True)
     cell_out = {"facts": facts.words(), "budget": budget, "arms": {}}
     for arm, (model, options) in arms_of(facts, budget, args.threads).items():
         if args.arms and arm.split(":")[0] not in args.arms:
@@ -166,6 +169,10 @@ def run_cell(cell: str, args: argparse.Namespace, results: dict) -> None:
         print(f"   {arm:14s} {line_of(r)}", flush=True)
     results[key] = cell_out
     print(f"   check: {verdict(cell_out['arms'])}", flush=True)
+
+
+def said(budget: float | None) -> str:
+    return "no budget (the epochs chosen)" if budget is None else f"{budget:g} min"
 
 
 def line_of(r: dict) -> str:
@@ -199,7 +206,7 @@ def table(results: dict) -> str:
             cells.append("-" if r is None else "failed" if "error" in r else
                          f"{100 * r['top1']:.2f}% ({r['images_per_second']:.0f} img/s"
                          + (f", {r['auto']}" if a == "auto" and r.get("auto") else "") + ")")
-        lines.append(f"| {key} | {c['facts']}, {c['budget']:g} min | " + " | ".join(cells)
+        lines.append(f"| {key} | {c['facts']}, {said(c['budget'])} | " + " | ".join(cells)
                      + f" | {verdict(c['arms']).split(':')[0]} |")
     return "\n".join(lines)
 
@@ -225,7 +232,8 @@ def write_docs(results: dict, threads: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--cells", nargs="+", default=None, help=f"SHAPE@MINUTES (default: {' '.join(CELLS)}; none "
+    p.add_argument("--cells", nargs="+", default=None, help=f"SHAPE@MINUTES or SHAPE@none, no budget: the epochs "
+                   f"the table chooses (default: {' '.join(CELLS)}; none "
                    "with --write alone)")
     p.add_argument("--arms", nargs="+", default=None, help="only these arms: auto, generic, row")
     p.add_argument("--quick", action="store_true", help=f"{QUICK['train']} training images a class, "
@@ -246,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
         args.cells = [] if args.write else list(CELLS)
     unknown = [c for c in args.cells if c.partition("@")[0] not in SHAPES or not c.partition("@")[2]]
     if unknown:
-        p.error(f"unknown cell(s) {', '.join(unknown)}; accepted: SHAPE@MINUTES with SHAPE one of "
+        p.error(f"unknown cell(s) {', '.join(unknown)}; accepted: SHAPE@MINUTES (or SHAPE@none) with SHAPE one of "
                 f"{', '.join(SHAPES)}")
     args.out.mkdir(parents=True, exist_ok=True)
     store = args.out / "results.json"

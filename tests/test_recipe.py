@@ -224,7 +224,8 @@ def test_help_says_the_defaults_per_data_set_and_model_in_groups_by_section(caps
     groups = {g.title: [a.dest for a in g._group_actions] for g in
               commands_of(build_parser())["train"]._action_groups}
     for section, names in SECTIONS.items():
-        assert {n for n in names if n not in ("model_args", "pretrain_args", "augment", "out")} <= set(groups[section])
+        own = ("model_args", "pretrain_args", "augment", "out", "auto")  # options of their own, or none (auto)
+        assert {n for n in names if n not in own} <= set(groups[section])
     every = [n for names in SECTIONS.values() for n in names]
     assert sorted(every) == sorted(n for n in [*FIELDS, *AUGMENT_FIELDS] if n != "augment")  # each once
 
