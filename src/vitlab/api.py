@@ -87,8 +87,11 @@ def fit(model: ModelLike | None = None, data: Any = None, *, out: str | os.PathL
         **options: Any) -> FitResult:
     """Train ``model`` on ``data`` as ``vitlab train`` does, into a run folder; returns its ``FitResult``.
 
-    model: a registered name (``vitlab.list_models()``); a module from ``create_model`` or ``load``, trained
-    from its weights (saved beside the run as ``<out>.init``, as ``--init``); or a run or model folder (``--init``).
+    model: None (or "auto"): chosen for the data, the machine and the budget by the rule table of measured recipes
+    (``vitlab/train/auto.yaml``; one logged line says what and why, ``result.summary["auto"]`` keeps it), the
+    options given by name winning; a registered name (``vitlab.list_models()``); a module from ``create_model`` or
+    ``load``, trained from its weights (saved beside the run as ``<out>.init``, as ``--init``); or a run or model
+    folder (``--init``).
     data: any source ``vitlab train --data`` reads ("digits", "cifar10", an image folder, ...), or NumPy arrays in
     Keras's layout, ``((x_train, y_train), (x_test, y_test))``, uint8 images (N, H, W, C) and integer labels (N,)
     or (N, 1); ``(x, y)`` alone holds out ``val_fraction`` as a test split. ``class_names`` names the arrays'
@@ -100,10 +103,10 @@ def fit(model: ModelLike | None = None, data: Any = None, *, out: str | os.PathL
     Example::
 
         (x, y), (x_test, y_test) = keras.datasets.cifar10.load_data()   # or any uint8 arrays
-        result = vitlab.fit("vit_tiny_patch4_32", ((x, y), (x_test, y_test)), epochs=30)
+        result = vitlab.fit(data=((x, y), (x_test, y_test)), time_budget=10)   # the recipe chosen for 10 min
         result.plot()                       # the curves; result.confusion(): the confusion matrix
         result.history[-1]["test_top1"], result.summary["top1"], result.out
-        vitlab.fit(resume=result.out, epochs=40)                        # ten epochs more
+        vitlab.fit(resume=result.out, time_budget=15)                   # five minutes more
     """
     if resume is not None:
         if model is not None or data is not None or out is not None or class_names is not None:
