@@ -120,8 +120,9 @@ def make_data(shape: Shape, quick: bool, cifar: Path) -> tuple[tuple, Facts]:
 def arms_of(facts: Facts, budget: float | None, threads: int) -> dict[str, tuple[str | None, dict]]:
     """Each arm: (model, options). auto: nothing but the budget; generic: the docstring's model with the recipe's
     general defaults; row:NAME: the table's other rows fitted to the data (their own measured rates)."""
-    # generic: a greyscale user has to say in_chans (the model's own is 3), the one option it is given
-    generic = {} if facts.channels == 3 else {"model_args": {"in_chans": facts.channels}}
+    # generic: the general recipe; the docstring's model told the data's size and channels, as a user has to
+    generic = {**({"img_size": facts.side} if facts.side != 32 else {}),
+               **({"model_args": {"in_chans": facts.channels}} if facts.channels != 3 else {})}
     arms: dict[str, tuple[str | None, dict]] = {"auto": (None, {}), "generic": (GENERIC, generic)}
     chosen = choose_row(facts)["name"]
     for row in read_table()["rows"]:

@@ -337,9 +337,9 @@ def test_budget_counting_training_only_stops_the_clock_for_evaluations(tmp_path,
     for counts in ("training", "all"):
         clock = Ticks(0.05)
 
-        def slow_evaluate(self, model, limit=None, clock=clock):
+        def slow_evaluate(self, model, limit=None, sample=None, clock=clock):
             clock.t += 100
-            return evaluate(self, model, limit=limit)
+            return evaluate(self, model, limit=limit, sample=sample)
 
         monkeypatch.setattr(setup.Run, "evaluate", slow_evaluate)
         lines = []
