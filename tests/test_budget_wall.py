@@ -38,3 +38,24 @@ def test_a_resume_may_shorten_the_run_but_not_below_the_epochs_done(tmp_path):
         resumed_recipe(first.out, {"epochs": 1})
     with pytest.raises(ValueError, match="accepted: minutes > 0"):
         resumed_recipe(first.out, {"time_budget": -1})
+
+
+def test_a_budget_run_evaluates_a_sample_during_training_and_the_whole_split_at_the_end(tmp_path, monkeypatch):
+    from vitlab.train import load_recipe, setup, train
+    monkeypatch.setattr(setup, "EVAL_SHARE", 1e-9)  # the smallest sample, whatever the machine's speed
+    monkeypatch.setattr(setup, "EVAL_SAMPLE_MIN", 50)
+    seen, evaluate = [], setup.Run.evaluate
+
+    def counted(self, model, limit=None, sample=None):
+        metrics = evaluate(self, model, limit=limit, sample=sample)
+        seen.append(metrics["logits"]["count"])
+        return metrics
+
+    monkeypatch.setattr(setup.Run, "evaluate", counted)
+    lines = []
+    summary = train(load_recipe(None, model="vit_micro_patch2_8", batch_size=256, precision="fp32", threads=1,
+                                time_budget=0.3, out=str(tmp_path / "run")), log=lines.append)
+    assert any(line.startswith("evaluating on about 50 of the 360 test images") for line in lines), lines
+    during, last = seen[2:-1], seen[-1]  # after the two probes of the end's cost
+    assert summary["epochs"] >= 2 and during and all(n == 45 for n in during), seen  # every 8th of 360
+    assert last == 360 and summary["num_test"] == 360
