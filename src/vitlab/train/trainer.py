@@ -206,8 +206,8 @@ def evaluate_epoch(run: Run, row: EpochRow, sample: int | None = None) -> tuple[
         if "cls" in metrics:
             row.test_top1_cls, row.test_top1_dist = metrics["cls"]["top1"], metrics["dist"]["top1"]
         metrics, row.ema_test_top1 = better_of_ema(run, metrics)
+        spent = run.now() - t_eval  # read inside the pause: when it pauses, the reading itself is not counted
     taken = len(range(0, whole, -(-whole // sample))) if sample is not None and sample < whole else whole
-    spent = run.now() - t_eval
     run.eval_seconds_per_image = spent / max(taken, 1) / (2 if run.state.ema is not None else 1)
     if not off_clock:
         run.clock.keep_back(spent * whole / max(taken, 1))
