@@ -76,6 +76,7 @@ def test_a_command_may_rewrite_its_own_folder(tmp_path, cache_dir, capsys):
     for _ in range(2):
         assert main(["eval", str(model), "--data", "digits", "--out", str(out)]) == 0
     assert {p.name for p in out.iterdir()} == {"summary.json", "confusion.png", MARK}
+    capsys.readouterr()  # the evaluations' progress
     # another kind of command does not take it over
     err = error_line(capsys, ["export", str(model), "--to", "timm", "--out", str(out)])
     assert "vitlab export did not write" in err
@@ -96,7 +97,7 @@ def test_resume_refuses_options_that_would_change_the_run(tmp_path, capsys):
                         "--eval-every, --log, --threads, --device, --cache-dir, --download, --workers, "
                         "--checkpoint-every")
     assert "--out" in error_line(capsys, ["train", "--resume", run, "--out", tmp_path / "elsewhere"])
-    assert "--epochs 1 is not valid on --resume" in error_line(capsys, ["train", "--resume", run, "--epochs", "1"])
+    assert "--epochs -1 is not valid on --resume" in error_line(capsys, ["train", "--resume", run, "--epochs", "-1"])
     assert (run / "config.yaml").read_text().endswith("lr: 0.001\n")
 
 

@@ -11,6 +11,8 @@ from vitlab.runs.compare import read_run
 from vitlab.runs.format import EpochRow, Summary, read_history, read_summary
 from vitlab.studies.report import aggregate
 from vitlab.train import load_recipe, train
+from vitlab.train.auto import auto_values
+from vitlab.train.recipe import make_recipe, recipe_values
 
 
 def _fields(cls) -> set[str]:
@@ -20,8 +22,8 @@ def _fields(cls) -> set[str]:
 @pytest.fixture(scope="module")
 def real_runs(tmp_path_factory):
     """Three short runs on the digits that between them write every field: a ViT with an EMA copy and progressive
-    resizing, a distilled DeiT (two heads) and an MAE pre-training (its encoder's k-NN). The first also checks that
-    train() restores torch's globals."""
+    resizing, chosen by the rule table (no model named: the digits' own), a distilled DeiT (two heads) and an MAE
+    pre-training (its encoder's k-NN). The first also checks that train() restores torch's globals."""
     root = tmp_path_factory.mktemp("runs")
     threads = torch.get_num_threads()
     torch.set_num_threads(3)
@@ -29,8 +31,10 @@ def real_runs(tmp_path_factory):
     rng = torch.random.get_rng_state()
     flags = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark)
     try:
-        train(load_recipe(None, model="vit_micro_patch2_8", epochs=2, ema_decay=0.9, progressive_scale=0.5,
-                          precision="fp32", threads=1, out=str(root / "vit")), log=lambda s: None)
+        chosen = auto_values(recipe_values(None, epochs=2, ema_decay=0.9, progressive_scale=0.5, precision="fp32",
+                                           threads=1, out=str(root / "vit")), log=lambda s: None)
+        assert chosen["model"] == "vit_micro_patch2_8"
+        train(make_recipe(chosen), log=lambda s: None)
         kept = (torch.get_num_threads(), torch.equal(torch.random.get_rng_state(), rng),
                 (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
                  torch.backends.cudnn.benchmark) == flags)
@@ -103,11 +107,11 @@ def test_run_clock_follows_its_time_source():
     clock.start()
     t[0] += 6.0
     assert clock.seconds() == 10.0 and clock.progress(step=3) == 0.5  # the budget, not the steps
-    clock.keep_back(1.0)  # 2 x 1 s + 3 s
-    assert clock.reserve == 5.0 and clock.progress(step=3) == pytest.approx(10 / 15)
-    t[0] += 5.0
+    clock.keep_back(1.0)  # 1.25 x 1 s + 3 s
+    assert clock.reserve == 4.25 and clock.progress(step=3) == pytest.approx(10 / 15.75)
+    t[0] += 5.75
     assert clock.progress(step=3) == 1.0
-    assert clock.keep_back(30.0) and clock.reserve == 10.0  # 63 s wanted: half the 20 s budget at most
+    assert clock.keep_back(30.0) and clock.reserve == 10.0  # 40.5 s wanted: half the 20 s budget at most
     assert not clock.keep_back(1.0) and clock.reserve == 10.0  # never less than already reserved
     steps = RunClock(d, total_steps=10, now=lambda: t[0])
     assert steps.progress(step=3) == 0.3

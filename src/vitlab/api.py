@@ -32,8 +32,18 @@ from .infer.predict import class_names, class_probabilities, decode_images, is_g
 from .models import list_models
 from .runs.figures import confusion_figure, curves_figure
 from .runs.folder import LOCK, STARTED, check_model_written, new_run_folder
-from .runs.format import CONFIG_YAML, check_out_dir, read_config, read_history, read_summary
+from .runs.format import (
+    CHECKPOINT,
+    CONFIG_YAML,
+    METRICS,
+    SUMMARY,
+    check_out_dir,
+    is_finished,
+    read_history,
+    read_summary,
+)
 from .runs.identity import ON_RESUME
+from .train.auto import AUTO, auto_values
 from .train.recipe import (
     AUGMENT_FIELDS,
     FIELDS,
@@ -44,6 +54,8 @@ from .train.recipe import (
     default_words,
     field_default,
     load_recipe,
+    make_recipe,
+    recipe_values,
 )
 from .train.trainer import train
 
@@ -101,10 +113,13 @@ def fit(model: ModelLike | None = None, data: Any = None, *, out: str | os.PathL
         validation_split: float | None = None, validation_data: Any = None, **options: Any) -> FitResult:
     """Train ``model`` on ``data`` as ``vitlab train`` does, into a run folder; returns its ``FitResult``.
 
-    model: a registered name (``vitlab.list_models()``); a module from ``create_model`` or ``load``, which is
-    trained in place, as Keras's ``model.fit`` trains its model: it ends with the trained weights and is the
-    result's ``model``, so a second ``fit`` of it goes on from where the first ended (the weights it started from
-    are kept beside the run as ``<out>.init``, the run's ``init``); or a run or model folder (``--init``).
+    model: None (or "auto"): chosen for the data, the machine and the budget by the rule table of measured recipes
+    (``vitlab/train/auto.yaml``; one logged line says what and why, ``result.summary["auto"]`` keeps it), the
+    options given by name winning; a registered name (``vitlab.list_models()``); a module from ``create_model``
+    or ``load``, which is trained in place, as Keras's ``model.fit`` trains its model: it ends with the trained
+    weights and is the result's ``model``, so a second ``fit`` of it goes on from where the first ended (the
+    weights it started from are kept beside the run as ``<out>.init``, the run's ``init``); or a run or model
+    folder (``--init``).
     data: any source ``vitlab train --data`` reads ("digits", "cifar10", an image folder, ...), or NumPy arrays in
     Keras's layout, ``((x_train, y_train), (x_test, y_test))``: images (N, H, W, C), or (N, H, W) as one channel
     (Keras's MNIST), uint8 or floats in [0, 1] or [0, 255] (converted, said in the log); labels (N,) or (N, 1) of
@@ -121,22 +136,24 @@ def fit(model: ModelLike | None = None, data: Any = None, *, out: str | os.PathL
     Example::
 
         (x, y), (x_test, y_test) = keras.datasets.cifar10.load_data()   # or any uint8 arrays
-        result = vitlab.fit("vit_tiny_patch4_32", ((x, y), (x_test, y_test)), epochs=30)
+        result = vitlab.fit(data=((x, y), (x_test, y_test)), time_budget=10)   # the recipe chosen for 10 min
         result.plot()                       # the curves; result.confusion(): the confusion matrix
         result.history_dict["test_top1"], result.summary["top1"], result.out
-        vitlab.fit(result.model, ((x, y), (x_test, y_test)), epochs=10)  # ten epochs more, from where it ended
+        vitlab.fit(resume=result.out, time_budget=15)                   # five minutes more
     """
     if resume is not None:
         if (model is not None or data is not None or out is not None or class_names is not None
                 or validation_split is not None or validation_data is not None):
             raise VitlabError("fit(resume=RUN) goes on with the run's own model, data and folder; accepted with "
                               f"resume: {', '.join(ON_RESUME)}")
-        return train_recipe(resumed_recipe(resume, checked(options)), resume=True)
+        recipe = resumed_recipe(resume, checked(options))
+        reopen(Path(resume), options)
+        return train_recipe(recipe, resume=True)
     if model is None and options.get("init") is not None:
         model = options.pop("init")  # the folder to fine-tune, named as the recipe names it
-    if model is None or data is None:
-        raise VitlabError("fit needs a model and data, e.g. vitlab.fit('vit_micro_patch2_8', 'digits'); or "
-                          "resume=RUN to continue a run")
+    if data is None:
+        raise VitlabError("fit needs data, e.g. vitlab.fit(data='digits') (the model chosen for it) or "
+                          "vitlab.fit('vit_micro_patch2_8', 'digits'); or resume=RUN to continue a run")
     if validation_data is not None:
         data = with_test_split(data, validation_data, validation_split)
     if validation_split is not None:
@@ -164,7 +181,7 @@ def pretrain(model: ModelLike | None = None, data: Any = None, *, method: str = 
     return fit(model, data, out=out, pretrain=method, **options)
 
 
-def evaluate(model: ModelLike, data: Any = None, *, batch_size: int = 256, precision: str = "auto",
+def evaluate(model: ModelLike, data: Any = None, *, batch_size: int | None = None, precision: str = "auto",
              tta: bool = False, tta_translate: int = 0, cache_dir: str | None = None,
              download: bool = False) -> dict[str, Any]:
     """Metrics of a model on a test split: ``top1``, ``top5``, ``loss``, ``per_class`` (top-1 by class name),
@@ -349,14 +366,14 @@ def classifier(model: ModelLike) -> nn.Module:
 
 def checked(options: dict[str, Any]) -> dict[str, Any]:
     """The options, each a recipe field (one line naming the unknown ones and listing the accepted)."""
-    unknown = sorted(set(options) - set(FIELDS) - set(AUGMENT_FIELDS))
+    unknown = sorted(set(options) - set(FIELDS) - set(AUGMENT_FIELDS) | {"auto"} & set(options))
     if unknown:
         raise VitlabError(f"unknown option(s) {', '.join(unknown)}; accepted: {', '.join(accepted_options())}")
     return options
 
 
 def accepted_options() -> list[str]:
-    return [n for n in [*FIELDS, *AUGMENT_FIELDS] if n not in ("augment", "out")]
+    return [n for n in [*FIELDS, *AUGMENT_FIELDS] if n not in ("augment", "out", "auto")]
 
 
 def new_recipe(model: ModelLike, data: Any, out: str | os.PathLike | None, names: Sequence[str] | None,
@@ -365,9 +382,10 @@ def new_recipe(model: ModelLike, data: Any, out: str | os.PathLike | None, names
     if {"model", "init", "data"} & {k for k, v in options.items() if v is not None}:
         raise VitlabError(f"{', '.join(sorted({'model', 'init', 'data'} & set(options)))}: given as fit's model and "
                           "data arguments, not as options")
-    folder = Path(out) if out is not None else new_run_folder(run_name(model))
+    auto = model is None or (isinstance(model, str) and model == AUTO)
+    folder = Path(out) if out is not None else new_run_folder("auto" if auto else run_name(model))
     start = folder.with_name(folder.name + ".init").absolute()  # where a module is saved to start from
-    values = {**options, **model_values(model, start)}
+    values = {**options, **({} if auto else model_values(model, start))}
     if names is not None and not is_arrays(data):
         raise VitlabError("class_names names the classes of arrays; a data source names its own")
     values["data"] = "arrays" if is_arrays(data) else os.fspath(data)
@@ -378,6 +396,11 @@ def new_recipe(model: ModelLike, data: Any, out: str | os.PathLike | None, names
                                           val_fraction=checked_recipe.val_fraction, seed=checked_recipe.seed, log=say))
     if isinstance(model, nn.Module):
         save_start(model, start)
+    if auto:  # the model, schedule and augmentation the rule table chooses for the data (train/auto.py)
+        values = auto_values(recipe_values(None, out=None if out is None else str(folder), **values), say)
+        if out is None:
+            values["out"] = str(new_run_folder(values["model"]))
+        return make_recipe(values)
     return load_recipe(None, out=str(folder), **values)
 
 
@@ -424,25 +447,42 @@ def save_start(model: nn.Module, folder: Path) -> Path:
 def resumed_recipe(folder: str | os.PathLike, given: dict[str, Any], refused: Sequence[str] = (),
                    named: Callable[[str], str] = str) -> Recipe:
     """The recipe that continues the unfinished run in ``folder``: its config.yaml, with the options ``given`` that
-    a resume honours (a longer run: more epochs, a later time budget); any other, and those ``refused``, are
-    refused in one line that names them as the caller does (``named``: an option's name, e.g. its flag)."""
+    a resume honours (another length: epochs, no fewer than those done; a time budget, shorter or longer, also for
+    a run that had none: the rest of the schedule is laid over it); any other, and those ``refused``, are refused
+    in one line that names them as the caller does (``named``: an option's name, e.g. its flag)."""
     folder = Path(folder)
     if not (folder / CONFIG_YAML).is_file():
         raise NotFoundError(f"{folder} is not a run folder: it has no {CONFIG_YAML}")
-    config = read_config(folder)
     given = {k: v for k, v in given.items() if v is not None}
     changed = [named(n) for n in given if n not in ON_RESUME] + list(refused)
     if changed:
         raise VitlabError(f"{', '.join(changed)} cannot change on {named('resume')}; accepted with {named('resume')}: "
                           f"{', '.join(named(n) for n in ON_RESUME)}")
-    for name in ("epochs", "time_budget"):
-        old, new = config.get(name), given.get(name)
-        if new is not None and old is None:
-            raise VitlabError(f"{named(name)} cannot be given on {named('resume')} of a run without one")
-        if new is not None and not _number(new) >= old:
-            raise VitlabError(f"{named(name)} {new!r} is not valid on {named('resume')}; accepted: a number >= the "
-                              f"run's {old!r}")
+    done = len(read_history(folder)) if (folder / METRICS).is_file() else 0
+    if given.get("epochs") is not None and not _number(given["epochs"]) >= max(done, 1):
+        raise VitlabError(f"{named('epochs')} {given['epochs']!r} is not valid on {named('resume')}; accepted: a "
+                          f"number >= {max(done, 1)} (the epochs done)")
+    if given.get("time_budget") is not None and not _number(given["time_budget"]) > 0:
+        raise VitlabError(f"{named('time_budget')} {given['time_budget']!r} is not valid on {named('resume')}; "
+                          "accepted: minutes > 0 (fewer than trained: the run ends with its final evaluation)")
     return load_recipe(folder / CONFIG_YAML, out=str(folder), **given)
+
+
+def reopen(folder: Path, options: dict[str, Any]) -> None:
+    """A finished run given more epochs (or a time budget) to go on: its summary.json, which marks it finished, is
+    kept as ``summary-epoch<N>.json`` and the run continues from its last checkpoint (its model and summary are then
+    the longer run's). A finished run given nothing more is left for the trainer to refuse."""
+    if not is_finished(folder) or not (folder / CHECKPOINT).is_file():
+        return
+    done = len(read_history(folder))
+    if not (options.get("epochs") is not None and int(options["epochs"]) > done or options.get("time_budget")):
+        return
+    kept = folder / f"summary-epoch{done}.json"
+    if kept.exists():
+        raise VitlabError(f"{kept} exists: the finished run's summary would be kept there; accepted: a run folder "
+                          "without it")
+    (folder / SUMMARY).rename(kept)
+    say(f"{folder} was finished after {done} epochs: going on (its summary kept as {kept.name})")
 
 
 def _number(value: Any) -> float:

@@ -20,7 +20,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     e.add_argument("model", help="model folder (vitlab run, timm or Hugging Face)")
     add_option(e, "data", default=None, help=DATA_HELP + "; default: a run folder's own data set and split")
     e.add_argument("--out", help="folder for summary.json and confusion.png")
-    add_option(e, "batch_size", default=256, help="images per forward pass")
+    add_option(e, "batch_size", default=None, help="images per forward pass (default: 64 on a CPU, 256 on a GPU)")
     add_option(e, "precision", default="auto", help=AUTO_HELP)
     add_option(e, "device", help=DEVICE_HELP)
     add_option(e, "cache_dir")

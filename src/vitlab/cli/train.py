@@ -10,7 +10,7 @@ from ..train.recipe import AUGMENT_FIELDS, FIELDS, SECTIONS
 from . import add_command
 from .options import add_recipe_option, flag
 
-SKIP = ("model_args", "pretrain_args", "augment", "out")  # recipe fields with options of their own (or none)
+SKIP = ("model_args", "pretrain_args", "augment", "out", "auto")  # fields with options of their own (or none)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -63,12 +63,17 @@ def resumed(args: argparse.Namespace):
 
 
 def recipe_of(args: argparse.Namespace):
-    """The recipe a ``vitlab train`` command line (not ``--resume``) trains: ``--config``, then the options given."""
-    from ..train import load_recipe
+    """The recipe a ``vitlab train`` command line (not ``--resume``) trains: ``--config``, then the options given;
+    without a model (nor --init), the one the rule table chooses for the data and the budget (train/auto.py)."""
+    from ..progress import log_line
+    from ..train.auto import auto_values
+    from ..train.recipe import make_recipe, recipe_values
     given = {name: getattr(args, name) for name in [*FIELDS, *AUGMENT_FIELDS] if name not in SKIP}
     if args.model_arg:
         given["model_args"] = parse_model_args(args.model_arg)
-    return load_recipe(args.config, out=args.out, **given)
+    values = recipe_values(args.config, out=args.out, **given)
+    make_recipe(values)  # every option checked before the data is read for the choice
+    return make_recipe(auto_values(values, log_line))
 
 
 def run(args: argparse.Namespace) -> int:

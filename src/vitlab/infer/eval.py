@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -11,9 +12,10 @@ import torch
 from .. import checkpoint
 from ..data.sources import DataBundle, load_data
 from ..data.views import Preprocess
-from ..devices import resolve_device
+from ..devices import eval_batch, resolve_device
 from ..errors import VitlabError
 from ..metrics import evaluate_model
+from ..progress import progress_bar
 from ..runs.folder import check_model_written, claim_folder
 from ..runs.format import CONFUSION_PNG, EvalSummary, read_split, write_summary
 from ..runs.identity import check_data
@@ -26,7 +28,7 @@ class Options:
     """How an evaluation runs: batch, precision (fp32, bf16, fp16, or auto: bf16 where it pays for the model,
     ``infer.precision.inference_precision``) and test-time augmentation (see ``head_logits``)."""
 
-    batch_size: int = 256
+    batch_size: int | None = None  # None: devices.eval_batch of the model's device
     precision: str = "fp32"
     tta: bool = False
     tta_translate: int = 0
@@ -61,14 +63,19 @@ def evaluate_images(model: torch.nn.Module, images: torch.Tensor, labels: torch.
     elif len(classes) != model.num_classes:
         raise VitlabError(f"the model predicts {model.num_classes} classes, {data} has {len(classes)}: "
                           f"{', '.join(classes[:10])}")
-    precision = inference_precision(model, options.precision, next(model.parameters()).device)
-    return evaluate_model(model, images, labels, names, model.pretrained_cfg["mean"], model.pretrained_cfg["std"],
-                          batch_size=options.batch_size, precision=precision, tta=options.tta,
-                          tta_translate=options.tta_translate, source=source)
+    device = next(model.parameters()).device
+    precision = inference_precision(model, options.precision, device)
+    batch = options.batch_size or eval_batch(device)
+    bar = progress_bar(total=len(images), unit="img", desc="eval", disable=len(images) <= batch, dynamic_ncols=True,
+                       mininterval=1.0, file=sys.stderr)
+    with contextlib.closing(bar):
+        return evaluate_model(model, images, labels, names, model.pretrained_cfg["mean"],
+                              model.pretrained_cfg["std"], batch_size=batch, precision=precision, tta=options.tta,
+                              tta_translate=options.tta_translate, source=source, progress=bar)
 
 
 def evaluate_folder(model_path: str | os.PathLike, data: str | None = None, out: str | os.PathLike | None = None,
-                    batch_size: int = 256, precision: str = "auto", cache_dir: str | None = None,
+                    batch_size: int | None = None, precision: str = "auto", cache_dir: str | None = None,
                     download: bool = False, tta: bool = False, device: str = "auto", tta_translate: int = 0) -> dict:
     """Metrics of every head of a saved model on a data set's test split; summary.json and confusion.png in out.
 

@@ -8,6 +8,8 @@ With ``stem_pad`` the image is padded by one pixel first so that the grid halves
 """
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
@@ -56,7 +58,10 @@ class AirBenchHybrid(VisionTransformer):
                  **kwargs):
         if not stem_widths or width_mult <= 0:
             raise VitlabError(f"stem_widths {stem_widths} must be non-empty and width_mult {width_mult} > 0")
-        super().__init__(img_size=img_size, patch_size=2 ** len(stem_widths), in_chans=in_chans,
+        stride = 2 ** len(stem_widths)
+        if not stem_pad:  # the stem takes any size (odd sizes pool a row away); the placeholder patches must tile it
+            stride = math.gcd(stride, *to_2tuple(img_size))
+        super().__init__(img_size=img_size, patch_size=stride, in_chans=in_chans,
                          embed_dim=embed_dim, dynamic_img_size=dynamic_img_size, **kwargs)
         self.patch_embed = WhitenEmbed(img_size, in_chans, embed_dim, scaled_widths(stem_widths, width_mult),
                                        bn_momentum, whiten_eps, dynamic_img_size, stem_pad, whiten_from_data)

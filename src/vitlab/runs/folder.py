@@ -82,7 +82,7 @@ def check_claimed(out: str | os.PathLike, what: str = "the run") -> None:
 
 STUDY_RUNS, STUDY_FEATURES = "runs", "features"  # a study folder's run folders and its probes' cached features
 WRITES: dict[str, tuple[str, ...]] = {  # what each kind of command writes in its folder (names or patterns)
-    "train": (*FILES, "tb"),
+    "train": (*FILES, "tb", "summary-epoch*.json"),  # the summary of a finished run that went on (vitlab.fit)
     "eval": (SUMMARY, CONFUSION_PNG),
     "inspect": ("*.png", "*.html", "*.json"),
     "export": (MODEL_CONFIG, MODEL_WEIGHTS, "model.onnx", "model.onnx.data", "preprocess.json",

@@ -165,6 +165,7 @@ class Summary:
     unreadable: list[str] = field(default_factory=list)  # the data's files that could not be read, left out
     images: int | None = field(default=None, metadata=OMIT)  # training images its steps took (an image twice: twice)
     steps_budget: int | None = None  # the steps the recipe asked for (--steps); null without, as time_budget_minutes
+    auto: dict[str, Any] | None = field(default=None, metadata=OMIT)  # the automatic choice: row, reason, rates
     # pre-training on data with a labelled test split: the encoder's weighted k-NN top-1 (of knn_test test images among
     # knn_train labelled training images) beside an untrained encoder's of the same architecture and seed
     knn_top1: float | None = field(default=None, metadata=OMIT)

@@ -8,6 +8,7 @@ from contextlib import contextmanager
 from .distributed import Dist, broadcast_value
 
 RESERVE_CAP = 0.5  # the largest share of a time budget kept back for the end of the run
+RESERVE_MARGIN = 1.25  # the end's evaluation is kept back at its measured time times this, plus 3 s
 
 
 class RunClock:
@@ -55,10 +56,10 @@ class RunClock:
 
     def keep_back(self, seconds: float) -> bool:
         """Reserve enough of the budget for an end of the run (final evaluation, saving) measured or estimated at
-        ``seconds``: twice that plus 3 s, never less than already reserved, and never more than half the budget (an
-        estimate taken on a busy machine can exceed the whole budget: the run then trains for half of it and its end
-        may run late, rather than never train). Returns whether that cap held the reserve back."""
-        wanted = max(self.reserve, 2.0 * seconds + 3.0)
+        ``seconds``: RESERVE_MARGIN times that plus 3 s, never less than already reserved, and never more than half
+        the budget (an estimate taken on a busy machine can exceed the whole budget: the run then trains for half of
+        it and its end may run late, rather than never train). Returns whether that cap held the reserve back."""
+        wanted = max(self.reserve, RESERVE_MARGIN * seconds + 3.0)
         cap = self.budget * RESERVE_CAP if self.budget is not None else wanted
         self.reserve = min(wanted, max(cap, self.reserve))
         return wanted > self.reserve

@@ -149,6 +149,9 @@ class Recipe(Settings):
                                          "epoch (epochs mode): a run killed midway resumes at that step (long epochs "
                                          "of shards)")
     out: str | None = Field(None, description="run folder to write")
+    auto: dict[str, Any] = Field(default_factory=dict, description="what the automatic choice (no model named) "
+                                 "chose and why: the rule table's row, the reason, the measured images a second; "
+                                 "written by the run, not given")
 
     @model_validator(mode="before")
     @classmethod
@@ -197,7 +200,7 @@ class Recipe(Settings):
 FIELDS = dict(Recipe.model_fields)
 # The recipe's sections, as `vitlab train --help` groups its options: every option in one of them.
 SECTIONS: dict[str, tuple[str, ...]] = {
-    "what to train": ("model", "model_args", "img_size", "drop_path", "pretrain", "pretrain_args"),
+    "what to train": ("model", "auto", "model_args", "img_size", "drop_path", "pretrain", "pretrain_args"),
     "fine-tuning": ("init", "head_init", "freeze_backbone", "freeze_blocks", "layer_decay", "lora", "lora_alpha",
                     "lora_targets", "grad_checkpointing"),
     "data": ("data", "test_data", "download", "val_fraction", "train_fraction", "cache_dir", "store_size", "crop_pct",
@@ -404,6 +407,12 @@ def make_recipe(values: dict[str, Any]) -> Recipe:
 def load_recipe(path: str | Path | None = None, **overrides: Any) -> Recipe:
     """A Recipe from a YAML file (optional) updated by overrides (None = not given, ``NULL`` = set to None);
     unknown keys are an error."""
+    return make_recipe(recipe_values(path, **overrides))
+
+
+def recipe_values(path: str | Path | None = None, **overrides: Any) -> dict[str, Any]:
+    """The values a Recipe is made from (augmentation nested): a YAML file (optional) updated by overrides (None =
+    not given, ``NULL`` = set to None); unknown keys are an error."""
     values: dict[str, Any] = {}
     if path is not None:
         p = Path(path)
@@ -428,7 +437,7 @@ def load_recipe(path: str | Path | None = None, **overrides: Any) -> Recipe:
     if unknown:
         raise VitlabError(f"unknown recipe option(s) {', '.join(unknown)}; accepted: "
                           f"{', '.join([*FIELDS, *AUGMENT_FIELDS])}")
-    return make_recipe(values)
+    return values
 
 
 def _whole(values: dict[str, Any]) -> bool:

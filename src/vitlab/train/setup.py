@@ -21,7 +21,7 @@ from ..data.decode import default_workers
 from ..data.shards import ShardReader
 from ..data.sources import DataBundle, ImageSet
 from ..data.views import Preprocess, eval_view
-from ..devices import auto_precision, set_cpu_threads, to_device
+from ..devices import auto_precision, eval_batch, set_cpu_threads, to_device
 from ..errors import VitlabError
 from ..models.summary import matmul_flops, matmul_macs
 from ..progress import Progress, progress_bar
@@ -83,6 +83,8 @@ class Run:
     tb: TensorBoardLog | None = None
     bar: Progress | None = None
     marks: dict | None = None   # what every checkpoint carries besides the state: the run's id, the recipe as run
+    eval_seconds_per_image: float | None = None  # measured: the probe before the first step, then each evaluation
+    said_sample: bool = False
 
     @property
     def budget(self) -> float | None:
@@ -101,16 +103,28 @@ class Run:
         answer on every rank."""
         return (self.budget is not None or bool(self.recipe.steps)) and self.clock.progress(self.state.step) >= 1
 
-    def evaluate(self, model: nn.Module, limit: int | None = None) -> dict[str, dict]:
+    def evaluate(self, model: nn.Module, limit: int | None = None, sample: int | None = None) -> dict[str, dict]:
         """The task's metrics per head on the test split, each rank on its contiguous shard (a view, read batch by
-        batch), summed over the ranks; ``limit`` stops after that many images of the shard."""
+        batch), summed over the ranks; ``limit`` stops after that many images of the shard; ``sample`` takes about
+        that many images of the shard, evenly spaced through it (a test split in class order keeps its shares)."""
         dist, test = self.dist, held_out(self.data)
         start, stop = len(test.images) * dist.rank // dist.world, len(test.images) * (dist.rank + 1) // dist.world
         n = stop - start if limit is None else min(limit, stop - start)
-        split = EvalSplit(images=test.images.narrow(0, start, n), labels=test.labels.narrow(0, start, n), first=start,
-                          classes=self.classes, mean=self.mean, std=self.std, batch_size=self.eval_batch,
-                          precision=self.precision, view=self.view, dist=dist)
+        images, labels = test.images.narrow(0, start, n), test.labels.narrow(0, start, n)
+        if sample is not None and sample < n:
+            every = -(-n // sample)
+            images, labels = images[::every], labels[::every]
+        split = EvalSplit(images=images, labels=labels, first=start, classes=self.classes, mean=self.mean,
+                          std=self.std, batch_size=self.eval_batch, precision=self.precision, view=self.view, dist=dist)
         return self.task.evaluate(model, split)
+
+    def sample_size(self, epoch_seconds: float) -> int | None:
+        """The test images an evaluation during a budget run takes: as many as EVAL_SHARE of the epoch's training
+        time evaluates at the measured rate (at least EVAL_SAMPLE_MIN); None (the whole split) without a budget, or
+        before the rate is measured."""
+        if self.budget is None or not self.eval_seconds_per_image:
+            return None
+        return max(EVAL_SAMPLE_MIN, int(EVAL_SHARE * epoch_seconds / self.eval_seconds_per_image))
 
     def save_within_epoch(self, steps: int, images: int) -> None:
         """After ``steps`` of the epoch (``images`` of it, all ranks): the checkpoint that --checkpoint-every asks
@@ -142,8 +156,17 @@ def held_out(data: DataBundle) -> ImageSet:
     return data.test if len(data.test.images) else data.train
 
 
+# A budget run evaluates during training on an evenly spaced sample of the test split that costs this share of the
+# epoch's training time (at least EVAL_SAMPLE_MIN images); the whole split once at the end.
+EVAL_SHARE = 0.1
+EVAL_SAMPLE_MIN = 500
+
+
 def eval_batch_size(batch_size: int, dist: Dist) -> int:
-    """The batch of a pass without gradients (evaluation, a teacher's predictions made once) on each rank."""
+    """The batch of a pass without gradients (evaluation, a teacher's predictions made once) on each rank: a CPU's
+    (devices.eval_batch), on a GPU the training batch's share, at least 256."""
+    if dist.device.type == "cpu":
+        return eval_batch(dist.device)
     return max(batch_size // dist.world, 256)
 
 
@@ -378,12 +401,14 @@ def keep_back_final_evaluation(run: Run) -> None:
     split, after one untimed batch that pays for warm-up (a CPU's kernels are chosen on the first call), so that a
     run evaluated only at the end still ends within its budget."""
     run.evaluate(run.model, limit=run.eval_batch)  # every rank: it sums over them; its metrics are read back
-    t_probe = run.now()
-    run.evaluate(run.model, limit=run.eval_batch)
     shard = len(held_out(run.data).images) // run.dist.world
-    capped = run.clock.keep_back((2.0 if run.state.ema is not None else 1.0) * (run.now() - t_probe)
-                                 * shard / min(run.eval_batch, shard))
-    run.log(f"kept back {run.clock.reserve:.0f} s of the budget for the final evaluation"
+    timed = min(2 * run.eval_batch, shard)
+    t_probe = run.now()
+    run.evaluate(run.model, limit=timed)
+    run.eval_seconds_per_image = (run.now() - t_probe) / max(timed, 1)
+    capped = run.clock.keep_back((2.0 if run.state.ema is not None else 1.0) * run.eval_seconds_per_image * shard)
+    run.log(f"kept back {run.clock.reserve:.0f} s of the budget for the final evaluation of {shard} test images "
+            f"(timed on {timed})"
             + (" (half the budget: the evaluation was timed at more; the run may end late)" if capped else ""))
 
 

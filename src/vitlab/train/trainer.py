@@ -34,7 +34,17 @@ from .distributed import (
 from .feed import EpochPlan
 from .lora import finish_lora
 from .recipe import Recipe
-from .setup import Run, check_sources_outside, claim_out, epoch_seed, model_name, run_net, set_up, torch_globals_kept
+from .setup import (
+    Run,
+    check_sources_outside,
+    claim_out,
+    epoch_seed,
+    held_out,
+    model_name,
+    run_net,
+    set_up,
+    torch_globals_kept,
+)
 from .state import save_checkpoint, take_place
 from .step import Batch, EpochMeter, check_loss_finite, ema_decay_at, figures_every, train_step
 
@@ -81,7 +91,8 @@ def _train(recipe: Recipe, dist: Dist, resume: bool, log: Callable[[str], None],
                 if m is not None:
                     average_running_stats(m, run.dist)
             if end or row.epoch % recipe.eval_every == 0:
-                final_metrics, score = evaluate_epoch(run, row)
+                final_metrics, score = evaluate_epoch(run, row, None if end else run.sample_size(
+                    run.data.num_train / max(row.images_per_second, 1e-9)))
                 end = end or run.out_of_time()  # the reserve for the end may have grown past what is left
                 track_best(run, score)
                 stopped_early = not end and early_stop_due(run)
@@ -174,20 +185,29 @@ def show_running(run: Run, meter: EpochMeter, epoch: int, epoch_t0: float) -> No
         run.bar.set_postfix_str(f"epoch {epoch + 1} {run.task.running(running)} {rate:.0f} img/s", refresh=False)
 
 
-def evaluate_epoch(run: Run, row: EpochRow) -> tuple[dict[str, dict], float]:
-    """Evaluate the model (and its EMA copy) into the row; returns the better one's metrics (marked ``ema``
-    when it is the EMA copy's) and its score. Its time is kept back for the run's final evaluation, or, when the
-    budget counts training only, not counted at all."""
+def evaluate_epoch(run: Run, row: EpochRow, sample: int | None = None) -> tuple[dict[str, dict], float]:
+    """Evaluate the model (and its EMA copy) into the row, on the whole test split or on about ``sample`` images of
+    it; returns the better one's metrics (marked ``ema`` when it is the EMA copy's) and its score. Its time, scaled
+    to the whole split, is kept back for the run's final evaluation, or, when the budget counts training only, not
+    counted at all."""
     t_eval, off_clock = run.now(), run.recipe.budget_counts == "training"
+    whole = len(held_out(run.data).images) // run.dist.world
+    if sample is not None and sample < whole and not run.said_sample:
+        run.log(f"evaluating on about {sample} of the {whole} test images after each epoch (a tenth of an epoch's "
+                "time), on all of them at the end")
+        run.said_sample = True
     with run.clock.paused(off_clock):
-        metrics = run.evaluate(run.model)
+        metrics = run.evaluate(run.model, sample=sample)
         logits = metrics["logits"]
         row.test_loss, row.test_top1, row.test_top5 = logits["loss"], logits["top1"], logits["top5"]
         if "cls" in metrics:
             row.test_top1_cls, row.test_top1_dist = metrics["cls"]["top1"], metrics["dist"]["top1"]
         metrics, row.ema_test_top1 = better_of_ema(run, metrics)
+        spent = run.now() - t_eval  # read inside the pause: when it pauses, the reading itself is not counted
+    taken = len(range(0, whole, -(-whole // sample))) if sample is not None and sample < whole else whole
+    run.eval_seconds_per_image = spent / max(taken, 1) / (2 if run.state.ema is not None else 1)
     if not off_clock:
-        run.clock.keep_back(run.now() - t_eval)
+        run.clock.keep_back(spent * whole / max(taken, 1))
     return metrics, score(metrics["logits"])
 
 
@@ -293,4 +313,4 @@ def run_summary(run: Run, final_metrics: dict[str, dict], history: list[EpochRow
         time_budget_minutes=recipe.time_budget,
         heads={"cls": final_metrics["cls"]["top1"], "dist": final_metrics["dist"]["top1"], "mean": m["top1"]}
         if "cls" in final_metrics else None, pretrain=recipe.pretrain, unreadable=list(data.unreadable),
-        images=images_trained(run), steps_budget=recipe.steps)
+        images=images_trained(run), steps_budget=recipe.steps, auto=recipe.auto or None)
