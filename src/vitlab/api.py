@@ -323,7 +323,8 @@ def pretrain_default(name: str) -> Any:
 
 def pretrain_options() -> list[str]:
     """The recipe fields ``pretrain`` takes as options: all but the supervised-only (distill's teacher aside)."""
-    return [n for n in [*FIELDS, *AUGMENT_FIELDS] if n != "pretrain" and (n not in SUPERVISED_ONLY or n == "teacher")]
+    return [n for n in [*FIELDS, *AUGMENT_FIELDS]
+            if n not in ("pretrain", "auto") and (n not in SUPERVISED_ONLY or n == "teacher")]
 
 
 def option_annotation(name: str) -> Any:
@@ -336,7 +337,7 @@ def options_doc(taken: Sequence[str] = (), title: str = "every recipe field") ->
     (with a data set's own and pre-training's) and what it does, from the declarations themselves."""
     lines = ["", f"    Options ({title}, by name; a data set's own defaults where it has them):", ""]
     for section, names in SECTIONS.items():
-        names = [n for n in names if n not in ("data", "out", "augment", *taken)]
+        names = [n for n in names if n not in ("data", "out", "augment", "auto", *taken)]
         if names:
             lines.append(f"    {section}:")
         for name in names:
@@ -512,7 +513,7 @@ def train_recipe(recipe: Recipe, resume: bool) -> FitResult:
     return FitResult.read(recipe.out)
 
 
-fit.__signature__ = options_signature(fit, [*FIELDS, *AUGMENT_FIELDS], option_default)
+fit.__signature__ = options_signature(fit, [n for n in [*FIELDS, *AUGMENT_FIELDS] if n != "auto"], option_default)
 fit.__doc__ = (fit.__doc__ or "") + options_doc()
 pretrain.__signature__ = options_signature(pretrain, pretrain_options(), pretrain_default)
 pretrain.__doc__ = (pretrain.__doc__ or "") + options_doc(
