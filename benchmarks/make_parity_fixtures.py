@@ -111,6 +111,8 @@ TIMM = {
     # Sapiens2: grouped-query attention in the middle block, qk-norm, RMSNorm, 8 registers, a portrait input
     "timm_sapiens2": ("vit_base_patch16_sapiens2", dict(TINY, depth=3, num_heads=4, num_kv_heads=(4, 2, 4),
                                                         img_size=(16, 12), patch_size=4, num_classes=5), (20, 28)),
+    # AIMv2: RMSNorm on the patch tokens and everywhere else, split SwiGLU, no biases, mean pooling
+    "timm_aimv2": ("aimv2_large_patch14_224", dict(TINY, img_size=16, patch_size=4, num_classes=5), (24, 20)),
 }
 # the size only in pretrained_cfg.input_size, as older timm exports write it
 SIZE_IN_PRETRAINED_CFG = {"timm_dinov2"}
@@ -152,6 +154,11 @@ HF = {
                                                                   layerscale_value=0.1), (20, 28)),
     # DINOv2's giant MLP: SwiGLU, fused gate and value saved as mlp.weights_in (hidden 2/3 of 32, rounded up to 8s)
     "hf_dinov2_giant": ("Dinov2Model", "Dinov2Config", dict(HF_TINY, mlp_ratio=2, use_swiglu_ffn=True), (24, 20)),
+    # AIMv2's tower with its attention-pool head: a learned table (one size), or native (the sin-cos table of each
+    # grid, any size) with biases
+    "hf_aimv2": ("Aimv2VisionModel", "Aimv2VisionConfig", dict(HF_TINY, intermediate_size=24), None),
+    "hf_aimv2_native": ("Aimv2VisionModel", "Aimv2VisionConfig", dict(HF_TINY, intermediate_size=24, is_native=True,
+                                                                      qkv_bias=True, mlp_bias=True), (24, 20)),
 }
 
 # transformers' wrapper of a timm model (how the Hub ships Perception Encoder and other timm models for transformers):

@@ -67,7 +67,7 @@ def test_timm_folder_round_trip(tmp_path, family):
     assert "distilled" not in cfg["model_args"] and "norm_eps" not in cfg["model_args"]
     prefixes = {"deit": "deit_", "convit": "convit_", "cait": "cait_", "deit3": "deit3_", "beit": "beit_",
                 "beit_shared": "beit_", "mixer": "mixer_", "eva02": "eva02_", "naflex_siglip": "naflexvit_",
-                "eva_post_norm": "eva02_"}
+                "eva_post_norm": "eva02_", "aimv2": "aimv2_"}
     assert cfg["architecture"].startswith(prefixes.get(family, "vit_"))
     keys = load_file(folder / "model.safetensors").keys()
     if family == "cait":  # timm's LayerScale names in CaiT

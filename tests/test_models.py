@@ -223,8 +223,9 @@ def test_registered_models_carry_consistent_facts(name):
         assert set(timm.args) | set(timm.fixed) | set(timm.dropped) <= set(accepted)
         assert get_spec(timm.base_arch).cls is spec.cls
         assert all(get_spec(n).cls is spec.cls for n in type(model).timm_names)
-    # a transformers model_type vitlab writes (ViT, DeiT, BEiT, DINOv3), or why transformers cannot hold the model
-    assert model.hf_model_type in ("vit", "deit", "beit", "dinov3_vit", "siglip2_vision_model") or (
+    # a transformers model_type vitlab writes (ViT, DeiT, BEiT, DINOv3, AIMv2), or why transformers cannot hold it
+    assert model.hf_model_type in ("vit", "deit", "beit", "dinov3_vit", "siglip2_vision_model",
+                                   "aimv2_vision_model") or (
         model.hf_model_type is None and model.no_hf)
 
 

@@ -33,7 +33,7 @@ EXPECTED = {"timm_deit3", "timm_dinov2", "timm_dinov2_reg4", "timm_vit_reg4_gap"
             "timm_vit_xp", "timm_dinov2_giant", "timm_tipsv2_giant",
             "timm_eva02_enormous", "timm_lingbot",
             "timm_lingbot_giant", "timm_sapiens2", "hf_dinov2_giant",
-            "hf_timm_wrapper_pe_core", "hf_timm_wrapper_classifier"}
+            "hf_timm_wrapper_pe_core", "hf_timm_wrapper_classifier", "timm_aimv2", "hf_aimv2", "hf_aimv2_native"}
 DYNAMIC = sorted(p.parent.name for p in BACKBONES.glob("*/io_dynamic.safetensors"))
 TOL = 1e-4
 
@@ -357,3 +357,51 @@ def test_sapiens2_groups_keys_and_values_per_block(tmp_path):
         vitlab.create_model("vit_base_patch16_sapiens2", depth=1, embed_dim=16, num_heads=4, num_kv_heads=3)
     with pytest.raises(ValueError, match="num_kv_heads has 2 entries for 3 blocks"):
         vitlab.create_model("vit_base_patch16_sapiens2", depth=3, embed_dim=16, num_heads=4, num_kv_heads=(4, 2))
+
+
+def test_aimv2_is_timms_and_transformers_and_exports_back_to_each(tmp_path):
+    """AIMv2: the patch tokens pass an RMSNorm before the position table, the blocks hold RMSNorm and a split SwiGLU
+    and no biases; timm's folder exports back to timm's and transformers' (its attention-pool head included) to
+    transformers' own keys and outputs; native's table is computed for each grid, which timm's names cannot hold."""
+    from vitlab.export import export
+
+    model = vitlab.load(BACKBONES / "timm_aimv2")
+    mlp = model.blocks[0].mlp
+    assert model.family.startswith("AIMv2") and isinstance(model.patch_embed.norm, torch.nn.RMSNorm)
+    assert model.patch_embed.norm.eps == 1e-5 and model.cls_token is None and model.global_pool == "avg"
+    assert mlp.fc1_g.out_features == mlp.fc1_x.out_features == 32 and mlp.fc2.bias is None
+    assert model.blocks[0].attn.qkv.bias is None and model.blocks[0].attn.proj.bias is None
+    check(vitlab.load(export(model, "timm", tmp_path / "timm")), load_file(BACKBONES / "timm_aimv2" / "io.safetensors"))
+    for name in ("hf_aimv2", "hf_aimv2_native"):
+        hf = vitlab.load(BACKBONES / name)
+        assert hf.global_pool == "map" and hf.attn_pool.mlp is None and hf.num_classes == 0
+        folder = export(hf, "hf", tmp_path / name)
+        ours, theirs = load_file(folder / "model.safetensors"), load_file(BACKBONES / name / "model.safetensors")
+        assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in theirs)
+        cfg, ref = (json.loads((f / "config.json").read_text()) for f in (folder, BACKBONES / name))
+        assert {k: cfg[k] for k in ("is_native", "use_head", "qkv_bias", "mlp_bias", "intermediate_size")} == {
+            k: ref[k] for k in ("is_native", "use_head", "qkv_bias", "mlp_bias", "intermediate_size")}
+        check(vitlab.load(folder), load_file(BACKBONES / name / "io.safetensors"))
+    native = vitlab.load(BACKBONES / "hf_aimv2_native")
+    assert native.pos_embed is None and native.pos_embed_type == "sincos_xy"
+    with pytest.raises(ValueError, match="sin-cos table is computed for each input.*onnx$") as e:
+        export(native, "timm", tmp_path / "native")
+    assert "\n" not in str(e.value)
+    with pytest.raises(ValueError, match="classifier head.*reset_classifier"):
+        export(model, "hf", tmp_path / "hf")
+
+
+def test_aimv2_configs_vitlab_cannot_hold_are_one_line(tmp_path):
+    folder = tmp_path / "m"
+    shutil.copytree(BACKBONES / "hf_aimv2", folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    for change, message in ((dict(qkv_bias=True), "qkv_bias=true and mlp_bias=false.*accepted: both"),
+                            (dict(hidden_act="gelu"), "hidden_act 'gelu'.*accepted: silu")):
+        (folder / "config.json").write_text(json.dumps({**cfg, **change}))
+        with pytest.raises(ValueError, match=message) as e:
+            vitlab.load(folder)
+        assert "\n" not in str(e.value)
+    from vitlab.interop import hf
+
+    _, args, _ = hf.model_args({**cfg, "use_head": False, "is_native": True})  # no head: the mean token, any size
+    assert args["global_pool"] == "avg" and args["pos_embed"] == "sincos_xy" and args["dynamic_img_size"]

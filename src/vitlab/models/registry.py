@@ -70,7 +70,8 @@ for _size in ("tiny", "small", "base"):
 # DeiT III, DINOv2, register and GAP ViTs, CLIP and SigLIP image towers: timm's names and arguments; TIPSv2 takes
 # pixels in [0, 1] as they are
 for _name, _args in TIMM_PRESETS.items():
-    _mean_std = ((CLIP_MEAN, CLIP_STD) if "_clip_" in _name else ((0.0,) * 3, (1.0,) * 3) if "_tipsv2" in _name
+    _clip = "_clip_" in _name or _name.startswith("aimv2_")  # AIMv2 normalises as OpenAI's CLIP
+    _mean_std = ((CLIP_MEAN, CLIP_STD) if _clip else ((0.0,) * 3, (1.0,) * 3) if "_tipsv2" in _name
                  else (INCEPTION_MEAN, INCEPTION_STD)
                  if "gap" in _name or "siglip" in _name or "_xp_" in _name else (IMAGENET_MEAN, IMAGENET_STD))
     register(_name, VisionTransformer, *_mean_std, **_args)
