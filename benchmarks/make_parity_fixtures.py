@@ -113,7 +113,17 @@ TIMM = {
                                                         img_size=(16, 12), patch_size=4, num_classes=5), (20, 28)),
     # AIMv2: RMSNorm on the patch tokens and everywhere else, split SwiGLU, no biases, mean pooling
     "timm_aimv2": ("aimv2_large_patch14_224", dict(TINY, img_size=16, patch_size=4, num_classes=5), (24, 20)),
+    # Qwen3-VL's tower: a 4x4 table resampled to each grid and RoPE; the classifier, the classifier over the patch
+    # merger's tokens, the encoder (the merger's tokens out); the merger splits grids of even sides
+    "timm_qwen3": ("qwen3_vit_88m", dict(TINY, img_size=16, patch_size=4, num_classes=5, pos_embed_grid_size=4),
+                   (24, 20)),
+    "timm_qwen3_merge": ("qwen3_vit_88m_merge", dict(TINY, img_size=16, patch_size=4, num_classes=5,
+                                                     pos_embed_grid_size=4, out_features=8), (16, 24)),
+    "timm_qwen3_enc": ("qwen3_vit_88m_enc", dict(TINY, img_size=16, patch_size=4, pos_embed_grid_size=4,
+                                                 out_features=8), (24, 16)),
 }
+# timm classes that take every input size without being asked (no dynamic_img_size argument)
+ANY_SIZE = ("qwen3_vit_",)
 # the size only in pretrained_cfg.input_size, as older timm exports write it
 SIZE_IN_PRETRAINED_CFG = {"timm_dinov2"}
 # built from timm's class with the name's pretrained_cfg: the registered function fixes the width and depth (timm
@@ -233,6 +243,14 @@ def timm_class(name: str, args: dict[str, Any], folder: Path) -> nn.Module:
     return model
 
 
+def tokens(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The trunk's token sequence (B, N, D): forward_features, or for Qwen3's towers (whose forward_features is a
+    (B, h, w, D) grid, or the merger's tokens in a classifier over them) its encoder's grid flattened."""
+    if type(model).__name__.startswith("Qwen3Vit"):
+        return getattr(model, "encoder", model).forward_features(x).flatten(1, 2)
+    return model.forward_features(x)
+
+
 def timm_folder(name: str, arch: str, args: dict[str, Any], second: tuple[int, int] | None) -> None:
     folder = OUT / name
     ref = perturb(by_class(name, arch, args) if name in BY_CLASS else timm.create_model(arch, pretrained=False, **args))
@@ -244,15 +262,17 @@ def timm_folder(name: str, arch: str, args: dict[str, Any], second: tuple[int, i
         (folder / "config.json").write_text(json.dumps(cfg, indent=2))
     back = (timm.create_model(f"local-dir:{folder}", pretrained=True) if name not in BY_CLASS else  # timm reads its
             timm_class(name, args, folder)).eval()  # own folder back
-    x = torch.randn(BATCH, 3, *getattr(ref, "patch_embed", getattr(ref, "stem", None)).img_size)  # Mixer: stem
+    trunk = getattr(ref, "encoder", ref)  # Qwen3's classifier holds its trunk under encoder
+    x = torch.randn(BATCH, 3, *getattr(trunk, "patch_embed", getattr(ref, "stem", None)).img_size)  # Mixer: stem
     with torch.no_grad():
         assert torch.equal(back(x), ref(x)), f"{name}: timm does not read back its own folder"
-        write_io(folder / "io.safetensors", x, ref(x), ref.forward_features(x))
+        write_io(folder / "io.safetensors", x, ref(x), tokens(ref, x))
         if second:
-            dyn = timm.create_model(arch, pretrained=False, **{**args, "dynamic_img_size": True}).eval()
+            any_size = arch.startswith(ANY_SIZE)
+            dyn = ref if any_size else timm.create_model(arch, pretrained=False, **{**args, "dynamic_img_size": True})
             dyn.load_state_dict(ref.state_dict())
             x = torch.randn(BATCH, 3, *second)
-            write_io(folder / "io_dynamic.safetensors", x, dyn(x), dyn.forward_features(x))
+            write_io(folder / "io_dynamic.safetensors", x, dyn.eval()(x), tokens(dyn, x))
         for size in RESIZED.get(name, ()):
             other = timm.create_model(f"local-dir:{folder}", pretrained=True, img_size=size).eval()
             x = torch.randn(BATCH, 3, *size)

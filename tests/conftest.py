@@ -174,6 +174,11 @@ FAMILIES = (
            timm=True, hf=False),
     Family("aimv2", "aimv2_large_patch14_224", dict(img_size=32, patch_size=4, embed_dim=32, depth=2, num_heads=2,
                                                     num_classes=10), ("mhsa",) * 2, timm=True, hf=False),
+    Family("qwen3", "qwen3_vit_88m", dict(img_size=32, patch_size=4, embed_dim=32, depth=2, num_heads=2,
+                                          pos_embed_grid_size=4, num_classes=10), ("mhsa",) * 2, timm=True, hf=False),
+    Family("qwen3_merge", "qwen3_vit_88m_merge", dict(img_size=32, patch_size=4, embed_dim=32, depth=2, num_heads=2,
+                                                      pos_embed_grid_size=4, out_features=16, num_classes=10),
+           ("mhsa",) * 2, timm=True, hf=False),
     Family("resnet", "resnet10_32", dict(widths=(8, 16, 32, 64)), (), timm=False, hf=False),  # CIFAR stem: not timm's
     Family("airbench", "airbench_32", dict(widths=(8, 16, 16)), (), timm=False, hf=False),
     Family("airbench_hybrid", "vit_nano_airbench_32", dict(stem_widths=(8, 16, 16), stem_pad=False, embed_dim=32,

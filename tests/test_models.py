@@ -48,10 +48,12 @@ def _small_input_args(name):
     # today's backbones, and any model wider and deeper than ViT-L (a 7B DINOv3 would take tens of GB): their
     # options at two blocks of 8 channels per head
     big = args.get("embed_dim", 0) * args.get("depth", 0) > 1024 * 24
-    if name in TIMM_PRESETS or name.startswith("naflexvit_") or big:
+    # an encoder whose output is tokens (Qwen3's _enc) keeps num_classes 0
+    classes = {} if args.get("encoder_only") else {"num_classes": 7}
+    if name in TIMM_PRESETS or name.startswith(("naflexvit_", "qwen3_vit_")) or big:
         kv = args.get("num_kv_heads")  # per block (Sapiens2): the first block's and the middle one's
         kv = {"num_kv_heads": (kv[0], kv[len(kv) // 2])} if isinstance(kv, tuple) else {}
-        return {"img_size": 2 * stride, "num_classes": 7, "depth": 2, "embed_dim": 8 * args["num_heads"], **kv}
+        return {"img_size": 2 * stride, **classes, "depth": 2, "embed_dim": 8 * args["num_heads"], **kv}
     return {"img_size": 2 * stride, "num_classes": 7}
 
 
@@ -65,7 +67,8 @@ def test_every_model_forward_backward(name):
     model.train()
     out = model(x)
     outs = out if isinstance(out, tuple) else (out,)
-    assert all(o.shape == (2, model.num_classes) for o in outs)
+    tokens = getattr(model, "encoder_only", False)  # (B, merged tokens, width): what a language model reads
+    assert all(o.shape[0] == 2 and o.ndim == 3 if tokens else o.shape == (2, model.num_classes) for o in outs)
     sum(o.square().mean() for o in outs).backward()
     grads = [p.grad for p in model.parameters() if p.requires_grad]
     assert all(g is not None and torch.isfinite(g).all() for g in grads)
@@ -214,7 +217,8 @@ def test_registered_models_carry_consistent_facts(name):
     with torch.device("meta"):
         model = vitlab.create_model(name)
     assert model.family and model.classifier_names
-    assert all(isinstance(getattr(model, n), torch.nn.Linear) for n in model.classifier_names)
+    assert all(isinstance(getattr(model, n), torch.nn.Linear) for n in model.classifier_names) or (
+        getattr(model, "encoder_only", False) and model.num_classes == 0)  # Qwen3's _enc: tokens out, no head
     timm = model.timm_spec
     if timm is None:
         assert model.no_timm and name not in type(model).timm_names

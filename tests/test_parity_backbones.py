@@ -33,7 +33,8 @@ EXPECTED = {"timm_deit3", "timm_dinov2", "timm_dinov2_reg4", "timm_vit_reg4_gap"
             "timm_vit_xp", "timm_dinov2_giant", "timm_tipsv2_giant",
             "timm_eva02_enormous", "timm_lingbot",
             "timm_lingbot_giant", "timm_sapiens2", "hf_dinov2_giant",
-            "hf_timm_wrapper_pe_core", "hf_timm_wrapper_classifier", "timm_aimv2", "hf_aimv2", "hf_aimv2_native"}
+            "hf_timm_wrapper_pe_core", "hf_timm_wrapper_classifier", "timm_aimv2", "hf_aimv2", "hf_aimv2_native",
+            "timm_qwen3", "timm_qwen3_merge", "timm_qwen3_enc"}
 DYNAMIC = sorted(p.parent.name for p in BACKBONES.glob("*/io_dynamic.safetensors"))
 TOL = 1e-4
 
@@ -405,3 +406,45 @@ def test_aimv2_configs_vitlab_cannot_hold_are_one_line(tmp_path):
 
     _, args, _ = hf.model_args({**cfg, "use_head": False, "is_native": True})  # no head: the mean token, any size
     assert args["global_pool"] == "avg" and args["pos_embed"] == "sincos_xy" and args["dynamic_img_size"]
+
+
+@pytest.mark.parametrize("name", ["timm_qwen3", "timm_qwen3_merge", "timm_qwen3_enc"])
+def test_qwen3_towers_are_timms_and_export_back(tmp_path, name):
+    """Qwen3-VL's tower: its 4x4 table resampled bilinearly (corners aligned) to every grid, RoPE, no output norm;
+    the classifiers' trunk under timm's encoder. prefix, the encoder's not; the merger concatenates each 2x2 block of
+    normalised tokens before fc1. A timm export has timm's keys and loads back to timm's outputs at both sizes."""
+    from vitlab.export import export
+
+    model = vitlab.load(BACKBONES / name)
+    theirs = load_file(BACKBONES / name / "model.safetensors")
+    assert model.pos_embed.shape == (1, 16, 16) and model.cls_token is None
+    assert isinstance(model.norm, torch.nn.Identity)
+    assert all(k.startswith(("encoder.", "head.")) for k in theirs) != (name == "timm_qwen3_enc")
+    folder = export(model, "timm", tmp_path / "timm")
+    ours = load_file(folder / "model.safetensors")
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in theirs)
+    back = vitlab.load(folder, dynamic_img_size=True)
+    check(back, load_file(BACKBONES / name / "io_dynamic.safetensors"))
+    if model.merger is not None:
+        x = torch.randn(1, 4 * 6, 16)  # a 4x6 grid: block (0, 1) holds tokens 2, 3, 8, 9
+        merger = model.merger
+        with torch.no_grad():
+            out = merger(x, (4, 6))
+            block = merger.norm(x)[0, [2, 3, 8, 9]].reshape(-1)
+            torch.testing.assert_close(out[0, 1], merger.fc2(merger.act(merger.fc1(block))))
+        with pytest.raises(ValueError, match="5x4 patch grid does not split.*multiples of 8 pixels"):
+            model.forward_features(torch.randn(1, 3, 20, 16))
+
+
+def test_qwen3_encoder_outputs_the_mergers_tokens_and_fine_tunes_as_a_classifier():
+    enc = vitlab.load(BACKBONES / "timm_qwen3_enc")
+    io = load_file(BACKBONES / "timm_qwen3_enc" / "io.safetensors")
+    assert enc.encoder_only and io["logits"].shape == (2, 4, 8)  # 16 tokens merged 2x2, 8 wide
+    with pytest.raises(ValueError, match="encoder_only Qwen3 ViT has no classifier") as e:
+        enc.reset_classifier(3)
+    assert "\n" not in str(e.value)
+    tuned = vitlab.load(BACKBONES / "timm_qwen3_enc", encoder_only=False, num_classes=3, global_pool="avg",
+                        final_norm=True)
+    with torch.no_grad():
+        pooled = tuned.forward_head(tuned.forward_features(io["input"]), pre_logits=True)
+    torch.testing.assert_close(pooled, torch.nn.functional.layer_norm(io["logits"].mean(1), (8,), eps=1e-6))

@@ -30,6 +30,7 @@ from .hybrid import HybridVisionTransformer
 from .mixer import MlpMixer
 from .naflex import NaFlexVit
 from .pe import PE_IMAGES, PE_LANG_DEPTH, PE_NORM_EPS, PE_PROJ, PE_SIZES, PerceptionEncoder
+from .qwen3 import QWEN3_SIZES, Qwen3Vit
 from .resnet import ResNet
 from .resnetv2 import ResNetV2VisionTransformer
 from .vit import TIMM_PRESETS, VisionTransformer
@@ -221,6 +222,15 @@ for _size, (_dim, _depth, _heads, _kv) in SAPIENS2_SIZES.items():
              mlp_ratio=4.0, init_values=1.0, attn_only_layer_scale=True, rope_type="dinov3", rope_temperature=100.0,
              rope_rotate_half=True, rope_rescale_coords=2.0, use_rot_pos_emb=True, use_abs_pos_emb=False,
              num_reg_tokens=8, use_fc_norm=False, norm_layer="rmsnorm")
+# Qwen3-VL's vision tower (timm's names): the classifier, the classifier over the patch merger's tokens (_merge), the
+# encoder whose output is the merger's tokens (_enc); 768-pixel inputs by default, any size whose grid splits in 2x2
+for _size, (_dim, _depth, _heads, _ratio, _out) in QWEN3_SIZES.items():
+    _args = dict(img_size=768, patch_size=16, embed_dim=_dim, depth=_depth, num_heads=_heads, mlp_ratio=_ratio)
+    register(f"qwen3_vit_{_size}", Qwen3Vit, INCEPTION_MEAN, INCEPTION_STD, **_args)
+    register(f"qwen3_vit_{_size}_merge", Qwen3Vit, INCEPTION_MEAN, INCEPTION_STD, **_args, encoder_pool="merge",
+             out_features=_out)
+    register(f"qwen3_vit_{_size}_enc", Qwen3Vit, INCEPTION_MEAN, INCEPTION_STD, **_args, encoder_pool="merge",
+             out_features=_out, num_classes=0, global_pool="", final_norm=False, encoder_only=True)
 # ConViT (embed_dim is per head)
 for _name, _heads in (("tiny", 4), ("small", 9), ("base", 16)):
     register(f"convit_{_name}", ConVit, local_up_to_layer=10, locality_strength=1.0, embed_dim=48, num_heads=_heads)
