@@ -34,6 +34,8 @@ NOISE = 0.1
 BATCH = 2
 TINY = dict(embed_dim=16, depth=2, num_heads=2, mlp_ratio=2.0)
 
+GEMMA4_TINY = dict(img_size=12, patch_size=2, embed_dim=16, depth=2, num_heads=2, head_dim=8, intermediate_size=24,
+                   position_embedding_size=12)
 # name -> (timm architecture, model_args, second input size or None)
 TIMM = {
     "timm_deit3": ("deit3_small_patch16_224", dict(TINY, img_size=16, patch_size=4, num_classes=5), (24, 20)),
@@ -121,9 +123,13 @@ TIMM = {
                                                      pos_embed_grid_size=4, out_features=8), (16, 24)),
     "timm_qwen3_enc": ("qwen3_vit_88m_enc", dict(TINY, img_size=16, patch_size=4, pos_embed_grid_size=4,
                                                  out_features=8), (24, 16)),
+    # Gemma 4's tower: a 6-long table per axis, sandwich blocks, clamped projections (167m) or standardised soft
+    # tokens (570m); the soft-token pool splits grids into 3x3 cells
+    "timm_gemma4": ("gemma4_vit_167m", dict(GEMMA4_TINY, num_classes=5), (24, 20)),
+    "timm_gemma4_enc": ("gemma4_vit_570m_enc", dict(GEMMA4_TINY, num_kv_heads=1), (12, 24)),
 }
 # timm classes that take every input size without being asked (no dynamic_img_size argument)
-ANY_SIZE = ("qwen3_vit_",)
+ANY_SIZE = ("qwen3_vit_", "gemma4_vit_")
 # the size only in pretrained_cfg.input_size, as older timm exports write it
 SIZE_IN_PRETRAINED_CFG = {"timm_dinov2"}
 # built from timm's class with the name's pretrained_cfg: the registered function fixes the width and depth (timm
@@ -243,17 +249,33 @@ def timm_class(name: str, args: dict[str, Any], folder: Path) -> nn.Module:
     return model
 
 
+def buffers_that_matter(model: nn.Module) -> None:
+    """Gemma 4's clamp ranges (infinite as built) set where they cut, its soft tokens' standardisation away from
+    the identity, so that a reader that ignores them fails."""
+    with torch.no_grad():
+        for name, b in model.named_buffers():
+            if name.endswith(("input_min", "input_max", "output_min", "output_max")):
+                b.fill_((1.5 if "input" in name else 0.3) * (1 if name.endswith("max") else -1))
+            elif name.endswith("std_bias"):
+                b.copy_(torch.randn_like(b) * 0.1)
+            elif name.endswith("std_scale"):
+                b.copy_(1 + torch.randn_like(b) * 0.1)
+
+
 def tokens(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """The trunk's token sequence (B, N, D): forward_features, or for Qwen3's towers (whose forward_features is a
-    (B, h, w, D) grid, or the merger's tokens in a classifier over them) its encoder's grid flattened."""
-    if type(model).__name__.startswith("Qwen3Vit"):
-        return getattr(model, "encoder", model).forward_features(x).flatten(1, 2)
+    """The trunk's token sequence (B, N, D): forward_features, or for Qwen3's and Gemma 4's towers (Qwen3's
+    forward_features is a (B, h, w, D) grid; a classifier over the merger's or soft tokens returns those) their
+    encoder's, the grid flattened."""
+    if type(model).__name__.startswith(("Qwen3Vit", "Gemma4Vit")):
+        out = getattr(model, "encoder", model).forward_features(x)
+        return out.flatten(1, 2) if out.ndim == 4 else out
     return model.forward_features(x)
 
 
 def timm_folder(name: str, arch: str, args: dict[str, Any], second: tuple[int, int] | None) -> None:
     folder = OUT / name
     ref = perturb(by_class(name, arch, args) if name in BY_CLASS else timm.create_model(arch, pretrained=False, **args))
+    buffers_that_matter(ref)
     save_for_hf(ref, folder, model_args=args, safe_serialization=True)
     if name in SIZE_IN_PRETRAINED_CFG:
         cfg = json.loads((folder / "config.json").read_text())
@@ -262,8 +284,9 @@ def timm_folder(name: str, arch: str, args: dict[str, Any], second: tuple[int, i
         (folder / "config.json").write_text(json.dumps(cfg, indent=2))
     back = (timm.create_model(f"local-dir:{folder}", pretrained=True) if name not in BY_CLASS else  # timm reads its
             timm_class(name, args, folder)).eval()  # own folder back
-    trunk = getattr(ref, "encoder", ref)  # Qwen3's classifier holds its trunk under encoder
-    x = torch.randn(BATCH, 3, *getattr(trunk, "patch_embed", getattr(ref, "stem", None)).img_size)  # Mixer: stem
+    trunk = getattr(ref, "encoder", ref)  # Qwen3's and Gemma 4's classifiers hold their trunk under encoder
+    embed = getattr(trunk, "patch_embed", getattr(ref, "stem", None))  # Mixer: stem
+    x = torch.randn(BATCH, 3, *getattr(embed, "img_size", None) or (args["img_size"],) * 2)  # Gemma 4: no img_size
     with torch.no_grad():
         assert torch.equal(back(x), ref(x)), f"{name}: timm does not read back its own folder"
         write_io(folder / "io.safetensors", x, ref(x), tokens(ref, x))

@@ -179,6 +179,13 @@ FAMILIES = (
     Family("qwen3_merge", "qwen3_vit_88m_merge", dict(img_size=32, patch_size=4, embed_dim=32, depth=2, num_heads=2,
                                                       pos_embed_grid_size=4, out_features=16, num_classes=10),
            ("mhsa",) * 2, timm=True, hf=False),
+    Family("gemma4", "gemma4_vit_167m", dict(img_size=32, patch_size=4, embed_dim=32, depth=2, num_heads=2, head_dim=16,
+                                             intermediate_size=64, position_embedding_size=16, num_classes=10),
+           ("mhsa",) * 2, timm=True, hf=False),
+    Family("gemma4_soft", "gemma4_vit_570m", dict(img_size=32, patch_size=4, embed_dim=32, depth=2, num_heads=2,
+                                                  head_dim=16, intermediate_size=64, position_embedding_size=16,
+                                                  pooling_kernel_size=2, encoder_pool="soft", num_classes=10),
+           ("mhsa",) * 2, timm=True, hf=False),
     Family("resnet", "resnet10_32", dict(widths=(8, 16, 32, 64)), (), timm=False, hf=False),  # CIFAR stem: not timm's
     Family("airbench", "airbench_32", dict(widths=(8, 16, 16)), (), timm=False, hf=False),
     Family("airbench_hybrid", "vit_nano_airbench_32", dict(stem_widths=(8, 16, 16), stem_pad=False, embed_dim=32,

@@ -34,7 +34,7 @@ EXPECTED = {"timm_deit3", "timm_dinov2", "timm_dinov2_reg4", "timm_vit_reg4_gap"
             "timm_eva02_enormous", "timm_lingbot",
             "timm_lingbot_giant", "timm_sapiens2", "hf_dinov2_giant",
             "hf_timm_wrapper_pe_core", "hf_timm_wrapper_classifier", "timm_aimv2", "hf_aimv2", "hf_aimv2_native",
-            "timm_qwen3", "timm_qwen3_merge", "timm_qwen3_enc"}
+            "timm_qwen3", "timm_qwen3_merge", "timm_qwen3_enc", "timm_gemma4", "timm_gemma4_enc"}
 DYNAMIC = sorted(p.parent.name for p in BACKBONES.glob("*/io_dynamic.safetensors"))
 TOL = 1e-4
 
@@ -448,3 +448,39 @@ def test_qwen3_encoder_outputs_the_mergers_tokens_and_fine_tunes_as_a_classifier
     with torch.no_grad():
         pooled = tuned.forward_head(tuned.forward_features(io["input"]), pre_logits=True)
     torch.testing.assert_close(pooled, torch.nn.functional.layer_norm(io["logits"].mean(1), (8,), eps=1e-6))
+
+
+@pytest.mark.parametrize("name", ["timm_gemma4", "timm_gemma4_enc"])
+def test_gemma4_towers_are_timms_and_export_back(tmp_path, name):
+    """Gemma 4's tower: sandwich blocks of four RMSNorms, a vector per column and row, clamped projections (167m,
+    whose ranges cut: without them the outputs change) or standardised soft tokens (570m, 3x3 cells times sqrt(D)); a
+    timm export has timm's keys and loads back to timm's outputs at a second size."""
+    from vitlab.export import export
+    from vitlab.models.gemma4 import ClippableLinear
+
+    model = vitlab.load(BACKBONES / name)
+    io = load_file(BACKBONES / name / "io.safetensors")
+    blk = model.blocks[0]
+    assert {type(getattr(blk, f"norm{i}")).__name__ for i in range(1, 5)} == {"RMSNorm"}
+    assert blk.attn.v_norm.weight is None and model.patch_embed.position_embedding_table.shape == (2, 12, 16)
+    theirs = load_file(BACKBONES / name / "model.safetensors")
+    folder = export(model, "timm", tmp_path / "timm")
+    ours = load_file(folder / "model.safetensors")
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in theirs)
+    check(vitlab.load(folder, dynamic_img_size=True), load_file(BACKBONES / name / "io_dynamic.safetensors"))
+    if name == "timm_gemma4":
+        for m in model.modules():
+            if isinstance(m, ClippableLinear):
+                m.use_clipped = False
+        with torch.no_grad():
+            assert (model(io["input"]) - io["logits"]).abs().max() > 1e-3
+    else:
+        assert model.encoder_only and io["logits"].shape == (2, 4, 16) and model.std_bias.abs().sum() > 0
+        with torch.no_grad():
+            tokens = model.forward_features(io["input"])
+            cell = tokens[0].reshape(6, 6, 16)[:3, 3:].mean((0, 1)) * 4.0  # cell (0, 1) of the 6x6 grid, sqrt(16)
+            torch.testing.assert_close(model.forward_head(tokens)[0, 1], (cell - model.std_bias) * model.std_scale)
+        with pytest.raises(ValueError, match="4x6 patch grid does not split into the soft-token pool's 3x3 cells"):
+            model.forward_features(torch.rand(1, 3, 8, 12))
+        with pytest.raises(ValueError, match="encoder_only Gemma 4 ViT has no classifier"):
+            model.reset_classifier(3)

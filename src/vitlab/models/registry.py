@@ -26,6 +26,7 @@ from .eva import (
     Eva,
     sapiens2_kv_heads,
 )
+from .gemma4 import GEMMA4_SIZES, Gemma4Vit
 from .hybrid import HybridVisionTransformer
 from .mixer import MlpMixer
 from .naflex import NaFlexVit
@@ -231,6 +232,12 @@ for _size, (_dim, _depth, _heads, _ratio, _out) in QWEN3_SIZES.items():
              out_features=_out)
     register(f"qwen3_vit_{_size}_enc", Qwen3Vit, INCEPTION_MEAN, INCEPTION_STD, **_args, encoder_pool="merge",
              out_features=_out, num_classes=0, global_pool="", final_norm=False, encoder_only=True)
+# Gemma 4's vision tower (timm's names): the classifier, and the encoder whose output is the VLM's soft tokens;
+# pixels in [0, 1] as they are (the model maps them to [-1, 1] itself)
+for _size, _args in GEMMA4_SIZES.items():
+    register(f"gemma4_vit_{_size}", Gemma4Vit, (0.0,) * 3, (1.0,) * 3, img_size=768, patch_size=16, **_args)
+    register(f"gemma4_vit_{_size}_enc", Gemma4Vit, (0.0,) * 3, (1.0,) * 3, img_size=768, patch_size=16, **_args,
+             num_classes=0, global_pool="", encoder_pool="soft", final_norm=False, encoder_only=True)
 # ConViT (embed_dim is per head)
 for _name, _heads in (("tiny", 4), ("small", 9), ("base", 16)):
     register(f"convit_{_name}", ConVit, local_up_to_layer=10, locality_strength=1.0, embed_dim=48, num_heads=_heads)
