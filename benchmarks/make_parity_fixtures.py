@@ -34,6 +34,8 @@ NOISE = 0.1
 BATCH = 2
 TINY = dict(embed_dim=16, depth=2, num_heads=2, mlp_ratio=2.0)
 
+GEMMA4_TINY = dict(img_size=12, patch_size=2, embed_dim=16, depth=2, num_heads=2, head_dim=8, intermediate_size=24,
+                   position_embedding_size=12)
 # name -> (timm architecture, model_args, second input size or None)
 TIMM = {
     "timm_deit3": ("deit3_small_patch16_224", dict(TINY, img_size=16, patch_size=4, num_classes=5), (24, 20)),
@@ -111,7 +113,23 @@ TIMM = {
     # Sapiens2: grouped-query attention in the middle block, qk-norm, RMSNorm, 8 registers, a portrait input
     "timm_sapiens2": ("vit_base_patch16_sapiens2", dict(TINY, depth=3, num_heads=4, num_kv_heads=(4, 2, 4),
                                                         img_size=(16, 12), patch_size=4, num_classes=5), (20, 28)),
+    # AIMv2: RMSNorm on the patch tokens and everywhere else, split SwiGLU, no biases, mean pooling
+    "timm_aimv2": ("aimv2_large_patch14_224", dict(TINY, img_size=16, patch_size=4, num_classes=5), (24, 20)),
+    # Qwen3-VL's tower: a 4x4 table resampled to each grid and RoPE; the classifier, the classifier over the patch
+    # merger's tokens, the encoder (the merger's tokens out); the merger splits grids of even sides
+    "timm_qwen3": ("qwen3_vit_88m", dict(TINY, img_size=16, patch_size=4, num_classes=5, pos_embed_grid_size=4),
+                   (24, 20)),
+    "timm_qwen3_merge": ("qwen3_vit_88m_merge", dict(TINY, img_size=16, patch_size=4, num_classes=5,
+                                                     pos_embed_grid_size=4, out_features=8), (16, 24)),
+    "timm_qwen3_enc": ("qwen3_vit_88m_enc", dict(TINY, img_size=16, patch_size=4, pos_embed_grid_size=4,
+                                                 out_features=8), (24, 16)),
+    # Gemma 4's tower: a 6-long table per axis, sandwich blocks, clamped projections (167m) or standardised soft
+    # tokens (570m); the soft-token pool splits grids into 3x3 cells
+    "timm_gemma4": ("gemma4_vit_167m", dict(GEMMA4_TINY, num_classes=5), (24, 20)),
+    "timm_gemma4_enc": ("gemma4_vit_570m_enc", dict(GEMMA4_TINY, num_kv_heads=1), (12, 24)),
 }
+# timm classes that take every input size without being asked (no dynamic_img_size argument)
+ANY_SIZE = ("qwen3_vit_", "gemma4_vit_")
 # the size only in pretrained_cfg.input_size, as older timm exports write it
 SIZE_IN_PRETRAINED_CFG = {"timm_dinov2"}
 # built from timm's class with the name's pretrained_cfg: the registered function fixes the width and depth (timm
@@ -152,6 +170,11 @@ HF = {
                                                                   layerscale_value=0.1), (20, 28)),
     # DINOv2's giant MLP: SwiGLU, fused gate and value saved as mlp.weights_in (hidden 2/3 of 32, rounded up to 8s)
     "hf_dinov2_giant": ("Dinov2Model", "Dinov2Config", dict(HF_TINY, mlp_ratio=2, use_swiglu_ffn=True), (24, 20)),
+    # AIMv2's tower with its attention-pool head: a learned table (one size), or native (the sin-cos table of each
+    # grid, any size) with biases
+    "hf_aimv2": ("Aimv2VisionModel", "Aimv2VisionConfig", dict(HF_TINY, intermediate_size=24), None),
+    "hf_aimv2_native": ("Aimv2VisionModel", "Aimv2VisionConfig", dict(HF_TINY, intermediate_size=24, is_native=True,
+                                                                      qkv_bias=True, mlp_bias=True), (24, 20)),
 }
 
 # transformers' wrapper of a timm model (how the Hub ships Perception Encoder and other timm models for transformers):
@@ -226,9 +249,33 @@ def timm_class(name: str, args: dict[str, Any], folder: Path) -> nn.Module:
     return model
 
 
+def buffers_that_matter(model: nn.Module) -> None:
+    """Gemma 4's clamp ranges (infinite as built) set where they cut, its soft tokens' standardisation away from
+    the identity, so that a reader that ignores them fails."""
+    with torch.no_grad():
+        for name, b in model.named_buffers():
+            if name.endswith(("input_min", "input_max", "output_min", "output_max")):
+                b.fill_((1.5 if "input" in name else 0.3) * (1 if name.endswith("max") else -1))
+            elif name.endswith("std_bias"):
+                b.copy_(torch.randn_like(b) * 0.1)
+            elif name.endswith("std_scale"):
+                b.copy_(1 + torch.randn_like(b) * 0.1)
+
+
+def tokens(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The trunk's token sequence (B, N, D): forward_features, or for Qwen3's and Gemma 4's towers (Qwen3's
+    forward_features is a (B, h, w, D) grid; a classifier over the merger's or soft tokens returns those) their
+    encoder's, the grid flattened."""
+    if type(model).__name__.startswith(("Qwen3Vit", "Gemma4Vit")):
+        out = getattr(model, "encoder", model).forward_features(x)
+        return out.flatten(1, 2) if out.ndim == 4 else out
+    return model.forward_features(x)
+
+
 def timm_folder(name: str, arch: str, args: dict[str, Any], second: tuple[int, int] | None) -> None:
     folder = OUT / name
     ref = perturb(by_class(name, arch, args) if name in BY_CLASS else timm.create_model(arch, pretrained=False, **args))
+    buffers_that_matter(ref)
     save_for_hf(ref, folder, model_args=args, safe_serialization=True)
     if name in SIZE_IN_PRETRAINED_CFG:
         cfg = json.loads((folder / "config.json").read_text())
@@ -237,15 +284,18 @@ def timm_folder(name: str, arch: str, args: dict[str, Any], second: tuple[int, i
         (folder / "config.json").write_text(json.dumps(cfg, indent=2))
     back = (timm.create_model(f"local-dir:{folder}", pretrained=True) if name not in BY_CLASS else  # timm reads its
             timm_class(name, args, folder)).eval()  # own folder back
-    x = torch.randn(BATCH, 3, *getattr(ref, "patch_embed", getattr(ref, "stem", None)).img_size)  # Mixer: stem
+    trunk = getattr(ref, "encoder", ref)  # Qwen3's and Gemma 4's classifiers hold their trunk under encoder
+    embed = getattr(trunk, "patch_embed", getattr(ref, "stem", None))  # Mixer: stem
+    x = torch.randn(BATCH, 3, *getattr(embed, "img_size", None) or (args["img_size"],) * 2)  # Gemma 4: no img_size
     with torch.no_grad():
         assert torch.equal(back(x), ref(x)), f"{name}: timm does not read back its own folder"
-        write_io(folder / "io.safetensors", x, ref(x), ref.forward_features(x))
+        write_io(folder / "io.safetensors", x, ref(x), tokens(ref, x))
         if second:
-            dyn = timm.create_model(arch, pretrained=False, **{**args, "dynamic_img_size": True}).eval()
+            any_size = arch.startswith(ANY_SIZE)
+            dyn = ref if any_size else timm.create_model(arch, pretrained=False, **{**args, "dynamic_img_size": True})
             dyn.load_state_dict(ref.state_dict())
             x = torch.randn(BATCH, 3, *second)
-            write_io(folder / "io_dynamic.safetensors", x, dyn(x), dyn.forward_features(x))
+            write_io(folder / "io_dynamic.safetensors", x, dyn.eval()(x), tokens(dyn, x))
         for size in RESIZED.get(name, ()):
             other = timm.create_model(f"local-dir:{folder}", pretrained=True, img_size=size).eval()
             x = torch.randn(BATCH, 3, *size)

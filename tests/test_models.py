@@ -48,10 +48,14 @@ def _small_input_args(name):
     # today's backbones, and any model wider and deeper than ViT-L (a 7B DINOv3 would take tens of GB): their
     # options at two blocks of 8 channels per head
     big = args.get("embed_dim", 0) * args.get("depth", 0) > 1024 * 24
-    if name in TIMM_PRESETS or name.startswith("naflexvit_") or big:
+    if name.startswith("gemma4_vit_"):  # a grid its encoder's 3x3 soft-token cells split
+        stride *= 3
+    # an encoder whose output is tokens (Qwen3's and Gemma 4's _enc) keeps num_classes 0
+    classes = {} if args.get("encoder_only") else {"num_classes": 7}
+    if name in TIMM_PRESETS or name.startswith(("naflexvit_", "qwen3_vit_", "gemma4_vit_")) or big:
         kv = args.get("num_kv_heads")  # per block (Sapiens2): the first block's and the middle one's
         kv = {"num_kv_heads": (kv[0], kv[len(kv) // 2])} if isinstance(kv, tuple) else {}
-        return {"img_size": 2 * stride, "num_classes": 7, "depth": 2, "embed_dim": 8 * args["num_heads"], **kv}
+        return {"img_size": 2 * stride, **classes, "depth": 2, "embed_dim": 8 * args["num_heads"], **kv}
     return {"img_size": 2 * stride, "num_classes": 7}
 
 
@@ -65,7 +69,8 @@ def test_every_model_forward_backward(name):
     model.train()
     out = model(x)
     outs = out if isinstance(out, tuple) else (out,)
-    assert all(o.shape == (2, model.num_classes) for o in outs)
+    tokens = getattr(model, "encoder_only", False)  # (B, merged tokens, width): what a language model reads
+    assert all(o.shape[0] == 2 and o.ndim == 3 if tokens else o.shape == (2, model.num_classes) for o in outs)
     sum(o.square().mean() for o in outs).backward()
     grads = [p.grad for p in model.parameters() if p.requires_grad]
     assert all(g is not None and torch.isfinite(g).all() for g in grads)
@@ -202,6 +207,7 @@ def test_every_family_has_timms_head_api(family):
         assert model(x).shape == (2, model.num_features)
     tables = {n for n in ("pos_embed", "cls_token", "dist_token", "reg_token")
               if isinstance(getattr(model, n, None), torch.nn.Parameter)}
+    tables |= {n for n, _ in model.named_parameters() if n.endswith("position_embedding_table")}  # Gemma 4's
     assert tables <= model.no_weight_decay() and (tables or family in ("resnet", "airbench", "mixer"))  # none there
     with pytest.raises(ValueError, match="accepted"):
         model.reset_classifier(3, global_pool="median")
@@ -214,7 +220,8 @@ def test_registered_models_carry_consistent_facts(name):
     with torch.device("meta"):
         model = vitlab.create_model(name)
     assert model.family and model.classifier_names
-    assert all(isinstance(getattr(model, n), torch.nn.Linear) for n in model.classifier_names)
+    assert all(isinstance(getattr(model, n), torch.nn.Linear) for n in model.classifier_names) or (
+        getattr(model, "encoder_only", False) and model.num_classes == 0)  # Qwen3's _enc: tokens out, no head
     timm = model.timm_spec
     if timm is None:
         assert model.no_timm and name not in type(model).timm_names
@@ -223,8 +230,9 @@ def test_registered_models_carry_consistent_facts(name):
         assert set(timm.args) | set(timm.fixed) | set(timm.dropped) <= set(accepted)
         assert get_spec(timm.base_arch).cls is spec.cls
         assert all(get_spec(n).cls is spec.cls for n in type(model).timm_names)
-    # a transformers model_type vitlab writes (ViT, DeiT, BEiT, DINOv3), or why transformers cannot hold the model
-    assert model.hf_model_type in ("vit", "deit", "beit", "dinov3_vit", "siglip2_vision_model") or (
+    # a transformers model_type vitlab writes (ViT, DeiT, BEiT, DINOv3, AIMv2), or why transformers cannot hold it
+    assert model.hf_model_type in ("vit", "deit", "beit", "dinov3_vit", "siglip2_vision_model",
+                                   "aimv2_vision_model") or (
         model.hf_model_type is None and model.no_hf)
 
 

@@ -33,7 +33,8 @@ EXPECTED = {"timm_deit3", "timm_dinov2", "timm_dinov2_reg4", "timm_vit_reg4_gap"
             "timm_vit_xp", "timm_dinov2_giant", "timm_tipsv2_giant",
             "timm_eva02_enormous", "timm_lingbot",
             "timm_lingbot_giant", "timm_sapiens2", "hf_dinov2_giant",
-            "hf_timm_wrapper_pe_core", "hf_timm_wrapper_classifier"}
+            "hf_timm_wrapper_pe_core", "hf_timm_wrapper_classifier", "timm_aimv2", "hf_aimv2", "hf_aimv2_native",
+            "timm_qwen3", "timm_qwen3_merge", "timm_qwen3_enc", "timm_gemma4", "timm_gemma4_enc"}
 DYNAMIC = sorted(p.parent.name for p in BACKBONES.glob("*/io_dynamic.safetensors"))
 TOL = 1e-4
 
@@ -357,3 +358,129 @@ def test_sapiens2_groups_keys_and_values_per_block(tmp_path):
         vitlab.create_model("vit_base_patch16_sapiens2", depth=1, embed_dim=16, num_heads=4, num_kv_heads=3)
     with pytest.raises(ValueError, match="num_kv_heads has 2 entries for 3 blocks"):
         vitlab.create_model("vit_base_patch16_sapiens2", depth=3, embed_dim=16, num_heads=4, num_kv_heads=(4, 2))
+
+
+def test_aimv2_is_timms_and_transformers_and_exports_back_to_each(tmp_path):
+    """AIMv2: the patch tokens pass an RMSNorm before the position table, the blocks hold RMSNorm and a split SwiGLU
+    and no biases; timm's folder exports back to timm's and transformers' (its attention-pool head included) to
+    transformers' own keys and outputs; native's table is computed for each grid, which timm's names cannot hold."""
+    from vitlab.export import export
+
+    model = vitlab.load(BACKBONES / "timm_aimv2")
+    mlp = model.blocks[0].mlp
+    assert model.family.startswith("AIMv2") and isinstance(model.patch_embed.norm, torch.nn.RMSNorm)
+    assert model.patch_embed.norm.eps == 1e-5 and model.cls_token is None and model.global_pool == "avg"
+    assert mlp.fc1_g.out_features == mlp.fc1_x.out_features == 32 and mlp.fc2.bias is None
+    assert model.blocks[0].attn.qkv.bias is None and model.blocks[0].attn.proj.bias is None
+    check(vitlab.load(export(model, "timm", tmp_path / "timm")), load_file(BACKBONES / "timm_aimv2" / "io.safetensors"))
+    for name in ("hf_aimv2", "hf_aimv2_native"):
+        hf = vitlab.load(BACKBONES / name)
+        assert hf.global_pool == "map" and hf.attn_pool.mlp is None and hf.num_classes == 0
+        folder = export(hf, "hf", tmp_path / name)
+        ours, theirs = load_file(folder / "model.safetensors"), load_file(BACKBONES / name / "model.safetensors")
+        assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in theirs)
+        cfg, ref = (json.loads((f / "config.json").read_text()) for f in (folder, BACKBONES / name))
+        assert {k: cfg[k] for k in ("is_native", "use_head", "qkv_bias", "mlp_bias", "intermediate_size")} == {
+            k: ref[k] for k in ("is_native", "use_head", "qkv_bias", "mlp_bias", "intermediate_size")}
+        check(vitlab.load(folder), load_file(BACKBONES / name / "io.safetensors"))
+    native = vitlab.load(BACKBONES / "hf_aimv2_native")
+    assert native.pos_embed is None and native.pos_embed_type == "sincos_xy"
+    with pytest.raises(ValueError, match="sin-cos table is computed for each input.*onnx$") as e:
+        export(native, "timm", tmp_path / "native")
+    assert "\n" not in str(e.value)
+    with pytest.raises(ValueError, match="classifier head.*reset_classifier"):
+        export(model, "hf", tmp_path / "hf")
+
+
+def test_aimv2_configs_vitlab_cannot_hold_are_one_line(tmp_path):
+    folder = tmp_path / "m"
+    shutil.copytree(BACKBONES / "hf_aimv2", folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    for change, message in ((dict(qkv_bias=True), "qkv_bias=true and mlp_bias=false.*accepted: both"),
+                            (dict(hidden_act="gelu"), "hidden_act 'gelu'.*accepted: silu")):
+        (folder / "config.json").write_text(json.dumps({**cfg, **change}))
+        with pytest.raises(ValueError, match=message) as e:
+            vitlab.load(folder)
+        assert "\n" not in str(e.value)
+    from vitlab.interop import hf
+
+    _, args, _ = hf.model_args({**cfg, "use_head": False, "is_native": True})  # no head: the mean token, any size
+    assert args["global_pool"] == "avg" and args["pos_embed"] == "sincos_xy" and args["dynamic_img_size"]
+
+
+@pytest.mark.parametrize("name", ["timm_qwen3", "timm_qwen3_merge", "timm_qwen3_enc"])
+def test_qwen3_towers_are_timms_and_export_back(tmp_path, name):
+    """Qwen3-VL's tower: its 4x4 table resampled bilinearly (corners aligned) to every grid, RoPE, no output norm;
+    the classifiers' trunk under timm's encoder. prefix, the encoder's not; the merger concatenates each 2x2 block of
+    normalised tokens before fc1. A timm export has timm's keys and loads back to timm's outputs at both sizes."""
+    from vitlab.export import export
+
+    model = vitlab.load(BACKBONES / name)
+    theirs = load_file(BACKBONES / name / "model.safetensors")
+    assert model.pos_embed.shape == (1, 16, 16) and model.cls_token is None
+    assert isinstance(model.norm, torch.nn.Identity)
+    assert all(k.startswith(("encoder.", "head.")) for k in theirs) != (name == "timm_qwen3_enc")
+    folder = export(model, "timm", tmp_path / "timm")
+    ours = load_file(folder / "model.safetensors")
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in theirs)
+    back = vitlab.load(folder, dynamic_img_size=True)
+    check(back, load_file(BACKBONES / name / "io_dynamic.safetensors"))
+    if model.merger is not None:
+        x = torch.randn(1, 4 * 6, 16)  # a 4x6 grid: block (0, 1) holds tokens 2, 3, 8, 9
+        merger = model.merger
+        with torch.no_grad():
+            out = merger(x, (4, 6))
+            block = merger.norm(x)[0, [2, 3, 8, 9]].reshape(-1)
+            torch.testing.assert_close(out[0, 1], merger.fc2(merger.act(merger.fc1(block))))
+        with pytest.raises(ValueError, match="5x4 patch grid does not split.*multiples of 8 pixels"):
+            model.forward_features(torch.randn(1, 3, 20, 16))
+
+
+def test_qwen3_encoder_outputs_the_mergers_tokens_and_fine_tunes_as_a_classifier():
+    enc = vitlab.load(BACKBONES / "timm_qwen3_enc")
+    io = load_file(BACKBONES / "timm_qwen3_enc" / "io.safetensors")
+    assert enc.encoder_only and io["logits"].shape == (2, 4, 8)  # 16 tokens merged 2x2, 8 wide
+    with pytest.raises(ValueError, match="encoder_only Qwen3 ViT has no classifier") as e:
+        enc.reset_classifier(3)
+    assert "\n" not in str(e.value)
+    tuned = vitlab.load(BACKBONES / "timm_qwen3_enc", encoder_only=False, num_classes=3, global_pool="avg",
+                        final_norm=True)
+    with torch.no_grad():
+        pooled = tuned.forward_head(tuned.forward_features(io["input"]), pre_logits=True)
+    torch.testing.assert_close(pooled, torch.nn.functional.layer_norm(io["logits"].mean(1), (8,), eps=1e-6))
+
+
+@pytest.mark.parametrize("name", ["timm_gemma4", "timm_gemma4_enc"])
+def test_gemma4_towers_are_timms_and_export_back(tmp_path, name):
+    """Gemma 4's tower: sandwich blocks of four RMSNorms, a vector per column and row, clamped projections (167m,
+    whose ranges cut: without them the outputs change) or standardised soft tokens (570m, 3x3 cells times sqrt(D)); a
+    timm export has timm's keys and loads back to timm's outputs at a second size."""
+    from vitlab.export import export
+    from vitlab.models.gemma4 import ClippableLinear
+
+    model = vitlab.load(BACKBONES / name)
+    io = load_file(BACKBONES / name / "io.safetensors")
+    blk = model.blocks[0]
+    assert {type(getattr(blk, f"norm{i}")).__name__ for i in range(1, 5)} == {"RMSNorm"}
+    assert blk.attn.v_norm.weight is None and model.patch_embed.position_embedding_table.shape == (2, 12, 16)
+    theirs = load_file(BACKBONES / name / "model.safetensors")
+    folder = export(model, "timm", tmp_path / "timm")
+    ours = load_file(folder / "model.safetensors")
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in theirs)
+    check(vitlab.load(folder, dynamic_img_size=True), load_file(BACKBONES / name / "io_dynamic.safetensors"))
+    if name == "timm_gemma4":
+        for m in model.modules():
+            if isinstance(m, ClippableLinear):
+                m.use_clipped = False
+        with torch.no_grad():
+            assert (model(io["input"]) - io["logits"]).abs().max() > 1e-3
+    else:
+        assert model.encoder_only and io["logits"].shape == (2, 4, 16) and model.std_bias.abs().sum() > 0
+        with torch.no_grad():
+            tokens = model.forward_features(io["input"])
+            cell = tokens[0].reshape(6, 6, 16)[:3, 3:].mean((0, 1)) * 4.0  # cell (0, 1) of the 6x6 grid, sqrt(16)
+            torch.testing.assert_close(model.forward_head(tokens)[0, 1], (cell - model.std_bias) * model.std_scale)
+        with pytest.raises(ValueError, match="4x6 patch grid does not split into the soft-token pool's 3x3 cells"):
+            model.forward_features(torch.rand(1, 3, 8, 12))
+        with pytest.raises(ValueError, match="encoder_only Gemma 4 ViT has no classifier"):
+            model.reset_classifier(3)

@@ -19,7 +19,7 @@ from ..models.eva import Eva
 from ..models.naflex import NaFlexVit
 from ..models.vit import VisionTransformer
 from ..text import quote
-from . import hf_beit, hf_dinov3, hf_siglip2
+from . import hf_aimv2, hf_beit, hf_dinov3, hf_siglip2
 from .keys import check_placed, hf_size, join_qkv
 
 # transformers' hidden_act -> vitlab act_layer
@@ -38,6 +38,7 @@ HF_MODEL_TYPES = {
                           "vision_model", "CLIPVisionModel"),
     "siglip_vision_model": ({"SiglipVisionModel": "base"}, "vision_model", "SiglipVisionModel"),
     hf_dinov3.MODEL_TYPE: (hf_dinov3.ARCHITECTURES, "", "DINOv3ViTModel"),
+    hf_aimv2.MODEL_TYPE: (hf_aimv2.ARCHITECTURES, "", "Aimv2VisionModel"),
     **{t: (archs, "vision_model", next(iter(archs))) for t, archs in hf_siglip2.MODEL_TYPES.items()},
     # plain ViTs under the ViT's key names: MSN's encoder, MAE's encoder (its decoder is left out; with every patch
     # kept in order, as mask_ratio 0 and ascending noise give, transformers' ViTMAEModel is this ViT)
@@ -51,7 +52,6 @@ HF_NOT_READ = {
     "vit-hybrid": "ViTHybrid (a ViT on a BiT ResNet) left transformers in version 5; load timm's folder "
                   "of the same model (vit_base_r50_s16_384) instead",
     "ijepa": "vitlab lacks a key map for transformers' I-JEPA encoder (no class token)",
-    "aimv2_vision_model": "vitlab lacks AIMv2's RMSNorm and SwiGLU MLP",
     "metaclip_2_vision_model": "vitlab lacks a key map for transformers' MetaCLIP 2 image tower",
     "vitdet": "vitlab lacks ViTDet's windowed attention with relative position bias",
 }
@@ -166,6 +166,8 @@ def model_args(cfg: dict[str, Any]) -> tuple[type[VisionTransformer | Beit | Eva
         return Beit, hf_beit.model_args(cfg, arch, args), preprocess
     if model_type == hf_dinov3.MODEL_TYPE:
         return Eva, hf_dinov3.model_args(cfg, args), preprocess
+    if model_type == hf_aimv2.MODEL_TYPE:
+        return VisionTransformer, hf_aimv2.model_args(cfg, args), preprocess
     args.update(_family_args(cfg, model_type, role, dim))
     return VisionTransformer, args, preprocess
 
@@ -230,6 +232,7 @@ def published_processor(model_type: str, size: int) -> tuple[dict[str, Any], str
     published[hf_dinov3.MODEL_TYPE] = ({"size": {"height": size, "width": size}, "resample": 2,
                                         "image_mean": IMAGENET_MEAN, "image_std": IMAGENET_STD},
                                        "facebook/dinov3-vit*: DINOv3ViTImageProcessorFast")
+    published[hf_aimv2.MODEL_TYPE] = (published["clip_vision_model"][0], "apple/aimv2-*: CLIPImageProcessor")
     cfg, where = published[model_type]
     return {"do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True, **cfg}, where
 
@@ -394,6 +397,8 @@ def convert_state_dict(state: dict[str, torch.Tensor], cfg: dict[str, Any]) -> d
         return hf_beit.convert_state_dict(state, model_type, bool(cfg.get("use_mean_pooling", True)))
     if model_type == hf_dinov3.MODEL_TYPE:
         return hf_dinov3.convert_state_dict(state, cfg)
+    if model_type == hf_aimv2.MODEL_TYPE:
+        return hf_aimv2.convert_state_dict(state, cfg)
     if model_type in hf_siglip2.MODEL_TYPES:
         return hf_siglip2.convert_state_dict(state, cfg)
     distilled = HF_ARCHITECTURES[arch] == "distilled"
@@ -470,6 +475,8 @@ def export_config(model: torch.nn.Module, args: dict[str, Any]) -> dict[str, Any
         raise VitlabError(f"transformers' ViT-family classes cannot express {model.no_hf}; export it with {other}")
     if model.hf_model_type == hf_dinov3.MODEL_TYPE:
         return hf_dinov3.export_config(model, args, _HF_ACT_NAMES)
+    if model.hf_model_type == hf_aimv2.MODEL_TYPE:
+        return hf_aimv2.export_config(model, args)
     if model.hf_model_type in hf_siglip2.MODEL_TYPES:
         return hf_siglip2.export_config(model, args, _HF_ACT_NAMES)
     a = {"class_token": True, "reg_tokens": 0, "no_embed_class": False, "pos_embed": "learn", "init_values": None,
@@ -521,6 +528,8 @@ def export_state_dict(state: dict[str, torch.Tensor], cfg: dict[str, Any]) -> di
         return hf_beit.export_state_dict(state)
     if cfg["model_type"] == hf_dinov3.MODEL_TYPE:
         return hf_dinov3.export_state_dict(state, cfg)
+    if cfg["model_type"] == hf_aimv2.MODEL_TYPE:
+        return hf_aimv2.export_state_dict(state, cfg)
     if cfg["model_type"] in hf_siglip2.MODEL_TYPES:
         return hf_siglip2.export_state_dict(state, cfg)
     distilled = cfg["model_type"] == "deit"

@@ -47,9 +47,11 @@ def dynamic_size(model: nn.Module) -> bool:
 
 
 def example_input(model: nn.Module, batch: int = 2, grow: int = 0) -> torch.Tensor:
-    """A random batch at the model's input size (``grow`` patches taller, for tracing the resampling path)."""
+    """A random batch at the model's input size (``grow`` steps taller, for tracing the resampling path): a step is a
+    patch, or the block of patches the model's grid must split into (``grid_multiple``: Qwen3's merger)."""
     c, h, w = model.pretrained_cfg["input_size"]
     step = getattr(getattr(model, "patch_embed", None), "patch_size", (8, 8))
+    grow *= getattr(model, "grid_multiple", 1)
     return torch.randn(batch, c, h + grow * step[0], w + grow * step[1])
 
 

@@ -103,10 +103,11 @@ _CAIT_GAMMA = re.compile(r"^(blocks(?:_token_only)?\.\d+)\.gamma_([12])$")
 
 def convert_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """timm keys -> vitlab keys: identical but for CaiT's and BEiT's LayerScale (``gamma_1`` -> ``ls1.gamma``);
-    the prefixes of a DataParallel (``module.``) and of transformers' TimmWrapper (``timm_model.``) go."""
+    the prefixes of a DataParallel (``module.``), of transformers' TimmWrapper (``timm_model.``) and of a trunk timm
+    nests under its classifier (``encoder.``: Qwen3's; no other family vitlab reads has keys under it) go."""
     out = {}
     for k, v in state.items():
-        k = k.removeprefix("module.").removeprefix("timm_model.")
+        k = k.removeprefix("module.").removeprefix("timm_model.").removeprefix("encoder.")
         if k.endswith((".relative_position_index", ".k_bias")):  # buffers older timm checkpoints hold (BEiT)
             continue
         k = _CAIT_GAMMA.sub(r"\1.ls\2.gamma", k)
@@ -118,8 +119,13 @@ _VITLAB_GAMMA = re.compile(r"^(blocks(?:_token_only)?\.\d+)\.ls([12])\.gamma$")
 
 
 def export_state_dict(model: nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """vitlab keys -> timm keys: CaiT's and BEiT's ``ls1.gamma`` -> ``gamma_1`` (timm's ViT keeps ``ls1.gamma``)."""
-    if not model.timm_spec.layer_scale_as_gamma:
+    """vitlab keys -> timm keys: CaiT's and BEiT's ``ls1.gamma`` -> ``gamma_1`` (timm's ViT keeps ``ls1.gamma``); the
+    trunk under its prefix where timm nests it (the classifiers' tensors stay outside)."""
+    spec = model.timm_spec
+    if spec.trunk_prefix:
+        heads = tuple(f"{name}." for name in model.classifier_names)
+        return {k if k.startswith(heads) else spec.trunk_prefix + k: v for k, v in state.items()}
+    if not spec.layer_scale_as_gamma:
         return dict(state)
     return {_VITLAB_GAMMA.sub(r"\1.gamma_\2", k): v for k, v in state.items()}
 

@@ -32,6 +32,7 @@ class TimmSpec:
     dropped: tuple[str, ...] = ()  # vitlab arguments timm needs not hear of (expressed by the class, or moot)
     values: dict[str, dict[Any, Any]] = field(default_factory=dict)  # argument values timm writes another way
     layer_scale_as_gamma: bool = False  # LayerScale saved as ``blocks.i.gamma_1`` (CaiT) not ``ls1.gamma``
+    trunk_prefix: str = ""  # timm nests every tensor but the classifiers' under it (Qwen3's classifier: ``encoder.``)
 
 
 class Model(nn.Module):

@@ -56,10 +56,13 @@ def get_act_layer(name: str) -> Callable[[], nn.Module]:
 
 
 class RMSNorm(nn.RMSNorm):
-    """x / sqrt(mean(x^2) + eps) * weight over the last dimension, written out as timm's RmsNorm computes it (the
-    ONNX exporter has no aten::rms_norm)."""
+    """x / sqrt(mean(x^2) + eps) * weight over the last dimension: torch's fused kernel (its backward is one op, which
+    a model of seven RMSNorms a block, Gemma 4's, needs to keep timm's training speed), written out as timm's RmsNorm
+    computes it while exporting to ONNX (whose exporter has no aten::rms_norm)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not torch.onnx.is_in_onnx_export():
+            return F.rms_norm(x, self.normalized_shape, self.weight, self.eps)
         eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
         x = x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps)
         return x * self.weight if self.weight is not None else x
@@ -88,7 +91,7 @@ class PatchEmbed(nn.Module):
     """Image to patch tokens with one strided convolution."""
 
     def __init__(self, img_size=224, patch_size=16, in_chans=3, embed_dim=768, bias=True,
-                 dynamic_img_size=False):
+                 dynamic_img_size=False, norm_layer: Callable[[int], nn.Module] | None = None):
         super().__init__()
         self.img_size = to_2tuple(img_size)
         self.patch_size = to_2tuple(patch_size)
@@ -100,9 +103,10 @@ class PatchEmbed(nn.Module):
         self.num_patches = self.grid_size[0] * self.grid_size[1]
         self.dynamic_img_size = dynamic_img_size
         self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=self.patch_size, stride=self.patch_size, bias=bias)
+        self.norm = norm_layer(embed_dim) if norm_layer is not None else nn.Identity()  # AIMv2's RMSNorm
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, C, H, W) -> (B, h, w, D), a grid of tokens."""
+        """(B, C, H, W) -> (B, h, w, D), a grid of tokens (through ``norm``, where there is one)."""
         if x.ndim != 4 or x.shape[1] != self.proj.in_channels:
             raise VitlabError(f"expected images of shape (B, {self.proj.in_channels}, H, W), got {tuple(x.shape)}")
         H, W = x.shape[-2:]
@@ -113,7 +117,7 @@ class PatchEmbed(nn.Module):
         elif (H, W) != self.img_size:
             raise VitlabError(f"input size {H}x{W} does not match the model's {self.img_size[0]}x{self.img_size[1]}; "
                               "build or load the model with img_size=... or dynamic_img_size=True")
-        return self.proj(x).permute(0, 2, 3, 1)  # (B, h, w, D)
+        return self.norm(self.proj(x).permute(0, 2, 3, 1))  # (B, h, w, D)
 
 
 class Attention(nn.Module):
@@ -302,6 +306,11 @@ class Block(nn.Module):
         return x
 
 
+def split_swiglu(dim: int, hidden: int, act_layer=nn.SiLU, drop=0.0, bias=True) -> SwiGLU:
+    """timm's SwiGLU as a ViT's mlp_layer (AIMv2): gate ``fc1_g`` and value ``fc1_x``, each ``hidden`` wide."""
+    return SwiGLU(dim, hidden, drop=drop, act_layer=act_layer, bias=bias)
+
+
 def packed_swiglu(dim: int, hidden: int, act_layer=nn.SiLU, drop=0.0, bias=True) -> SwiGLU:
     """timm's SwiGLUPacked as a ViT's mlp_layer (DINOv2's giants): ``hidden`` is fc1's width, gate and value
     halves side by side, so fc2 reads hidden / 2."""
@@ -379,29 +388,39 @@ class ParallelScalingBlock(Attention):
         return x + self.drop_path(self.ls(y))
 
 
+ATTN_POOL_KINDS = ("siglip", "aimv2")
+
+
 class AttentionPoolLatent(nn.Module):
     """Attention pooling with a learned query (SigLIP's head, timm's ``attn_pool``): tokens (B, N, D) -> (B, D).
 
     One latent query attends over the tokens (``q`` on the latent, ``kv`` on the tokens), then a
     projection and a pre-norm MLP with its residual. ``attn_map`` carries the probabilities
-    (B, heads, 1, N) on the slow path, as in Attention.
+    (B, heads, 1, N) on the slow path, as in Attention. ``kind='aimv2'`` is AIMv2's head (transformers'
+    Aimv2AttentionPoolingHead): the latent is the query as it is (no ``q``), keys and values take ``qkv_bias``, and
+    the projection is the output (no norm, no MLP).
     """
 
-    def __init__(self, dim, num_heads=8, mlp_ratio=4.0, qkv_bias=True, norm_layer=nn.LayerNorm, act_layer=nn.GELU):
+    def __init__(self, dim, num_heads=8, mlp_ratio=4.0, qkv_bias=True, norm_layer=nn.LayerNorm, act_layer=nn.GELU,
+                 kind="siglip"):
         super().__init__()
         if dim % num_heads:
             raise VitlabError(f"embed_dim {dim} is not divisible by num_heads {num_heads}")
         self.num_heads, self.head_dim = num_heads, dim // num_heads
         self.scale = self.head_dim ** -0.5
         self.fused_attn = True
+        if kind not in ATTN_POOL_KINDS:
+            raise VitlabError(f"attn_pool_kind {kind!r} is not one vitlab implements; accepted: "
+                              f"{', '.join(ATTN_POOL_KINDS)}")
+        siglip = kind == "siglip"
         self.latent = nn.Parameter(torch.zeros(1, 1, dim))
-        self.q = nn.Linear(dim, dim, bias=qkv_bias)
+        self.q = nn.Linear(dim, dim, bias=qkv_bias) if siglip else nn.Identity()
         self.kv = nn.Linear(dim, dim * 2, bias=qkv_bias)
         self.attn_map = nn.Identity()
         self.proj = nn.Linear(dim, dim)
-        self.norm = norm_layer(dim)
-        self.mlp = Mlp(dim, mlp_hidden(dim, mlp_ratio), act_layer=act_layer)
-        nn.init.trunc_normal_(self.latent, std=dim ** -0.5)
+        self.norm = norm_layer(dim) if siglip else None
+        self.mlp = Mlp(dim, mlp_hidden(dim, mlp_ratio), act_layer=act_layer) if siglip else None
+        nn.init.trunc_normal_(self.latent, std=dim ** -0.5 if siglip else 0.02)
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
         """(B, N, D) tokens -> (B, D); ``attn_mask`` (B, 1, 1, N) is added to the logits (padding left out)."""
@@ -414,7 +433,8 @@ class AttentionPoolLatent(nn.Module):
             logits = (q * self.scale) @ k.transpose(-2, -1)
             x = self.attn_map((logits if attn_mask is None else logits + attn_mask).softmax(dim=-1)) @ v
         x = self.proj(x.transpose(1, 2).reshape(B, 1, C))
-        x = x + self.mlp(self.norm(x))
+        if self.mlp is not None:
+            x = x + self.mlp(self.norm(x))
         return x[:, 0]
 
 
@@ -466,8 +486,10 @@ def resample_patch_embed(weight: torch.Tensor, new_size: int | Sequence[int], in
     return flat.reshape(*weight.shape[:2], *new).to(weight.dtype)
 
 
-def sincos_2d_pos_embed(grid_size: Sequence[int], dim: int, temperature: float = 10000.0) -> torch.Tensor:
-    """Fixed 2D sin-cos embedding (MAE / "simple ViT"), (h*w, dim): half the channels encode rows, half columns."""
+def sincos_2d_pos_embed(grid_size: Sequence[int], dim: int, temperature: float = 10000.0,
+                        columns_first: bool = False) -> torch.Tensor:
+    """Fixed 2D sin-cos embedding (MAE / "simple ViT"), (h*w, dim): half the channels encode rows, half columns
+    (the columns' half first with ``columns_first``, as AIMv2-native's table)."""
     if dim % 4:
         raise VitlabError(f"a 2D sin-cos position embedding needs embed_dim divisible by 4, got {dim}")
     h, w = to_2tuple(grid_size)
@@ -475,6 +497,8 @@ def sincos_2d_pos_embed(grid_size: Sequence[int], dim: int, temperature: float =
     omega = 1.0 / temperature ** (torch.arange(dim // 4, dtype=torch.float32) / (dim // 4))
     ys = ys.flatten()[:, None] * omega[None]  # (h*w, dim/4)
     xs = xs.flatten()[:, None] * omega[None]
+    if columns_first:
+        ys, xs = xs, ys
     return torch.cat([ys.sin(), ys.cos(), xs.sin(), xs.cos()], dim=1)
 
 

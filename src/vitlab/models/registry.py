@@ -26,10 +26,12 @@ from .eva import (
     Eva,
     sapiens2_kv_heads,
 )
+from .gemma4 import GEMMA4_SIZES, Gemma4Vit
 from .hybrid import HybridVisionTransformer
 from .mixer import MlpMixer
 from .naflex import NaFlexVit
 from .pe import PE_IMAGES, PE_LANG_DEPTH, PE_NORM_EPS, PE_PROJ, PE_SIZES, PerceptionEncoder
+from .qwen3 import QWEN3_SIZES, Qwen3Vit
 from .resnet import ResNet
 from .resnetv2 import ResNetV2VisionTransformer
 from .vit import TIMM_PRESETS, VisionTransformer
@@ -71,7 +73,8 @@ for _size in ("tiny", "small", "base"):
 # DeiT III, DINOv2, register and GAP ViTs, CLIP and SigLIP image towers: timm's names and arguments; TIPSv2 takes
 # pixels in [0, 1] as they are
 for _name, _args in TIMM_PRESETS.items():
-    _mean_std = ((CLIP_MEAN, CLIP_STD) if "_clip_" in _name else ((0.0,) * 3, (1.0,) * 3) if "_tipsv2" in _name
+    _clip = "_clip_" in _name or _name.startswith("aimv2_")  # AIMv2 normalises as OpenAI's CLIP
+    _mean_std = ((CLIP_MEAN, CLIP_STD) if _clip else ((0.0,) * 3, (1.0,) * 3) if "_tipsv2" in _name
                  else (INCEPTION_MEAN, INCEPTION_STD)
                  if "gap" in _name or "siglip" in _name or "_xp_" in _name else (IMAGENET_MEAN, IMAGENET_STD))
     register(_name, VisionTransformer, *_mean_std, **_args)
@@ -221,6 +224,21 @@ for _size, (_dim, _depth, _heads, _kv) in SAPIENS2_SIZES.items():
              mlp_ratio=4.0, init_values=1.0, attn_only_layer_scale=True, rope_type="dinov3", rope_temperature=100.0,
              rope_rotate_half=True, rope_rescale_coords=2.0, use_rot_pos_emb=True, use_abs_pos_emb=False,
              num_reg_tokens=8, use_fc_norm=False, norm_layer="rmsnorm")
+# Qwen3-VL's vision tower (timm's names): the classifier, the classifier over the patch merger's tokens (_merge), the
+# encoder whose output is the merger's tokens (_enc); 768-pixel inputs by default, any size whose grid splits in 2x2
+for _size, (_dim, _depth, _heads, _ratio, _out) in QWEN3_SIZES.items():
+    _args = dict(img_size=768, patch_size=16, embed_dim=_dim, depth=_depth, num_heads=_heads, mlp_ratio=_ratio)
+    register(f"qwen3_vit_{_size}", Qwen3Vit, INCEPTION_MEAN, INCEPTION_STD, **_args)
+    register(f"qwen3_vit_{_size}_merge", Qwen3Vit, INCEPTION_MEAN, INCEPTION_STD, **_args, encoder_pool="merge",
+             out_features=_out)
+    register(f"qwen3_vit_{_size}_enc", Qwen3Vit, INCEPTION_MEAN, INCEPTION_STD, **_args, encoder_pool="merge",
+             out_features=_out, num_classes=0, global_pool="", final_norm=False, encoder_only=True)
+# Gemma 4's vision tower (timm's names): the classifier, and the encoder whose output is the VLM's soft tokens;
+# pixels in [0, 1] as they are (the model maps them to [-1, 1] itself)
+for _size, _args in GEMMA4_SIZES.items():
+    register(f"gemma4_vit_{_size}", Gemma4Vit, (0.0,) * 3, (1.0,) * 3, img_size=768, patch_size=16, **_args)
+    register(f"gemma4_vit_{_size}_enc", Gemma4Vit, (0.0,) * 3, (1.0,) * 3, img_size=768, patch_size=16, **_args,
+             num_classes=0, global_pool="", encoder_pool="soft", final_norm=False, encoder_only=True)
 # ConViT (embed_dim is per head)
 for _name, _heads in (("tiny", 4), ("small", 9), ("base", 16)):
     register(f"convit_{_name}", ConVit, local_up_to_layer=10, locality_strength=1.0, embed_dim=48, num_heads=_heads)

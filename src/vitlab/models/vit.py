@@ -26,11 +26,16 @@ from .layers import (
     packed_swiglu,
     resample_abs_pos_embed,
     sincos_2d_pos_embed,
+    split_swiglu,
 )
 from .vit_presets import MORE_TIMM_PRESETS, vit_size
 
-POS_EMBEDS = ("learn", "sincos", "none")
-MLP_LAYERS = ("mlp", "swiglu_packed")  # timm's Mlp and SwiGLUPacked (fc1's width int(embed_dim * mlp_ratio))
+# sincos_xy: no parameter, the sin-cos table of each input's own grid, columns' channels first (AIMv2-native)
+POS_EMBEDS = ("learn", "sincos", "none", "sincos_xy")
+# timm's Mlp, SwiGLUPacked (fc1's width int(embed_dim * mlp_ratio)) and SwiGLU (fc1_g and fc1_x each that wide)
+MLP_LAYERS = ("mlp", "swiglu_packed", "swiglu")
+MLP_BUILDERS = {"mlp": None, "swiglu_packed": packed_swiglu, "swiglu": split_swiglu}
+AIMV2_NORM_EPS = 1e-5  # timm's AIMv2 names build their RMSNorms with eps 1e-5
 # token_avg: the class token and the mean patch token side by side (transformers' Dinov2ForImageClassification)
 GLOBAL_POOLS = ("token", "avg", "map", "token_avg", "")
 # the arguments timm's VisionTransformer takes with vitlab's names and meaning
@@ -89,14 +94,16 @@ CLIP_NORM_EPS = 1e-5
 
 
 def add_output_layers(model: Model, num_heads: int, mlp_ratio: float, norm_layer, act, norm: bool, fc_norm: bool,
-                      drop_rate: float) -> None:
+                      drop_rate: float, attn_pool_kind: str = "siglip", qkv_bias: bool = True) -> None:
     """timm's ViT output layers on ``model``: the final ``norm`` on every token, SigLIP's attention pool ``attn_pool``
     (global_pool 'map'), ``fc_norm`` on the pooled token, ``head_drop`` and the ``head`` (num_features wide)."""
     dim = model.embed_dim
     model.norm = norm_layer(dim) if norm else nn.Identity()
     model.attn_pool = None
     if model.global_pool == "map":
-        model.attn_pool = AttentionPoolLatent(dim, num_heads, mlp_ratio, norm_layer=norm_layer, act_layer=act)
+        aimv2 = attn_pool_kind == "aimv2"  # AIMv2's keys and values take the blocks' qkv_bias
+        model.attn_pool = AttentionPoolLatent(dim, num_heads, mlp_ratio, qkv_bias=qkv_bias if aimv2 else True,
+                                              norm_layer=norm_layer, act_layer=act, kind=attn_pool_kind)
     model.fc_norm = norm_layer(dim) if fc_norm else nn.Identity()
     model.head_drop = nn.Dropout(drop_rate)
     n = model.num_classes
@@ -112,7 +119,11 @@ class VisionTransformer(Model):
     ``num_parallel=2`` gives each block two attention then two MLP branches (timm's ParallelThingsBlock);
     ``parallel_scaling=True`` makes each block ViT-22B's, attention and MLP side by side from one fused projection
     (timm's ParallelScalingBlock); ``norm_layer='rmsnorm'`` makes every norm an RMSNorm (timm's ``_xp_`` ViTs);
-    ``mlp_layer='swiglu_packed'`` is DINOv2's giant MLP, one fc1 holding gate and value (timm's SwiGLUPacked).
+    ``mlp_layer='swiglu_packed'`` is DINOv2's giant MLP, one fc1 holding gate and value (timm's SwiGLUPacked);
+    ``mlp_layer='swiglu'`` keeps gate and value apart (timm's SwiGLU: AIMv2). ``embed_norm`` normalises the patch
+    tokens before the position embedding (timm's embed_norm_layer, the blocks' norm: AIMv2); ``pos_embed='sincos_xy'``
+    computes a fixed sin-cos table for each input's grid (AIMv2-native); ``attn_pool_kind='aimv2'`` makes the
+    'map' pool AIMv2's (the latent the query itself, no MLP).
     """
 
     global_pools = ("token", "avg", "")  # those reset_classifier may switch between (same width, no extra layers)
@@ -126,6 +137,8 @@ class VisionTransformer(Model):
     def family(self) -> str:
         if self.dist_token is not None:
             return "DeiT (distilled: class + distillation token)"
+        if self.is_aimv2:
+            return "AIMv2 (RMSNorm, SwiGLU, normalised patch tokens)"
         if self.global_pool == "map":
             return "ViT (attention-pool head)"
         if self.num_parallel > 1:
@@ -139,8 +152,18 @@ class VisionTransformer(Model):
         return ("head", "head_dist") if self.dist_token is not None else ("head",)
 
     @property
-    def timm_spec(self) -> TimmSpec:
-        """timm's class; the base name is CLIP's where the LayerNorm eps is CLIP's (timm sets it by name)."""
+    def is_aimv2(self) -> bool:
+        """AIMv2's layout: RMSNorm (also on the patch tokens) and the split SwiGLU MLP."""
+        return self.embed_norm and self.mlp_layer == "swiglu" and self.norm_layer == "rmsnorm"
+
+    @property
+    def timm_spec(self) -> TimmSpec | None:
+        """timm's class; the base name is CLIP's where the LayerNorm eps is CLIP's (timm sets it by name), AIMv2's
+        where the model has AIMv2's layout (its names fix the norms and the MLP)."""
+        if self.pos_embed_type == "sincos_xy":
+            return None
+        if self.embed_norm or self.mlp_layer == "swiglu":
+            return self._aimv2_timm_spec()
         distilled = self.dist_token is not None
         arch = getattr(self, "arch", None)
         clip = "_clip_" in arch if arch in self.timm_names else self.norm_eps == CLIP_NORM_EPS
@@ -156,14 +179,33 @@ class VisionTransformer(Model):
                         fixed={"norm_eps": CLIP_NORM_EPS if clip else 1e-6, "pos_embed_antialias": True,
                                **({"global_pool": "token"} if self.global_pool == "token_avg" else {}),
                                **({} if parallel else {"num_parallel": 1}),
-                               **({} if scaling else {"parallel_scaling": False})},
+                               **({} if scaling else {"parallel_scaling": False}),
+                               "embed_norm": False, "attn_pool_kind": "siglip"},
                         dropped=("distilled", "mlp_layer", *(("num_parallel",) if parallel else ()),
                                  *(("parallel_scaling",) if scaling else ()),
                                  *(("norm_layer",) if self.norm_layer == "layernorm" else ())),
                         values={"pos_embed": {"sincos": "learn"}})  # the fixed table exported as a learned one
 
+    def _aimv2_timm_spec(self) -> TimmSpec | None:
+        """timm holds the split SwiGLU and the patch-token norm under its AIMv2 names only, which fix RMSNorm at
+        eps 1e-5, the SwiGLU and the norm on the patch tokens."""
+        arch = getattr(self, "arch", None)
+        base = arch if arch in self.timm_names and arch.startswith("aimv2_") else "aimv2_large_patch14_224"
+        return TimmSpec("VisionTransformer", tuple(a for a in TIMM_ARGS if a != "norm_layer"), base,
+                        fixed={"norm_eps": AIMV2_NORM_EPS, "norm_layer": "rmsnorm", "mlp_layer": "swiglu",
+                               "embed_norm": True, "pos_embed_antialias": True, "num_parallel": 1,
+                               "parallel_scaling": False, "distilled": False, "attn_pool_kind": "siglip"})
+
+    @property
+    def no_timm(self) -> str:
+        if self.pos_embed_type == "sincos_xy":
+            return "timm has no ViT whose sin-cos table is computed for each input (AIMv2-native is transformers')"
+        return ""
+
     @property
     def hf_model_type(self) -> str | None:
+        if self.is_aimv2:
+            return "aimv2_vision_model"
         if self.no_hf:
             return None
         return "deit" if self.dist_token is not None else "vit"
@@ -178,7 +220,8 @@ class VisionTransformer(Model):
                  final_norm: bool = True, pos_embed_antialias: bool = True, drop_rate: float = 0.0,
                  pos_drop_rate: float = 0.0, proj_drop_rate: float = 0.0, attn_drop_rate: float = 0.0,
                  drop_path_rate: float = 0.0, num_parallel: int = 1, parallel_scaling: bool = False,
-                 norm_layer: str = "layernorm", mlp_layer: str = "mlp"):
+                 norm_layer: str = "layernorm", mlp_layer: str = "mlp", embed_norm: bool = False,
+                 attn_pool_kind: str = "siglip"):
         """timm's arguments, with timm's names and meaning (``TIMM_ARGS``), and vitlab's few more.
 
         Args:
@@ -198,7 +241,8 @@ class VisionTransformer(Model):
             reg_tokens: register tokens after the class token (Darcet et al. 2023).
             distilled: DeiT's distillation token and its head ``head_dist``.
             no_embed_class: the position table covers the patch tokens only (the prefix tokens get none).
-            pos_embed: 'learn' (a learned table), 'sincos' (a fixed 2D sin-cos table) or 'none'.
+            pos_embed: 'learn' (a learned table), 'sincos' (a fixed 2D sin-cos table), 'none', or 'sincos_xy'
+                (no parameter: the sin-cos table of each input's own grid, columns' channels first; AIMv2-native).
             dynamic_img_size: accept other input sizes, the position table resampled to each grid.
             fc_norm: a norm on the pooled token instead of the final norm on every token; None: with 'avg' pooling.
             act_layer: the MLP's activation, a name in ``layers.ACTIVATIONS`` (gelu, gelu_tanh, relu, silu, quick_gelu).
@@ -216,7 +260,11 @@ class VisionTransformer(Model):
             num_parallel: attention then MLP branches per block (timm's ParallelThingsBlock); 1: sequential.
             parallel_scaling: ViT-22B's block, attention and MLP side by side from one fused projection.
             norm_layer: 'layernorm' or 'rmsnorm' (every norm of the model).
-            mlp_layer: 'mlp' (timm's Mlp) or 'swiglu_packed' (DINOv2's giant MLP, gate and value in one fc1).
+            mlp_layer: 'mlp' (timm's Mlp), 'swiglu_packed' (DINOv2's giant MLP, gate and value in one fc1) or
+                'swiglu' (timm's SwiGLU, fc1_g and fc1_x; AIMv2).
+            embed_norm: a norm on the patch tokens before the position embedding (timm's AIMv2).
+            attn_pool_kind: the attention pool of global_pool 'map': 'siglip' (timm's) or 'aimv2'
+                (transformers' AIMv2 head).
         """
         super().__init__()
         if num_parallel < 1:
@@ -243,6 +291,7 @@ class VisionTransformer(Model):
         if global_pool == "token" and not class_token:
             raise VitlabError("global_pool='token' needs a class token; use global_pool='avg' with class_token=False")
         self.norm_eps, self.mlp_layer, self.norm_layer = norm_eps, mlp_layer, norm_layer
+        self.embed_norm = embed_norm
         norm_layer = get_norm_layer(norm_layer, norm_eps)
         use_fc_norm = global_pool == "avg" if fc_norm is None else fc_norm
         self.num_classes = num_classes
@@ -262,12 +311,13 @@ class VisionTransformer(Model):
             self.no_hf = "a ViT with RMSNorm or a SwiGLU MLP"
 
         self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim, bias=not pre_norm,
-                                      dynamic_img_size=dynamic_img_size)
+                                      dynamic_img_size=dynamic_img_size,
+                                      norm_layer=norm_layer if embed_norm else None)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if class_token else None
         self.dist_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if distilled else None
         self.reg_token = nn.Parameter(torch.zeros(1, reg_tokens, embed_dim)) if reg_tokens else None
         embed_len = self.patch_embed.num_patches + (0 if no_embed_class else self.num_prefix_tokens)
-        if pos_embed == "none":
+        if pos_embed in ("none", "sincos_xy"):
             self.pos_embed = None
         else:
             self.pos_embed = nn.Parameter(torch.zeros(1, embed_len, embed_dim), requires_grad=pos_embed == "learn")
@@ -278,7 +328,7 @@ class VisionTransformer(Model):
         dpr = drop_path_rates(drop_path_rate, depth)  # stochastic depth grows with depth
         act = get_act_layer(act_layer)
         block = (partial(ParallelScalingBlock, qk_norm=qk_norm) if parallel_scaling else
-                 partial(Block, mlp_layer=packed_swiglu if mlp_layer == "swiglu_packed" else None)
+                 partial(Block, mlp_layer=MLP_BUILDERS[mlp_layer])
                  if num_parallel == 1 else partial(ParallelThingsBlock, num_parallel=num_parallel))
         self.blocks = nn.Sequential(*[
             block(embed_dim, num_heads, mlp_ratio, qkv_bias=qkv_bias, proj_drop=proj_drop_rate,
@@ -287,7 +337,7 @@ class VisionTransformer(Model):
                   attn_layer=partial(Attention, qk_norm=qk_norm, proj_bias=proj_bias, norm_layer=norm_layer))
             for i in range(depth)])
         add_output_layers(self, num_heads, mlp_ratio, norm_layer, act, final_norm and not use_fc_norm,
-                          final_norm and use_fc_norm, drop_rate)
+                          final_norm and use_fc_norm, drop_rate, attn_pool_kind, qkv_bias)
         self.head_dist = None
         if distilled:
             self.head_dist = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
@@ -325,6 +375,9 @@ class VisionTransformer(Model):
         B, h, w, D = x.shape
         x = x.reshape(B, h * w, D)
         prefix = [t.expand(B, -1, -1) for t in (self.cls_token, self.dist_token, self.reg_token) if t is not None]
+        if self.pos_embed_type == "sincos_xy":  # the table of this grid, computed as the input comes
+            x = x + sincos_2d_pos_embed((h, w), D, columns_first=True).to(x.device, x.dtype)
+            return self.pos_drop(torch.cat(prefix + [x], dim=1))
         if self.pos_embed is None:
             return torch.cat(prefix + [x], dim=1)
         pos_embed = self.pos_embed

@@ -22,7 +22,16 @@ def vit_size(size: str) -> dict[str, int]:
 
 GIANT_SWIGLU = dict(patch_size=14, **vit_size("giant2"), mlp_ratio=2.66667 * 2,
                     mlp_layer="swiglu_packed", act_layer="silu")
+# AIMv2 (timm's names): RMSNorm at eps 1e-5 on the patch tokens, in the blocks and at the end, a split SwiGLU MLP,
+# no class token (mean pooling), no biases in attention or MLP
+AIMV2_SIZES = {"large": (1024, 8, 2.75), "huge": (1536, 12, 2.6667), "1b": (2048, 16, 2.75),
+               "3b": (3072, 24, 2.6667)}  # width, heads, mlp_ratio; all 24 blocks deep
+AIMV2 = dict(patch_size=14, depth=24, class_token=False, fc_norm=False, global_pool="avg", qkv_bias=False,
+             proj_bias=False, act_layer="silu", norm_layer="rmsnorm", norm_eps=1e-5, embed_norm=True,
+             mlp_layer="swiglu")
 MORE_TIMM_PRESETS = {
+    **{f"aimv2_{size}_patch14_{img}": dict(AIMV2, img_size=img, embed_dim=dim, num_heads=heads, mlp_ratio=ratio)
+       for size, (dim, heads, ratio) in AIMV2_SIZES.items() for img in (224, 336, 448)},
     # parallel blocks: two attention branches, then two MLP branches, per block (timm's ParallelThingsBlock)
     "vit_small_patch16_18x2_224": dict(patch_size=16, embed_dim=384, depth=18, num_heads=6, init_values=1e-5,
                                        num_parallel=2),
