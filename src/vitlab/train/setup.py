@@ -43,7 +43,7 @@ from .optim import Lookahead, describe_groups, recipe_optimizer
 from .progressive import ProgressiveResize
 from .recipe import Recipe
 from .schedule import Plateau, describe_warmup
-from .shard import SHARDED_FIELDS, load_sharded, save_sharded, shard_model
+from .shard import SHARDED_FIELDS, check_can_shard, load_sharded, save_sharded, shard_model
 from .state import TrainState, place_in_epoch, save_checkpoint
 from .step import Stepper, channels_last_helps
 from .tasks import EvalSplit, Task, task_for
@@ -179,6 +179,8 @@ def set_up(recipe: Recipe, dist: Dist, resume: bool, log: Callable[[str], None],
                                     f"read {out / CHECKPOINT}"),
                            dist) if resume else None  # by rank 0 (another machine may not see --out), before any work
     check_batch(recipe, dist)
+    if recipe.shard == "fsdp":
+        check_can_shard(None, dist)  # before any work; the model is checked once built
     set_fast_math(dist.device)
     torch.manual_seed(recipe.seed)
     tb = TensorBoardLog(out) if recipe.log == "tensorboard" and dist.is_main else None  # a missing package: first

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as torch_dist
 import torch.nn as nn
 
 from ..atomic import locked_temp_folder, remove_stale_temps
@@ -47,13 +48,13 @@ def transformer_blocks(model: nn.Module) -> list[nn.Module]:
     return []
 
 
-def check_can_shard(model: nn.Module, dist: Dist) -> None:
+def check_can_shard(model: nn.Module | None, dist: Dist) -> None:
     """Refuse, in one line, a set-up FSDP cannot shard: no process group (torchrun starts one; one process is allowed,
     to measure the sharding's own cost), or a model without transformer blocks to shard one by one."""
     if not dist.enabled:
         raise VitlabError("shard='fsdp' needs torchrun (a process group to shard over): torchrun --nproc-per-node N -m "
                           "vitlab train --shard fsdp ...; accepted without torchrun: shard='none'")
-    if not transformer_blocks(model):
+    if model is not None and not transformer_blocks(model):
         name = getattr(model, "arch", None) or type(model).__name__
         raise VitlabError(f"shard='fsdp' shards a model block by block, and {name} has no transformer blocks; "
                           "accepted: a model with blocks (the ViT family, hybrids), or shard='none' (DDP)")
@@ -68,12 +69,14 @@ def meta_copy(model: nn.Module) -> nn.Module:
 
 
 def shard_model(model: nn.Module, dist: Dist, precision: str) -> nn.Module | None:
-    """Shard ``model`` in place over the ranks (every block, then the root); returns, on rank 0, the skeleton that
-    the whole model is gathered into at the end (None on the others)."""
+    """Shard ``model`` in place over the ranks (every block, then the root), from rank 0's weights; returns, on rank
+    0, the skeleton that the whole model is gathered into at the end (None on the others)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     check_can_shard(model, dist)
+    for t in [*model.parameters(), *model.buffers()]:  # rank 0's weights everywhere, as DDP starts from them
+        torch_dist.broadcast(t.data, src=0)
     skeleton = meta_copy(model) if dist.is_main else None
     mesh = init_device_mesh(dist.device.type, (dist.world,))
     policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if precision == "bf16"
