@@ -83,6 +83,9 @@ def test_sharded_run_matches_one_process_and_its_folder_loads(tmp_path, cache_di
     a, b = load_file(tmp_path / "one" / "model.safetensors"), load_file(tmp_path / "two" / "model.safetensors")
     assert a.keys() == b.keys()
     for k in a:
+        if k.endswith("qkv.bias"):  # the key bias's gradient is rounding noise (softmax ignores it): AdamW makes
+            q, key, v = a[k].chunk(3)  # steps of ~lr of it, which differ with the order of the sums
+            a[k], b[k] = torch.cat([q, v]), torch.cat([b[k].chunk(3)[0], b[k].chunk(3)[2]])
         torch.testing.assert_close(a[k], b[k], atol=1e-5, rtol=1e-4, msg=k)
     summary = json.loads((tmp_path / "two" / "summary.json").read_text())
     assert summary["processes"] == 2 and summary["replicas_in_sync"] is True
