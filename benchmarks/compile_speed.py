@@ -8,7 +8,7 @@ eager and compiled calls are interleaved round by round in this one process and 
 because the machine is shared and noisy. Break-even: the steps after which the compiled run has paid back its
 compile time; "x after compile" is eager's time over compiled's time plus one compile, for a run of ``--run-steps``.
 
-    python benchmarks/compile_speed.py [--rounds 5] [--threads 1 2] [--run-steps 1960 300]
+    python benchmarks/compile_speed.py [--rounds 5] [--threads 1 2] [--run-steps 1960 300] [--only CASE]
 """
 from __future__ import annotations
 
@@ -25,8 +25,8 @@ import vitlab
 
 HYBRID_ARGS = {"stem_widths": [64, 256, 256], "stem_pad": False, "depth": 2, "embed_dim": 256, "num_heads": 4}
 CASES = {  # name: (model, its arguments, batch)
-    "ViT-S/16 224": ("vit_small_patch16_224", {"num_classes": 10}, 8),
     "speed-run hybrid 32": ("vit_nano_airbench_32", HYBRID_ARGS, 128),
+    "ViT-S/16 224": ("vit_small_patch16_224", {"num_classes": 10}, 8),
 }
 
 
@@ -68,7 +68,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--run-steps", type=int, nargs="+", default=[1960, 300],
-                    help="a default-length run's training steps for each case (the hybrid recipe: 10 epochs of 196)")
+                    help="a default-length run's training steps for each case (the hybrid recipe: 10 epochs of 196; "
+                         "ViT-S/16: a fine-tune of 300 steps)")
     ap.add_argument("--only", choices=list(CASES), default=None)
     args = ap.parse_args()
     print(f"CPU: {cpu_name()}, torch {torch.__version__}; eager and compiled interleaved, medians of {args.rounds}")
@@ -87,6 +88,7 @@ def main() -> None:
         for kind, e_fn, c_fn in zip(("train", "infer"), eager_fns, compiled_fns):
             torch.set_num_threads(max(args.threads))
             compile_s = timed(c_fn)  # the first call compiles (the backward and the step too, for training)
+            print(f"# {name} {kind}: first compiled call {compile_s:.1f} s", flush=True)
             for threads in args.threads:
                 torch.set_num_threads(threads)
                 e_fn(), c_fn()  # warm-up at this thread count
