@@ -233,10 +233,11 @@ NULL = _Null()
 
 
 def check_shard(recipe: Recipe) -> None:
-    """What --shard fsdp does not combine with yet (each keeps a second whole copy of the model, or compiles the
-    sharded one): one line naming it."""
+    """What --shard fsdp does not combine with yet (a second whole copy of the model, a compiled sharded one, or a
+    sharded stem frozen midway): one line naming it."""
     clash = [flag for flag, on in (("--ema-decay", recipe.ema_decay > 0), ("--lookahead-every", recipe.lookahead_every),
-                                   ("--compile", recipe.compile), ("--pretrain", recipe.pretrain != "none"),
+                                   ("--compile", recipe.compile), ("--freeze-stem-after", recipe.freeze_stem_after),
+                                   ("--pretrain", recipe.pretrain != "none"),
                                    ("--distill", recipe.distill != "none")) if on]
     if clash:
         raise VitlabError(f"shard='fsdp' does not combine with {', '.join(clash)} (a second whole copy of the model, "

@@ -29,11 +29,11 @@ import torch.nn as nn
 
 from ..atomic import locked_temp_folder, remove_stale_temps
 from ..errors import VitlabError
-from ..runs.format import CHECKPOINT
+from ..runs.format import CHECKPOINT, CHECKPOINT_SHARDS
 from .distributed import Dist, barrier, broadcast_bytes
 from .state import TrainState, save_checkpoint
 
-SHARDS_PREFIX = "checkpoint-shards-"
+SHARDS_PREFIX = CHECKPOINT_SHARDS
 SHARDED_FIELDS = ("model", "optimizer")  # what the shards hold; checkpoint.pt holds the rest of the state
 
 
