@@ -3,9 +3,10 @@
 Models: ViT-S/16 at 224x224 (batch 8: what a CPU fine-tune takes) and the speed run's hybrid
 (recipes/cifar10_hybrid_speedrun.yaml's model_args on vit_nano_airbench_32, 32x32, batch 128). The training step is
 forward, cross-entropy, backward and AdamW on pre-made float tensors; inference is a forward pass without
-gradients in eval mode. The compiled model is compiled once (its first call timed apart: the compile time), then
-eager and compiled calls are interleaved round by round in this one process and the median ratio is reported,
-because the machine is shared and noisy. Break-even: the steps after which the compiled run has paid back its
+gradients in eval mode. The compiled model's first call at each thread count is timed apart (the compile time:
+dynamo guards on the thread count, so another count compiles again), then eager and compiled calls are
+interleaved round by round in this one process and the median ratio is reported, because the machine is shared
+and noisy. Break-even: the steps after which the compiled run has paid back its
 compile time; "x after compile" is eager's time over compiled's time plus one compile, for a run of ``--run-steps``.
 
     python benchmarks/compile_speed.py [--rounds 5] [--threads 1 2] [--run-steps 1960 300] [--only CASE]
@@ -86,12 +87,11 @@ def main() -> None:
         compiled = torch.compile(twin, dynamic=False)
         eager_fns, compiled_fns = steps(model, model, x, y), steps(twin, compiled, x, y)
         for kind, e_fn, c_fn in zip(("train", "infer"), eager_fns, compiled_fns):
-            torch.set_num_threads(max(args.threads))
-            compile_s = timed(c_fn)  # the first call compiles (the backward and the step too, for training)
-            print(f"# {name} {kind}: first compiled call {compile_s:.1f} s", flush=True)
             for threads in args.threads:
-                torch.set_num_threads(threads)
-                e_fn(), c_fn()  # warm-up at this thread count
+                torch.set_num_threads(threads)  # dynamo guards on the thread count: another count compiles again
+                compile_s = timed(c_fn)  # the first call at this count compiles (forward and backward, for training)
+                print(f"# {name} {kind}, {threads} threads: first compiled call {compile_s:.1f} s", flush=True)
+                e_fn(), c_fn()  # warm-up
                 e_t, c_t = [], []
                 for _ in range(args.rounds):
                     e_t.append(timed(e_fn))
