@@ -26,6 +26,7 @@ from ..checkpoint import CONFIG as MODEL_CONFIG
 from ..checkpoint import WEIGHTS as MODEL_WEIGHTS
 from ..errors import VitlabError
 from .format import (
+    CHECKPOINT_SHARDS,
     CONFIG_YAML,
     CONFUSION_PNG,
     FILES,
@@ -82,7 +83,8 @@ def check_claimed(out: str | os.PathLike, what: str = "the run") -> None:
 
 STUDY_RUNS, STUDY_FEATURES = "runs", "features"  # a study folder's run folders and its probes' cached features
 WRITES: dict[str, tuple[str, ...]] = {  # what each kind of command writes in its folder (names or patterns)
-    "train": (*FILES, "tb", "summary-epoch*.json"),  # the summary of a finished run that went on (vitlab.fit)
+    # summary-epoch*: the summary of a finished run that went on (vitlab.fit); the sharded checkpoints of --shard fsdp
+    "train": (*FILES, "tb", "summary-epoch*.json", f"{CHECKPOINT_SHARDS}*"),
     "eval": (SUMMARY, CONFUSION_PNG),
     "inspect": ("*.png", "*.html", "*.json"),
     "export": (MODEL_CONFIG, MODEL_WEIGHTS, "model.onnx", "model.onnx.data", "preprocess.json",

@@ -38,6 +38,7 @@ CHECKPOINT = "checkpoint.pt"
 ADAPTER_DIR = "adapter"  # a LoRA run's adapter (peft's files); the model folder holds it merged
 CURVES_PNG, CONFUSION_PNG = "curves.png", "confusion.png"
 PRETRAIN_WEIGHTS = "pretrain.safetensors"
+CHECKPOINT_SHARDS = "checkpoint-shards-"  # + step and id: a sharded run's (--shard fsdp) model and optimizer parts
 FILES = (CONFIG_YAML, RUN_JSON, CHECKPOINT, METRICS, MODEL_CONFIG, MODEL_WEIGHTS, PRETRAIN_WEIGHTS, CURVES_PNG,
          CONFUSION_PNG, SUMMARY)
 

@@ -25,6 +25,7 @@ Log = Literal["none", "tensorboard"]
 HeadInit = Literal["auto", "zero", "trunc_normal", "keep"]
 Pretrain = Literal["none", "mae", "mpp", "dino", "ibot", "distill"]
 Optimizer = Literal["adamw", "sgd"]
+Shard = Literal["none", "fsdp"]
 AUGMENT_FIELDS = dict(AugmentConfig.model_fields)
 
 
@@ -138,6 +139,9 @@ class Recipe(Settings):
         "auto", description="auto: bf16 on GPUs that support it, and on CPUs with AMX for models of "
         f"~{BF16_CPU_MIN_MACS / 1e9:g} GMACs an image or more (where it pays), else fp32")
     compile: bool = Field(False, description="torch.compile the model")
+    shard: Shard = Field("none", description="under torchrun: none (DDP: every rank holds the whole model, its "
+                         "gradients and optimizer state) or fsdp (FSDP2: each rank holds 1/N of them, gathered block "
+                         "by block; for models that do not fit one device; docs/distributed.md)")
     channels_last: bool | None = Field(None, description="channels-last memory format (default: on CUDA for "
                                        "convolutional stems)")
     data_on_device: bool | None = Field(None, description="keep the training set on the GPU (default: when it fits)")
@@ -185,6 +189,8 @@ class Recipe(Settings):
         if self.ema_start and not self.ema_decay:
             raise VitlabError(f"ema_start={self.ema_start:g} needs an EMA to begin: --ema-decay, e.g. 0.999; "
                               "accepted without it: 0")
+        if self.shard == "fsdp":
+            check_shard(self)
         if self.batch_size % self.accum_steps:
             raise VitlabError(f"batch_size={self.batch_size} is not valid with accum_steps={self.accum_steps}; "
                               "accepted: a multiple of accum_steps")
@@ -212,7 +218,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "augmentation": tuple(AUGMENT_FIELDS),
     "evaluation": ("eval_every", "tta", "tta_translate"),
     "distillation": ("teacher", "distill", "tau", "alpha", "teacher_once"),
-    "execution": ("device", "precision", "compile", "channels_last", "data_on_device", "max_nonfinite", "log",
+    "execution": ("device", "precision", "compile", "shard", "channels_last", "data_on_device", "max_nonfinite", "log",
                   "threads", "seed", "checkpoint_every", "out"),
 }
 
@@ -225,6 +231,18 @@ class _Null:
 
 
 NULL = _Null()
+
+
+def check_shard(recipe: Recipe) -> None:
+    """What --shard fsdp does not combine with yet (a second whole copy of the model, a compiled sharded one, or a
+    sharded stem frozen midway): one line naming it."""
+    clash = [flag for flag, on in (("--ema-decay", recipe.ema_decay > 0), ("--lookahead-every", recipe.lookahead_every),
+                                   ("--compile", recipe.compile), ("--freeze-stem-after", recipe.freeze_stem_after),
+                                   ("--pretrain", recipe.pretrain != "none"),
+                                   ("--distill", recipe.distill != "none")) if on]
+    if clash:
+        raise VitlabError(f"shard='fsdp' does not combine with {', '.join(clash)} (a second whole copy of the model, "
+                          "or a compiled sharded one); accepted: shard='none' (DDP) with them, or fsdp without them")
 
 
 def check_finetune(recipe: Recipe) -> None:

@@ -43,6 +43,7 @@ from .optim import Lookahead, describe_groups, recipe_optimizer
 from .progressive import ProgressiveResize
 from .recipe import Recipe
 from .schedule import LrSchedule, Plateau
+from .shard import SHARDED_FIELDS, check_can_shard, load_sharded, save_sharded, shard_model
 from .state import TrainState, place_in_epoch, save_checkpoint
 from .step import Stepper, channels_last_helps
 from .tasks import EvalSplit, Task, task_for
@@ -85,6 +86,11 @@ class Run:
     marks: dict | None = None   # what every checkpoint carries besides the state: the run's id, the recipe as run
     eval_seconds_per_image: float | None = None  # measured: the probe before the first step, then each evaluation
     said_sample: bool = False
+    skeleton: nn.Module | None = None  # --shard fsdp, rank 0: the model's copy (meta) the whole model is gathered into
+
+    @property
+    def sharded(self) -> bool:
+        return self.recipe.shard == "fsdp"
 
     @property
     def budget(self) -> float | None:
@@ -96,7 +102,8 @@ class Run:
 
     @property
     def eval_batch(self) -> int:
-        return eval_batch_size(self.batch_size, self.dist)
+        batch = eval_batch_size(self.batch_size, self.dist)
+        return even_batches(len(held_out(self.data).images), batch, self.dist.world) if self.sharded else batch
 
     def out_of_time(self) -> bool:
         """A time budget that is spent (the reserve for the end kept back), or the recipe's steps taken; the same
@@ -135,11 +142,18 @@ class Run:
             return
         state.resume_at = place_in_epoch(images, self.feeder.workers, dist.device)
         state.seconds, state.reserve = self.clock.seconds(), self.clock.reserve
-        if dist.is_main:
-            check_claimed(self.out)
-            save_checkpoint(self.out, state, arch=model_name(self.model), **self.marks)
+        self.checkpoint()
         state.resume_at = None
         barrier(dist)
+
+    def checkpoint(self) -> None:
+        """Write checkpoint.pt: rank 0 alone, or with --shard fsdp every rank its part of the model and optimizer."""
+        if self.dist.is_main:
+            check_claimed(self.out)
+        if self.sharded:
+            save_sharded(self.out, self.state, self.dist, arch=model_name(self.model), **self.marks)
+        elif self.dist.is_main:
+            save_checkpoint(self.out, self.state, arch=model_name(self.model), **self.marks)
 
     def stepper(self) -> Stepper:
         """What every step uses, as the run now stands (``net`` is made again when a stem freezes)."""
@@ -170,6 +184,15 @@ def eval_batch_size(batch_size: int, dist: Dist) -> int:
     return max(batch_size // dist.world, 256)
 
 
+def even_batches(n: int, batch: int, world: int) -> int:
+    """The smallest batch from ``batch`` up that splits every rank's contiguous shard of ``n`` images into as many
+    batches as the others': a sharded model's forward pass is a collective that every rank must take as often."""
+    shards = {n * (r + 1) // world - n * r // world for r in range(world)}
+    while len({-(-k // batch) for k in shards}) > 1:
+        batch += 1
+    return batch
+
+
 def set_up(recipe: Recipe, dist: Dist, resume: bool, log: Callable[[str], None], now: Callable[[], float]) -> Run:
     """Build the run in the order its parts need each other: the checkpoint to resume, the task, the model and data,
     the threads, the preprocessing, the feed, the optimiser state (the precision), the task's preparation, the clock;
@@ -179,6 +202,8 @@ def set_up(recipe: Recipe, dist: Dist, resume: bool, log: Callable[[str], None],
                                     f"read {out / CHECKPOINT}"),
                            dist) if resume else None  # by rank 0 (another machine may not see --out), before any work
     check_batch(recipe, dist)
+    if recipe.shard == "fsdp":
+        check_can_shard(None, dist)  # before any work; the model is checked once built
     set_fast_math(dist.device)
     torch.manual_seed(recipe.seed)
     tb = TensorBoardLog(out) if recipe.log == "tensorboard" and dist.is_main else None  # a missing package: first
@@ -199,8 +224,10 @@ def set_up(recipe: Recipe, dist: Dist, resume: bool, log: Callable[[str], None],
     config = config_values(recipe, getattr(model, "arch", None))
     model = task.wrap(model, prep.mean, prep.std)  # what trains, checkpoints and resumes
     task.make_loss(dist.device, classes, prep.mean, prep.std)
-    state = build_state(recipe, dist, task, model, data.train, augment, batch_size, ckpt, log)
-    restore(state, ckpt, model, out, resume, log)
+    precision = run_precision(recipe, dist, model, data.train, augment, batch_size, ckpt, log)
+    skeleton = shard_model(model, dist, precision) if recipe.shard == "fsdp" else None  # before the optimizer
+    state = build_state(recipe, dist, task, model, batch_size, precision, log)
+    restore(state, ckpt, model, out, resume, log, dist if recipe.shard == "fsdp" else None)
     spent = task.prepare(data.train, view, eval_batch_size(batch_size, dist), now)
     if ckpt is None:  # a resumed run counted them in its first session
         state.seconds += spent
@@ -218,7 +245,7 @@ def set_up(recipe: Recipe, dist: Dist, resume: bool, log: Callable[[str], None],
               mean=prep.mean, std=prep.std, feeder=feeder, augment=augment, view=view,
               batch_size=batch_size, per_epoch=per_epoch, model=model, net=net,
               n_params=n_params, channels_last=channels_last, resize=resize, lookahead=lookahead, state=state,
-              clock=clock, schedule=schedule, tb=tb, marks=checkpoint_marks(identity, config))
+              clock=clock, schedule=schedule, tb=tb, marks=checkpoint_marks(identity, config), skeleton=skeleton)
     if dist.is_main:  # only a run whose set-up succeeded leaves a recipe to resume (and its data's identity)
         write_run_files(out, config, identity)
     log(describe(run))
@@ -312,14 +339,20 @@ def plan_epoch(recipe: Recipe, dist: Dist, n_train: int, log: Callable[[str], No
     return batch_size, per_epoch
 
 
-def build_state(recipe: Recipe, dist: Dist, task: Task, model: nn.Module, train: ImageSet, augment: BatchAugment,
-                batch_size: int, ckpt: dict | None, log: Callable[[str], None]) -> TrainState:
-    """The state a run advances and checkpoints: the model, its optimiser (the task's betas), the plateau schedule,
-    the EMA copy and the precision, decided here only (a resumed run's own)."""
+def run_precision(recipe: Recipe, dist: Dist, model: nn.Module, train: ImageSet, augment: BatchAugment,
+                  batch_size: int, ckpt: dict | None, log: Callable[[str], None]) -> str:
+    """The run's precision, decided here only (a resumed run's own)."""
+    if ckpt is not None:
+        return ckpt["precision"]
     n_first = min(len(train.images), batch_size // dist.world)
-    precision = ckpt["precision"] if ckpt is not None else choose_precision(
-        recipe, model, augment, to_device(train.images[:n_first], dist.device),
-        to_device(train.labels[:n_first], dist.device), dist, log)
+    return choose_precision(recipe, model, augment, to_device(train.images[:n_first], dist.device),
+                            to_device(train.labels[:n_first], dist.device), dist, log)
+
+
+def build_state(recipe: Recipe, dist: Dist, task: Task, model: nn.Module, batch_size: int, precision: str,
+                log: Callable[[str], None]) -> TrainState:
+    """The state a run advances and checkpoints: the model, its optimiser (the task's betas), the plateau schedule,
+    the EMA copy and the precision."""
     state = TrainState(
         model=model,
         optimizer=recipe_optimizer(model, recipe, batch_size, dist.device, task.betas),
@@ -333,16 +366,22 @@ def build_state(recipe: Recipe, dist: Dist, task: Task, model: nn.Module, train:
 
 
 def restore(state: TrainState, ckpt: dict[str, Any] | None, model: nn.Module, out: Path, resume: bool,
-            log: Callable[[str], None]) -> None:
-    """Restore the checkpoint into the run's state; weights of another model, or an optimiser of other parameter
-    groups, are refused in one line."""
+            log: Callable[[str], None], sharded: Dist | None = None) -> None:
+    """Restore the checkpoint into the run's state (``sharded``: a sharded model's, every rank reading its part);
+    weights of another model, or an optimiser of other parameter groups, are refused in one line."""
     if ckpt is None:
         if resume:
             log(f"no checkpoint in {out} yet: starting the run from the beginning")
         return
+    if "sharded" in ckpt and sharded is None:
+        raise VitlabError(f"{out / CHECKPOINT} holds a sharded model ({', '.join(SHARDED_FIELDS)} in "
+                          f"{ckpt['sharded'].get('folder')}); accepted: resume it with shard='fsdp' under torchrun")
     check_groups(state.optimizer, ckpt, out / CHECKPOINT, model)
     try:
-        state.load_state_dict(ckpt)
+        if sharded is not None:
+            load_sharded(out, ckpt, state, sharded)
+        else:
+            state.load_state_dict(ckpt)
     except RuntimeError as e:  # load_state_dict: missing, unexpected or misshapen tensors
         saved, first = ckpt.get("arch") or "another model", str(e).strip().splitlines()[-1].strip()
         raise VitlabError(f"{out / CHECKPOINT} holds the weights of {saved}, not of {model_name(model)} that the run "
@@ -369,6 +408,7 @@ def describe(run: Run) -> str:
             f"{' (on the device)' if dist.device.type == 'cuda' and run.feeder.on_device else ''}, "
             f"{run.task.describe(run.classes)}, "
             f"batch {run.batch_size}{f' over {dist.world} processes' if dist.enabled else ''}"
+            f"{' (model sharded: FSDP2)' if run.sharded else ''}"
             f"{f' in {recipe.accum_steps} micro-batches' if recipe.accum_steps > 1 else ''}, {run.precision}, "
             + (f"time budget {recipe.time_budget:g} min" + (" of training (evaluations not counted)"
                                                               if recipe.budget_counts == "training" else "")
@@ -390,7 +430,7 @@ def run_net(model: nn.Module, recipe: Recipe, dist: Dist) -> nn.Module:
     """The model as the steps run it: compiled (one graph per input size) and/or replicated. DistributedDataParallel
     reduces the gradients of the parameters that train when it is made: made again after a freeze."""
     net = torch.compile(model, dynamic=False) if recipe.compile else model
-    if dist.enabled:
+    if dist.enabled and recipe.shard == "none":  # a sharded model reduces its own gradients
         net = nn.parallel.DistributedDataParallel(net, device_ids=[dist.device.index] if dist.device.type == "cuda"
                                                   else None)
     return net

@@ -43,19 +43,24 @@ class TrainState:
     # (the sample offset), "workers": the shard readers of each rank, "rng": rank 0's random state}; None between
     resume_at: dict | None = None
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self, skip: tuple[str, ...] = ()) -> dict[str, Any]:
         out = {}
         for f in fields(self):
+            if f.name in skip:
+                continue
             value = getattr(self, f.name)
             out[f.name] = value.state_dict() if hasattr(value, "state_dict") else value
         return out
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any], skip: tuple[str, ...] = ()) -> None:
+        """Restore every field but those of ``skip`` (restored by their own means: a sharded model's)."""
         state = {"task": {}, "resume_at": None, **state}
-        missing = [f.name for f in fields(self) if f.name not in state]
+        missing = [f.name for f in fields(self) if f.name not in state and f.name not in skip]
         if missing:
             raise VitlabError(f"the checkpoint lacks {', '.join(missing)}: it was written by another vitlab version")
         for f in fields(self):
+            if f.name in skip:
+                continue
             current, saved = getattr(self, f.name), state[f.name]
             if hasattr(current, "load_state_dict"):
                 if saved is None:
@@ -68,11 +73,11 @@ class TrainState:
                 setattr(self, f.name, saved)
 
 
-def save_checkpoint(folder: Path, state: TrainState, **extra: Any) -> None:
-    """Write the state (and ``extra`` plain values, e.g. the model's name) to folder/checkpoint.pt through a
-    temporary file and an atomic rename."""
+def save_checkpoint(folder: Path, state: TrainState, skip: tuple[str, ...] = (), **extra: Any) -> None:
+    """Write the state but its fields ``skip`` (and ``extra`` plain values, e.g. the model's name) to
+    folder/checkpoint.pt through a temporary file and an atomic rename."""
     with atomic_path(folder / CHECKPOINT) as tmp:
-        torch.save({**state.state_dict(), **extra}, tmp)
+        torch.save({**state.state_dict(skip), **extra}, tmp)
 
 
 def place_in_epoch(images: int, workers: int, device: torch.device) -> dict[str, Any]:

@@ -45,7 +45,8 @@ from .setup import (
     set_up,
     torch_globals_kept,
 )
-from .state import save_checkpoint, take_place
+from .shard import gathered
+from .state import take_place
 from .step import Batch, EpochMeter, check_loss_finite, ema_decay_at, figures_every, train_step
 
 
@@ -251,10 +252,9 @@ def record_epoch(run: Run, row: EpochRow) -> None:
     row.elapsed_seconds = state.seconds
     state.history.append(row.to_dict())
     state.epoch += 1
+    run.log(row.line())
+    run.checkpoint()
     if run.dist.is_main:
-        run.log(row.line())
-        check_claimed(run.out)
-        save_checkpoint(run.out, state, arch=model_name(run.model), **run.marks)
         write_metrics(run.out, [EpochRow.from_dict(h) for h in state.history])
         if run.tb is not None:
             run.tb.scalars(row.epoch, row.to_dict())
@@ -270,12 +270,14 @@ def finish(run: Run, final_metrics: dict | None, stopped_early: bool, t_start: f
                           "leaves time to train")
     if final_metrics is None or "test_loss" not in state.history[-1]:  # resumed after its last epoch
         final_metrics, _ = better_of_ema(run, run.evaluate(model))  # the choice the last epoch made
-    in_sync = replicas_agree(model, dist)
+    in_sync = run.sharded or replicas_agree(model, dist)  # a sharded model has one copy
     if not in_sync:
         run.log("warning: the replicas' weights differ between processes; the saved model is rank 0's")
     use_ema = bool(final_metrics.pop("ema", False))
     final_model = state.ema if use_ema else model
     run.resize.restore()
+    if run.sharded:  # every rank sends its parts; rank 0 saves the whole model as any run's
+        final_model = gathered(model, run.skeleton, dist)
     if not dist.is_main:
         return {}
     history = [EpochRow.from_dict(h) for h in state.history]
