@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import re
 import time
@@ -590,7 +591,8 @@ def _load_shards(source: str, test_data: str | None, how: _Decoding, cache: Path
                                                                 shard_identity(test.urls)]),
              "classes": list(shards.classes), "num_train": shards.count, "num_test": len(test.labels),
              "labels_sha256": hashlib.sha256(np.asarray(shards.counts, np.int64).tobytes()
-                                             + store.labels.tobytes()).hexdigest()}
+                                             + store.labels.tobytes()).hexdigest(),
+             "contents_sha256": shard_contents(shards.urls + test.urls)}
     bundle = DataBundle(Path(train_pattern.split("::")[0].removeprefix("wds:")).parent.name or "shards",
                         ImageSet(x, y), ImageSet(*store.split("test")), [printable(c) for c in shards.classes],
                         tuple(float(v) for v in mean), _usable_std(list(std), log), 0, source,
@@ -607,6 +609,15 @@ INFO_NAME = "_info.json"
 def shard_identity(urls: list[str]) -> list:
     """What identifies shards: their names and, for local ones, each file's size, times and inode."""
     return [[u, *(files_fingerprint([u])[0] or [])] if not u.startswith(("pipe:", "http")) else [u] for u in urls]
+
+
+def shard_contents(urls: list[str]) -> str:
+    """What a run holds its shards to beyond their names and counts: each local shard's file name, size and
+    modification time (a shard rewritten with other labels or images has another), not its folder (a moved folder
+    is the same data)."""
+    stats = [[os.path.basename(u), *(files_fingerprint([u])[0] or [None, None])[:2]] for u in urls
+             if not u.startswith(("pipe:", "http"))]
+    return hashlib.sha256(json.dumps(stats).encode()).hexdigest()
 
 
 def _test_store(test: ShardSet, classes: list[str], shape: tuple[int, ...], how: _Decoding, cache: Path,

@@ -152,6 +152,8 @@ def data_change(recorded: dict[str, Any] | None, now: dict[str, Any] | None) -> 
                 f"{recorded['num_train']} / {recorded['num_test']}")
     if recorded.get("labels_sha256") != now.get("labels_sha256"):
         return "its images are now split differently"
+    if "contents_sha256" in recorded and recorded["contents_sha256"] != now.get("contents_sha256"):
+        return "a shard was rewritten since (its size or modification time is not the one the run read)"
     return None  # the files moved or were touched: the same listing, split the same way
 
 

@@ -1,0 +1,138 @@
+"""Hostile input on the newest surfaces (arrays, shards, pack, LoRA, pre-training, studies, predict), each one class
+of input read wherever it is read: one line naming the problem, the value and what is accepted, or a correct
+result; never a traceback, never a run that trains on something other than what was given."""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+from conftest import checksums, error_line
+from test_shards import _images, write_shards
+
+import vitlab.data.arrays
+from vitlab.data import sources
+from vitlab.data.shards import ShardReader, open_shards
+from vitlab.data.sources import load_data
+from vitlab.errors import VitlabError
+from vitlab.cli import main
+from vitlab.train import setup as run_setup
+from vitlab.train.feed import EpochPlan, ShardFeeder
+
+wds = pytest.importorskip("webdataset")
+TINY = ["--model", "vit_micro_patch2_8", "--batch-size", "16", "--precision", "fp32", "--threads", "1"]
+
+
+# ----------------------------------------------------------------------------------------------
+# every shard a run reads, read the same way: at the first look, while training, for the test split
+
+
+def _epoch(data) -> None:
+    """Read one training epoch of a shard bundle as a run does (in this process)."""
+    feeder = ShardFeeder(ShardReader(data.shards, workers=0), torch.device("cpu"), 0)
+    for _ in feeder.epoch(EpochPlan(data.num_train, 2, 0)):
+        pass
+
+
+def _info(folder, pattern_prefix: str, counts: list[int], classes: int = 3) -> None:
+    files = [f"{pattern_prefix}-{i:06d}.tar" for i in range(len(counts))]
+    (folder / "_info.json").write_text(json.dumps({"classes": [f"c{k}" for k in range(classes)], "splits": {
+        "train": {"filenames": files, "shard_lengths": counts}}}))
+
+
+@pytest.fixture
+def shards(tmp_path):
+    x, y = _images(60, 3, 0)
+    tx, ty = _images(12, 3, 1)
+    train = write_shards(tmp_path / "wds", "train", x, y, per_shard=20)
+    test = write_shards(tmp_path / "wds", "test", tx, ty, per_shard=12)
+    return tmp_path / "wds", train, test
+
+
+def test_a_train_shard_that_is_not_a_tar_is_one_line_wherever_it_is_read(shards, cache_dir, monkeypatch):
+    folder, train, test = shards
+    (folder / "train-000002.tar").write_bytes(os.urandom(20000))  # random bytes
+    with pytest.raises(VitlabError, match=r"train-000002.tar cannot be read as a tar file .*accepted: WebDataset"):
+        open_shards(train)  # counted by reading it
+    _info(folder, "train", [20, 20, 20])  # counted by _info.json: met while training
+    monkeypatch.setattr(sources, "PEEK", 4)
+    data = load_data(train, test_data=test, img_size=8, log=lambda m: None)
+    with pytest.raises(VitlabError, match=r"train-000002.tar cannot be read as a tar file"):
+        _epoch(data)
+    (folder / "train-000000.tar").write_bytes(os.urandom(20000))  # the first shard: met at the first look
+    with pytest.raises(VitlabError, match=r"train-000000.tar cannot be read as a tar file"):
+        load_data(train, test_data=test, img_size=8, log=lambda m: None)
+
+
+@pytest.mark.parametrize("label", [7, -1])
+def test_a_train_shards_label_outside_the_classes_is_one_line_as_a_test_shards_is(shards, cache_dir, monkeypatch,
+                                                                                   tmp_path, label):
+    folder, train, test = shards
+    x, y = _images(20, 3, 2)
+    y[13] = label
+    write_shards(folder, "train", x, y, per_shard=20)  # train-000000.tar again, one label outside 0..2
+    _info(folder, "train", [20, 20, 20])
+    monkeypatch.setattr(sources, "PEEK", 4)
+    data = load_data(train, test_data=test, img_size=8, log=lambda m: None)
+    with pytest.raises(VitlabError, match=rf"train-000000.tar: sample train00013 has label {label}, out of range; "
+                                          r"accepted: 0..2 \(the 3 classes"):
+        _epoch(data)
+    (folder / "_info.json").unlink()
+    (folder / "classes.txt").write_text("a\nb\nc\n")
+    with pytest.raises(VitlabError, match=rf"sample train00013 has label {label}, out of range"):
+        open_shards(train)
+
+
+def test_shard_lengths_that_undercount_the_shards_are_one_line(shards, cache_dir, monkeypatch):
+    folder, train, test = shards
+    _info(folder, "train", [20, 10, 20])  # 10 counted, 20 held
+    monkeypatch.setattr(sources, "PEEK", 4)
+    data = load_data(train, test_data=test, img_size=8, log=lambda m: None)
+    assert data.num_train == 50
+    with pytest.raises(VitlabError, match=r"train-000001.tar holds more than the 10 samples counted of it "
+                                          r"\(_info.json's shard_lengths undercount it"):
+        _epoch(data)
+    _info(folder, "train", [20, 20, 20])  # counted right: the epoch reads every image
+    _epoch(load_data(train, test_data=test, img_size=8, log=lambda m: None))
+
+
+def test_a_resume_after_a_shards_content_changed_is_refused(shards, cache_dir, capsys, monkeypatch):
+    folder, train, test = shards
+    monkeypatch.setattr(run_setup, "SHARD_WORKERS", 0)
+    out = folder.parent / "run"
+    argv = ["train", *TINY, "--data", train, "--test-data", test, "--out", str(out)]
+    assert main([*argv, "--epochs", "1"]) == 0
+    capsys.readouterr()
+    (out / "summary.json").unlink()  # as if stopped after its first epoch
+    os.rename(folder, folder.parent / "moved")  # a moved folder is the same data...
+    os.rename(folder.parent / "moved", folder)
+    x, y = _images(60, 3, 0)
+    write_shards(folder, "train", x[20:40], (y[20:40] + 1) % 3, per_shard=20)  # ...every label of a shard changed
+    os.rename(folder / "train-000000.tar", folder / "train-000001.tar")
+    write_shards(folder, "train", x[:20], y[:20], per_shard=20)  # the first shard as it was
+    before = checksums(out)
+    err = error_line(capsys, ["train", "--resume", str(out), "--epochs", "2"], after_log=True)
+    assert "changed since the run started" in err and "a shard was rewritten since" in err, err
+    assert checksums(out) == before
+
+
+# ----------------------------------------------------------------------------------------------
+# integer labels with no class names: a label far beyond the others is refused by every source, as Parquet's is
+
+
+def test_a_label_far_beyond_the_others_is_refused_by_arrays_and_shards_as_by_parquet(tmp_path, cache_dir):
+    x, y = _images(40, 3, 0)
+    y[17] = 1000
+    with pytest.raises(VitlabError, match=r"the arrays hold label 1000, which makes 1001 classes .*997 of them with "
+                                          r"no image .*accepted: labels 0..K-1 with images in each class, or "
+                                          r"class_names"):
+        vitlab.data.arrays.store_arrays((x, y), cache_dir=cache_dir, log=lambda m: None)
+    names = [str(k) for k in range(1001)]  # named, the classes are the user's own
+    assert vitlab.data.arrays.store_arrays((x, y), class_names=names, cache_dir=cache_dir, log=lambda m: None)
+    train = write_shards(tmp_path / "wds", "train", x, y, per_shard=20)
+    with pytest.raises(VitlabError, match=r"the shards of .* hold label 1000, which makes 1001 classes .*accepted: "
+                                          r"labels 0..K-1 with images in each class, or the class names in a "
+                                          r"classes.txt"):
+        open_shards(train)
