@@ -6,18 +6,17 @@ from __future__ import annotations
 import json
 import os
 
-import numpy as np
 import pytest
 import torch
 from conftest import checksums, error_line
 from test_shards import _images, write_shards
 
 import vitlab.data.arrays
+from vitlab.cli import main
 from vitlab.data import sources
 from vitlab.data.shards import ShardReader, open_shards
 from vitlab.data.sources import load_data
 from vitlab.errors import VitlabError
-from vitlab.cli import main
 from vitlab.train import setup as run_setup
 from vitlab.train.feed import EpochPlan, ShardFeeder
 
