@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from conftest import checksums, error_line
 from test_shards import _images, write_shards
 
+import vitlab
+import vitlab.api
 import vitlab.data.arrays
 from vitlab.cli import main
 from vitlab.data import sources
@@ -135,3 +139,90 @@ def test_a_label_far_beyond_the_others_is_refused_by_arrays_and_shards_as_by_par
                                           r"labels 0..K-1 with images in each class, or the class names in a "
                                           r"classes.txt"):
         open_shards(train)
+
+
+# ----------------------------------------------------------------------------------------------
+# the Python face of predict and evaluate takes what the command line takes, and says it as clearly
+
+
+CLASSIFIER = Path(__file__).parent / "fixtures" / "preprocess" / "hf_vit_exact_bilinear"  # 3x16x16, 5 classes
+
+
+@pytest.mark.parametrize("size", [0, -3, 2.5, True])
+def test_a_batch_size_below_one_is_one_line_for_predict_and_evaluate(size):
+    x = np.zeros((3, 16, 16, 3), np.uint8)
+    with pytest.raises(VitlabError, match=rf"batch_size {size!r} is not valid; accepted: an integer >= 1"):
+        vitlab.predict(str(CLASSIFIER), x, batch_size=size)
+    with pytest.raises(VitlabError, match=rf"batch_size {size!r} is not valid; accepted: an integer >= 1"):
+        vitlab.evaluate(str(CLASSIFIER), (x, np.zeros(3, np.int64)), batch_size=size)
+
+
+def test_predict_decodes_a_batch_at_a_time_as_the_command_line_does(tmp_path, monkeypatch):
+    from PIL import Image
+    files = []
+    for i in range(10):
+        Image.fromarray(np.full((20, 24, 3), 20 * i, np.uint8)).save(tmp_path / f"{i}.png")
+        files.append(tmp_path / f"{i}.png")
+    real, sizes = vitlab.api.decode_images, []
+
+    def counted(images, cfg):
+        sizes.append(len(images))
+        return real(images, cfg)
+    monkeypatch.setattr(vitlab.api, "decode_images", counted)
+    probs = vitlab.predict(str(CLASSIFIER), files, batch_size=4)
+    assert sizes == [4, 4, 2] and probs.shape == (10, 5)
+    whole = vitlab.predict(str(CLASSIFIER), files, batch_size=10)
+    assert np.allclose(probs, whole, atol=1e-5)
+
+
+def test_array_messages_say_what_was_given(tmp_path, monkeypatch):
+    x = np.zeros((5, 16, 16, 3), np.uint8)
+    with pytest.raises(VitlabError, match=r"an array of shape \(5, 16, 16\) is not one image .*\(N, H, W\): add "
+                                          r"their channel, x\[..., None\]"):
+        vitlab.predict(str(CLASSIFIER), x[..., 0])  # (N, H, W)
+    y = np.zeros(5, np.int64)
+    with pytest.raises(VitlabError, match=r"values in 0..240, already on the 0..255 scale: convert with "
+                                          r"x.round\(\).astype\('uint8'\)"):
+        vitlab.fit("vit_micro_patch2_8", (np.linspace(0, 240, 5 * 64).reshape(5, 8, 8, 1), y))
+    with pytest.raises(VitlabError, match=r"values in 0..1: convert with \(x \* 255\)"):
+        vitlab.fit("vit_micro_patch2_8", (np.linspace(0, 1, 5 * 64).reshape(5, 8, 8, 1), y))
+    with pytest.raises(VitlabError, match=r"images come in 2 shapes \(\(10, 10\), \(8, 8\)\); accepted: one shape"):
+        vitlab.fit("vit_micro_patch2_8", ([np.zeros((8, 8), np.uint8)] * 3 + [np.zeros((10, 10), np.uint8)] * 2, y))
+
+
+def test_an_encoder_given_to_evaluate_is_said_to_have_no_head(tmp_path, cache_dir):
+    folder = vitlab.save(vitlab.create_model("vit_micro_patch2_8", num_classes=0, embed_dim=16, depth=1,
+                                             num_heads=2, in_chans=1), tmp_path / "encoder")
+    x, y = np.zeros((4, 8, 8), np.uint8), np.array([0, 1, 0, 1])
+    for model in (str(folder), vitlab.load(folder)):
+        with pytest.raises(VitlabError, match=r"has no classifier head \(a pre-trained encoder\): nothing to evaluate"):
+            vitlab.evaluate(model, (x, y))
+    with pytest.raises(VitlabError, match=r"has no classifier head \(a pre-trained encoder\): nothing to evaluate"):
+        vitlab.evaluate(str(folder), "digits", cache_dir=cache_dir)
+
+
+def test_predict_names_a_symlink_loop_and_a_dangling_link_among_its_files(tmp_path, capsys):
+    (tmp_path / "loop.png").symlink_to(tmp_path / "loop.png")
+    (tmp_path / "gone.png").symlink_to(tmp_path / "nowhere.png")
+    line = error_line(capsys, ["predict", str(CLASSIFIER), str(tmp_path / "loop.png")])
+    assert f"{tmp_path / 'loop.png'} is a symlink loop (it leads back to itself)" in line
+    line = error_line(capsys, ["predict", str(CLASSIFIER), str(tmp_path / "gone.png")])
+    assert f"{tmp_path / 'gone.png'} is a symlink to {tmp_path / 'nowhere.png'}, which does not exist" in line
+    line = error_line(capsys, ["train", "--data", str(tmp_path / "loop.png"), "--out", str(tmp_path / "run")])
+    assert "is a symlink loop" in line
+
+
+def test_a_run_trained_on_a_relative_path_is_evaluated_from_another_folder(tmp_path, cache_dir, capsys, monkeypatch):
+    from test_run_folder import image_folder
+    (tmp_path / "here").mkdir()
+    image_folder(tmp_path / "here" / "photos", 6)
+    monkeypatch.chdir(tmp_path / "here")
+    out = tmp_path / "run"
+    assert main(["train", *TINY, "--epochs", "1", "--data", "photos", "--out", str(out)]) == 0
+    top1 = json.loads((out / "summary.json").read_text())["top1"]
+    monkeypatch.chdir(tmp_path)  # elsewhere: the run's data is where it was trained from
+    capsys.readouterr()
+    assert main(["eval", str(out)]) == 0
+    assert vitlab.evaluate(str(out))["top1"] == top1
+    line = error_line(capsys, ["eval", str(out), "--data", "photos"])  # named here, it is read from here
+    assert f"data source 'photos' (read from the current folder, {tmp_path})" in line

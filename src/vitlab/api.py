@@ -26,7 +26,7 @@ from .devices import PREDICT_BATCH, to_device
 from .errors import NotFoundError, VitlabError
 from .infer.eval import Options, evaluate_folder, evaluate_images, model_data
 from .infer.precision import inference_precision
-from .infer.predict import class_names, class_probabilities, decode_images
+from .infer.predict import check_batch_size, check_has_head, class_names, class_probabilities, decode_images
 from .models import list_models
 from .runs.figures import confusion_figure, curves_figure
 from .runs.folder import LOCK, STARTED, check_model_written, new_run_folder
@@ -145,6 +145,7 @@ def evaluate(model: ModelLike, data: Any = None, *, batch_size: int = 256, preci
                                 tta_translate=tta_translate)
         return {**found["heads"]["logits"], "heads": found["heads"], "data": found["data"]}
     module = loaded(model)
+    check_has_head(module, "the model" if isinstance(model, nn.Module) else model, "evaluate")
     if is_arrays(data):
         train, test = split_arrays(data)
         x, y = test if test is not None else train
@@ -172,11 +173,18 @@ def predict(model: ModelLike, images: Any, *, batch_size: int = PREDICT_BATCH, p
         probs = vitlab.predict(result.model, x_test[:8])      # or "cat.png", or [PIL.Image.open(...)]
         probs.argmax(1)                                        # class indices; vitlab names: model.pretrained_cfg
     """
+    batch_size = check_batch_size(batch_size)
     module = classifier(model)
-    x = decode_images(images, module.pretrained_cfg)
     folder = None if isinstance(model, nn.Module) else model
     precision = inference_precision(module, precision, next(module.parameters()).device, folder)
-    return torch.cat([class_probabilities(module, b, precision=precision).cpu() for b in x.split(batch_size)]).numpy()
+    many = isinstance(images, (list, tuple)) or (isinstance(images, (np.ndarray, torch.Tensor)) and images.ndim == 4)
+    items = images if many else [images]
+    if not len(items):
+        decode_images(items, module.pretrained_cfg)  # the one line for no images
+    # decoded a batch at a time, as `vitlab predict` does: memory stays that of one batch however many files
+    return torch.cat([class_probabilities(module, decode_images(items[i:i + batch_size], module.pretrained_cfg),
+                                          precision=precision).cpu()
+                      for i in range(0, len(items), batch_size)]).numpy()
 
 
 def explain(model: ModelLike, image: Any, method: str = "rollout", *, target_class: int | None = None,

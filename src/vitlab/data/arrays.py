@@ -54,9 +54,9 @@ def pair(data: Any, name: str) -> tuple[np.ndarray, np.ndarray]:
 
 def images_nchw(x: Any, name: str = "images") -> np.ndarray:
     """uint8 (N, H, W, C) or (N, H, W) as (N, C, H, W); one line naming the shape or dtype otherwise."""
-    x = np.asarray(x)
+    x = as_array(x, name)
     if x.dtype != np.uint8:
-        hint = " (scale to 0..255 and convert: (x * 255).round().astype('uint8'))" if x.dtype.kind == "f" else ""
+        hint = f" ({float_advice(x)})" if x.dtype.kind == "f" else ""
         raise VitlabError(f"{name} of dtype {x.dtype} are not valid; accepted: uint8{hint}")
     if x.ndim == 3:
         x = x[..., None]
@@ -66,9 +66,37 @@ def images_nchw(x: Any, name: str = "images") -> np.ndarray:
     return np.ascontiguousarray(x.transpose(0, 3, 1, 2))
 
 
+def as_array(x: Any, name: str) -> np.ndarray:
+    """``np.asarray(x)``; a list of arrays of different shapes is one line naming the shapes (numpy's own words are
+    "inhomogeneous shape")."""
+    try:
+        return np.asarray(x)
+    except ValueError:
+        shapes = sorted({np.shape(i) for i in x}, key=str) if isinstance(x, (list, tuple)) else []
+        if len(shapes) < 2:
+            raise
+        raise VitlabError(f"{name} come in {len(shapes)} shapes ({', '.join(map(str, shapes[:4]))}"
+                          f"{', ...' if len(shapes) > 4 else ''}); accepted: one shape for all (resize them to one "
+                          "size first)") from None
+
+
+def float_advice(x: np.ndarray) -> str:
+    """How to bring float images to uint8, fitting the values given: 0..1 scaled by 255, 0..255 rounded as they are,
+    anything else stretched from its own range."""
+    lo, hi = (float(np.nanmin(x)), float(np.nanmax(x))) if x.size else (0.0, 1.0)
+    if not (np.isfinite(lo) and np.isfinite(hi)):
+        return "they hold NaN or Inf: replace those first"
+    if lo >= 0 and hi <= 1:
+        return "values in 0..1: convert with (x * 255).round().astype('uint8')"
+    if lo >= 0 and hi <= 255:
+        return f"values in 0..{hi:g}, already on the 0..255 scale: convert with x.round().astype('uint8')"
+    return (f"values in {lo:g}..{hi:g}: bring them to 0..255 first, e.g. ((x - x.min()) / (x.max() - x.min()) * 255)"
+            ".round().astype('uint8')")
+
+
 def labels_of(y: Any, n: int, name: str = "labels") -> np.ndarray:
     """Integer labels (N,) or (N, 1) as int64 (N,), each >= 0."""
-    y = np.asarray(y)
+    y = as_array(y, name)
     if y.ndim == 2 and y.shape[1] == 1:
         y = y[:, 0]
     if y.dtype.kind not in "iu" or y.ndim != 1:

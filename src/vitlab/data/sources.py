@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from ..atomic import DiskFullError
-from ..errors import VitlabError
+from ..errors import VitlabError, not_a_file
 from ..progress import progress_bar
 from .cache import (
     CACHE_VERSION,
@@ -240,7 +240,10 @@ def _resolve(source: str, cache: Path, download: bool, log: Log) -> _Source:
         return _Source("cifar", source, str(folder), cifar=(source, folder))
     path = Path(source).expanduser()
     if not path.exists():
-        raise VitlabError(f"data source {source!r} is neither a built-in data set ({', '.join(DATASETS)}) "
+        if path.is_symlink():
+            raise not_a_file(path, "data source", "an image folder, archive, Parquet or CSV/TSV file, or a link to one")
+        where = "" if path.is_absolute() else f" (read from the current folder, {os.getcwd()})"
+        raise VitlabError(f"data source {source!r}{where} is neither a built-in data set ({', '.join(DATASETS)}) "
                           "nor an existing image folder, archive, Parquet or CSV/TSV file, or store folder")
     path = path.resolve()
     if path.is_dir():

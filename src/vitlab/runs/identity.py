@@ -49,7 +49,7 @@ def recipe_record(config: dict[str, Any]) -> dict[str, Any]:
 
 def new_identity(data: dict[str, Any] | None, built_from: dict[str, Any] | None = None) -> dict[str, Any]:
     """run.json's values for a run that starts now (``built_from``: ``models_built_from``'s)."""
-    return {"run_id": secrets.token_hex(8), "data": data, "threads": torch.get_num_threads(),
+    return {"run_id": secrets.token_hex(8), "data": data, "threads": torch.get_num_threads(), "cwd": os.getcwd(),
             **({"built_from": built_from} if built_from else {})}
 
 
