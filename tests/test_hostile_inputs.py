@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+import yaml
 from conftest import checksums, error_line
 from test_shards import _images, write_shards
 
@@ -21,8 +25,11 @@ from vitlab.data import sources
 from vitlab.data.shards import ShardReader, open_shards
 from vitlab.data.sources import load_data
 from vitlab.errors import VitlabError
+from vitlab.studies.runner import calibrate
+from vitlab.train import load_recipe
 from vitlab.train import setup as run_setup
 from vitlab.train.feed import EpochPlan, ShardFeeder
+from vitlab.train.lora import apply_lora
 
 wds = pytest.importorskip("webdataset")
 TINY = ["--model", "vit_micro_patch2_8", "--batch-size", "16", "--precision", "fp32", "--threads", "1"]
@@ -226,3 +233,87 @@ def test_a_run_trained_on_a_relative_path_is_evaluated_from_another_folder(tmp_p
     assert vitlab.evaluate(str(out))["top1"] == top1
     line = error_line(capsys, ["eval", str(out), "--data", "photos"])  # named here, it is read from here
     assert f"data source 'photos' (read from the current folder, {tmp_path})" in line
+
+
+# ----------------------------------------------------------------------------------------------
+# an option given is used, or refused: never recorded and ignored
+
+
+@pytest.mark.parametrize("argv, named", [
+    (["--steps", "6", "--epochs", "1"], "epochs=1"), (["--time-budget", "1", "--epochs", "2"], "epochs=2"),
+    (["--budget-counts", "training"], "budget_counts='training'"), (["--lora-targets", "qkv"], "lora_targets='qkv'"),
+    (["--lookahead-decay", "0.9"], "lookahead_decay=0.9"), (["--plateau-factor", "0.3"], "plateau_factor=0.3"),
+    (["--progressive-until", "0.3"], "progressive_until=0.3"),
+])
+def test_an_option_given_that_the_run_would_not_use_is_refused(tmp_path, capsys, argv, named):
+    line = error_line(capsys, ["train", "--data", "digits", *argv, "--out", str(tmp_path / "run")])
+    assert f"{named} is given but would not be used" in line and "accepted: leave it out" in line
+    assert not (tmp_path / "run").exists()
+    with pytest.raises(VitlabError, match=f"{named} is given but would not be used"):
+        vitlab.fit("vit_micro_patch2_8", "digits", out=tmp_path / "api",
+                   **{a.removeprefix("--").replace("-", "_"): yaml.safe_load(v) for a, v in zip(argv[::2], argv[1::2])})
+    recipe = tmp_path / "recipe.yaml"  # the same in a recipe file
+    recipe.write_text(yaml.safe_dump({a.removeprefix("--").replace("-", "_"): yaml.safe_load(v)
+                                      for a, v in zip(argv[::2], argv[1::2])}))
+    line = error_line(capsys, ["train", "--data", "digits", "--config", str(recipe), "--out", str(tmp_path / "run")])
+    assert f"{named} in recipe {recipe} is given but would not be used" in line
+
+
+def test_a_recipe_files_epochs_give_way_to_a_budget_on_the_command_line(tmp_path):
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("epochs: 10\n")
+    assert load_recipe(recipe, strict=True, time_budget=2).time_budget == 2  # as recipes/cifar10_airbench.yaml says
+
+
+def test_lora_is_refused_where_it_cannot_adapt_a_pretrained_model(tmp_path):
+    pytest.importorskip("peft")
+    with pytest.raises(VitlabError, match=r"lora=4 adapts a pretrained model: give --init MODEL"):
+        load_recipe(None, lora=4)
+    recipe = load_recipe(None, init=str(tmp_path / "init"), lora=100000)
+    with pytest.raises(VitlabError, match=r"lora=100000: LoRA adapts Linear layers, and AirBench has none outside its "
+                                          r"head .*accepted: a model with Linear layers"):
+        apply_lora(vitlab.create_model("airbench_32", num_classes=3), recipe, print)
+    with pytest.raises(VitlabError, match=r"lora=100000 is above the width of blocks.0.attn.proj \(64 in, 64 out\); "
+                                          r"accepted: a rank of 1..64"):
+        apply_lora(vitlab.create_model("vit_micro_patch2_8", num_classes=3), recipe, print)
+
+
+# ----------------------------------------------------------------------------------------------
+# a study's inputs: its seeds and budgets, its calibration file
+
+
+@pytest.mark.parametrize("option, value, said", [
+    ("--seeds", "0,0", "seeds 0,0 are not valid (0 twice)"), ("--seeds", "1,-1", "seeds 1,-1 are not valid"),
+    ("--pretrain-budgets", "1,1", "pretrain budgets 1.0,1.0 are not valid")])
+def test_a_study_refuses_a_seed_or_budget_given_twice(tmp_path, capsys, option, value, said):
+    name = "pretrain" if option == "--pretrain-budgets" else "pos-embed"
+    line = error_line(capsys, ["study", name, option, value, "--out", str(tmp_path / "s")])
+    assert said in line and "accepted:" in line
+
+
+@pytest.mark.parametrize("rate", ["fast", 1e12, None, True])
+def test_a_calibration_file_edited_by_hand_is_one_line_naming_it(tmp_path, rate):
+    common = {"data": "digits", "threads": 1, "time_budget": 1.0}
+    key = "digits, 1 thread(s) per run"
+    entry = {"images_per_minute": 6000.0, "measured_with": "x", "seconds": 6.0, "steps": 9, "images": 600}
+    (tmp_path / "calibration.json").write_text(json.dumps({key: entry}))
+    assert calibrate(tmp_path, common, print) == entry  # as vitlab wrote it: read back
+    (tmp_path / "calibration.json").write_text(json.dumps({key: {**entry, "images_per_minute": rate}}))
+    with pytest.raises(VitlabError, match=re.escape(f"{tmp_path / 'calibration.json'}: the entry '{key}' holds "
+                                                    f"images_per_minute {rate!r}, not the rate vitlab measured")):
+        calibrate(tmp_path, common, print)
+
+
+@pytest.mark.slow
+def test_a_pipe_closed_by_its_reader_ends_the_command_quietly():
+    """`vitlab models 'vit_*' | head -1`: the reader has what it wanted; no 'broken pipe' error, the status of a
+    command SIGPIPE stopped (141), as `yes | head -1` ends."""
+    read, write = os.pipe()
+    os.close(read)  # the reader gone before the first line
+    try:
+        env = {**os.environ, "PYTHONPATH": str(Path(vitlab.__file__).parents[1])}
+        ran = subprocess.run([sys.executable, "-m", "vitlab", "models", "vit_*"], stdout=write, stderr=subprocess.PIPE,
+                             text=True, timeout=120, env=env)
+    finally:
+        os.close(write)
+    assert ran.returncode == 141 and ran.stderr == ""

@@ -254,7 +254,8 @@ def new_recipe(model: ModelLike, data: Any, out: str | os.PathLike | None, names
     if names is not None and not is_arrays(data):
         raise VitlabError("class_names names the classes of arrays; a data source names its own")
     values["data"] = "arrays" if is_arrays(data) else os.fspath(data)
-    checked_recipe = load_recipe(None, out=str(folder), **values)  # every option checked before anything is written
+    # every option checked before anything is written
+    checked_recipe = load_recipe(None, strict=True, out=str(folder), **values)
     check_new_folder(folder)
     if is_arrays(data):
         values["data"] = str(store_arrays(data, class_names=names, cache_dir=checked_recipe.cache_dir,
@@ -325,7 +326,7 @@ def resumed_recipe(folder: str | os.PathLike, given: dict[str, Any], refused: Se
         if new is not None and not _number(new) >= old:
             raise VitlabError(f"{named(name)} {new!r} is not valid on {named('resume')}; accepted: a number >= the "
                               f"run's {old!r}")
-    return load_recipe(folder / CONFIG_YAML, out=str(folder), **given)
+    return load_recipe(folder / CONFIG_YAML, strict=True, out=str(folder), **given)
 
 
 def _number(value: Any) -> float:

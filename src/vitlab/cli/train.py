@@ -68,7 +68,7 @@ def recipe_of(args: argparse.Namespace):
     given = {name: getattr(args, name) for name in [*FIELDS, *AUGMENT_FIELDS] if name not in SKIP}
     if args.model_arg:
         given["model_args"] = parse_model_args(args.model_arg)
-    return load_recipe(args.config, out=args.out, **given)
+    return load_recipe(args.config, strict=True, out=args.out, **given)
 
 
 def run(args: argparse.Namespace) -> int:
