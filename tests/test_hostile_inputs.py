@@ -317,3 +317,28 @@ def test_a_pipe_closed_by_its_reader_ends_the_command_quietly():
     finally:
         os.close(write)
     assert ran.returncode == 141 and ran.stderr == ""
+
+
+def test_a_forked_worker_does_not_hold_its_parents_lock(tmp_path):
+    """A DataLoader worker (forked) that outlives a run killed with -9 must not keep the run's lock: an immediate
+    --resume would be refused naming a dead pid."""
+    import multiprocessing
+    import time
+
+    from vitlab.runs.folder import take_lock
+    fd = take_lock(tmp_path / ".vitlab.lock")
+    ctx = multiprocessing.get_context("fork")
+    started = ctx.Event()
+
+    def work():
+        started.set()
+        time.sleep(30)
+    worker = ctx.Process(target=work)
+    worker.start()
+    try:
+        assert started.wait(20)
+        os.close(fd)  # the run dies (the kernel closes its files); its worker lives on
+        os.close(take_lock(tmp_path / ".vitlab.lock"))  # free at once
+    finally:
+        worker.kill()
+        worker.join()
