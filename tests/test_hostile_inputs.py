@@ -342,3 +342,23 @@ def test_a_forked_worker_does_not_hold_its_parents_lock(tmp_path):
     finally:
         worker.kill()
         worker.join()
+
+
+@pytest.mark.parametrize("size", ["100B", "3KB"])
+def test_pack_closes_a_shard_at_the_size_its_archive_holds(tmp_path, cache_dir, size):
+    """--shard-size counts what a shard's tar holds (headers and contents), not the file's position, which lags
+    10 KB behind in tarfile's buffer: a shard stops at the first sample that reaches the size."""
+    import tarfile
+
+    from test_pack import _folder
+
+    from vitlab.data.pack import pack, parse_size
+    limit = parse_size(size)
+    info = pack(_folder(tmp_path / "folder", 6, 2), tmp_path / "wds", shard_size=limit, log=lambda m: None)
+    for name, count in zip(info["splits"]["train"]["filenames"], info["splits"]["train"]["shard_lengths"]):
+        with tarfile.open(tmp_path / "wds" / name) as tar:
+            ends = [m.offset_data + -(-m.size // 512) * 512 for m in tar.getmembers()]
+        per_sample = [ends[i] for i in range(1, len(ends), 2)]  # each sample: its image, then its .cls
+        assert len(per_sample) == count and all(end < limit for end in per_sample[:-1]), (name, per_sample)
+    if limit < 1024:
+        assert info["splits"]["train"]["shard_lengths"] == [1] * 18  # one sample a shard
