@@ -26,7 +26,7 @@ from vitlab.data.shards import ShardReader, open_shards
 from vitlab.data.sources import load_data
 from vitlab.errors import VitlabError
 from vitlab.studies.runner import calibrate
-from vitlab.train import load_recipe
+from vitlab.train import load_recipe, train
 from vitlab.train import setup as run_setup
 from vitlab.train.feed import EpochPlan, ShardFeeder
 from vitlab.train.lora import apply_lora
@@ -362,3 +362,17 @@ def test_pack_closes_a_shard_at_the_size_its_archive_holds(tmp_path, cache_dir, 
         assert len(per_sample) == count and all(end < limit for end in per_sample[:-1]), (name, per_sample)
     if limit < 1024:
         assert info["splits"]["train"]["shard_lengths"] == [1] * 18  # one sample a shard
+
+
+def test_a_pretraining_run_of_one_image_is_told_what_works(tmp_path, cache_dir):
+    from PIL import Image
+    (tmp_path / "one" / "a").mkdir(parents=True)
+    Image.fromarray(np.zeros((16, 16, 3), np.uint8)).save(tmp_path / "one" / "a" / "0.png")
+    lines = []
+    recipe = load_recipe(None, pretrain="dino", data=str(tmp_path / "one"), model="vit_micro_patch2_8", epochs=1,
+                         threads=1, precision="fp32", out=str(tmp_path / "run"))
+    with pytest.raises(VitlabError, match=r"leaves no test images \(1 training images, val_fraction 0.2\); accepted: "
+                                          r"more images, or --val-fraction 0"):
+        train(recipe, log=lines.append)
+    assert any("val_fraction 0.2 holds out no image of a class of one image" in line for line in lines), lines
+    assert not any("val_fraction=0" in line or "val_fraction 0 " in line for line in lines), lines

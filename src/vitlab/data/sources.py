@@ -319,14 +319,15 @@ def load_data(source: str | os.PathLike = "digits", *, img_size: int | tuple[int
             except ValueError as e:
                 log(f"{e}; rebuilding it")
                 continue
-            return _bundle(store, train_size, f"from cache {path} in {time.perf_counter() - t0:.2f} s", log)
+            return _bundle(store, train_size, f"from cache {path} in {time.perf_counter() - t0:.2f} s", log,
+                           val_fraction)
 
     header = {"name": src.name, "source": src.origin, "kind": src.kind, "fit": fit,
               "fingerprint": identity_digest(ident), "fingerprint_of": where, "cache_version": CACHE_VERSION}
     settle(ident)  # what is read from here on is what the fingerprint stands for
     store = _build(src, header, keys, cache, stored, fit, in_chans, val_fraction, seed, workers, log, listing)
     how = f"decoded from {src.origin} in {time.perf_counter() - t0:.1f} s, stored in {store.path}"
-    return _bundle(store, train_size, how, log)
+    return _bundle(store, train_size, how, log, val_fraction)
 
 
 def _usable_std(std: list[float], log: Log) -> tuple[float, ...]:
@@ -362,7 +363,8 @@ def _check_no_empty_class(store: Store) -> None:
                           f"{eg}; fix the files or remove the class")
 
 
-def _bundle(store: Store, img_size: tuple[int, int] | None, how: str, log: Log) -> DataBundle:
+def _bundle(store: Store, img_size: tuple[int, int] | None, how: str, log: Log,
+            val_fraction: float | None = None) -> DataBundle:
     """A bundle over an opened store, and the line that says what was loaded."""
     h = store.header
     bundle = DataBundle(h["name"], ImageSet(*store.split("train")), ImageSet(*store.split("test")),
@@ -378,8 +380,10 @@ def _bundle(store: Store, img_size: tuple[int, int] | None, how: str, log: Log) 
         log(f"warning: {bundle.name} has one class ({bundle.classes[0]!r}): every prediction is right, so its "
             "accuracy says nothing; a classifier needs two or more")
     if len(bundle.test.labels) == 0:
-        log(f"warning: the test split of {bundle.name} is empty (a class of one image stays in training, and "
-            "val_fraction=0 holds out nothing): there is nothing to evaluate on")
+        why = ("val_fraction 0 holds out nothing" if val_fraction == 0 else
+               f"val_fraction {val_fraction:g} holds out no image of a class of one image, which stays in training"
+               if val_fraction is not None else "a class of one image stays in training")
+        log(f"warning: the test split of {bundle.name} is empty ({why}): there is nothing to evaluate on")
     log(f"{bundle.name}: {len(bundle.train.labels)} train / {len(bundle.test.labels)} test images, {c}x{sh}x{sw}"
         f"{train_at}, {'unlabelled' if bundle.unlabelled else f'{len(bundle.classes)} classes'}{skipped} ({how})")
     return bundle
