@@ -376,3 +376,23 @@ def test_a_pretraining_run_of_one_image_is_told_what_works(tmp_path, cache_dir):
         train(recipe, log=lines.append)
     assert any("val_fraction 0.2 holds out no image of a class of one image" in line for line in lines), lines
     assert not any("val_fraction=0" in line or "val_fraction 0 " in line for line in lines), lines
+
+
+@pytest.mark.parametrize("info, said", [
+    ({"shard_lengths": ["ten", 20, 20]}, "shard_lengths gives 'ten' for train-000000.tar"),
+    ({"shard_lengths": [-5, 20, 20]}, "shard_lengths gives -5"), ({"shard_lengths": [10.7, 20, 20]}, "shard_lengths gives 10.7"),
+    ({"shard_lengths": [None, 20, 20]}, "shard_lengths gives None"), ({"classes": "abc"}, "'classes' is abc"),
+    ({"classes": ["a", "a", "b"]}, "'classes' is ['a', 'a', 'b'] (a twice)"),
+    ({"mean": ["x", 0.5, 0.5]}, "mean is ['x', 0.5, 0.5]"),
+])
+def test_an_info_json_field_of_the_wrong_kind_is_one_line_naming_it(shards, cache_dir, info, said):
+    folder, train, test = shards
+    files = [f"train-{i:06d}.tar" for i in range(3)]
+    value = {"classes": ["c0", "c1", "c2"], "splits": {"train": {"filenames": files, "shard_lengths": [20, 20, 20]}}}
+    if "shard_lengths" in info:
+        value["splits"]["train"]["shard_lengths"] = info["shard_lengths"]
+    else:
+        value.update(info)
+    (folder / "_info.json").write_text(json.dumps(value))
+    with pytest.raises(VitlabError, match=re.escape(f"{folder / '_info.json'}: {said}")):
+        load_data(train, test_data=test, img_size=8, log=lambda m: None)

@@ -132,7 +132,13 @@ def read_info(urls: list[str]) -> tuple[dict[str, Any], list[str] | None]:
             raise VitlabError(f"{folder / INFO} is unreadable ({e}); accepted: the JSON vitlab data pack writes, "
                               "or no such file") from None
         info = info if isinstance(info, dict) else {}
-    names = info.get("classes") if isinstance(info.get("classes"), list) else None
+    names = info.get("classes")
+    if names is not None and (not isinstance(names, list) or not names or len(set(map(str, names))) != len(names)
+                              or not all(isinstance(n, (str, int)) and not isinstance(n, bool) for n in names)):
+        twice = sorted({str(n) for n in names if list(names).count(n) > 1}) if isinstance(names, list) else []
+        raise VitlabError(f"{folder / INFO}: 'classes' is {str(names)[:80]}"
+                          f"{f' ({chr(44).join(twice[:3])} twice)' if twice else ''}; accepted: a list of distinct "
+                          "class names, one for each label 0, 1, ...")
     if names is None and (folder / CLASSES).is_file():
         names = [n.strip() for n in (folder / CLASSES).read_text().splitlines() if n.strip()]
     return info, [str(n) for n in names] if names is not None else None
@@ -145,7 +151,15 @@ def _known_counts(info: dict[str, Any], urls: list[str]) -> list[int] | None:
         if isinstance(split, dict):
             lengths.update(zip(split.get("filenames", []), split.get("shard_lengths", [])))
     names = [os.path.basename(u) for u in urls]
-    return [int(lengths[n]) for n in names] if all(n in lengths for n in names) else None
+    if not all(n in lengths for n in names):
+        return None
+    bad = next((n for n in names if isinstance(lengths[n], bool) or not isinstance(lengths[n], int)
+                or lengths[n] < 0), None)
+    if bad is not None:
+        raise VitlabError(f"{Path(urls[0]).parent / INFO}: shard_lengths gives {lengths[bad]!r} for {bad}; accepted: "
+                          "a whole number >= 0 for each shard, as vitlab data pack writes it (or no _info.json: the "
+                          "shards are then counted)")
+    return [int(lengths[n]) for n in names]
 
 
 def open_shards(pattern: str, labels: bool = False) -> ShardSet:

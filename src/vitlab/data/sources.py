@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
 import re
 import time
@@ -591,6 +592,11 @@ def _load_shards(source: str, test_data: str | None, how: _Decoding, cache: Path
                           f"{len(shards.classes)} classes of {train_pattern}; accepted: shards of the same classes")
     store = _test_store(test, shards.classes, (len(test.labels), how.chans, *stored), how, cache, log)
     mean, std = shards.info.get("mean"), shards.info.get("std")
+    for key, values in (("mean", mean), ("std", std)):
+        if values is not None and not (isinstance(values, list) and values and all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values)):
+            raise VitlabError(f"{Path(shards.urls[0]).parent / INFO_NAME}: {key} is {str(values)[:80]}; accepted: "
+                              "finite numbers, one per channel, or none (estimated from the images)")
     if not (isinstance(mean, list) and isinstance(std, list) and len(mean) == len(std) == how.chans):
         mean, std = mean_std(x)
         log(f"channel mean and std estimated from the first {len(x)} training images ({INFO_NAME} records none)")
