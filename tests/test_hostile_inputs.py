@@ -380,7 +380,8 @@ def test_a_pretraining_run_of_one_image_is_told_what_works(tmp_path, cache_dir):
 
 @pytest.mark.parametrize("info, said", [
     ({"shard_lengths": ["ten", 20, 20]}, "shard_lengths gives 'ten' for train-000000.tar"),
-    ({"shard_lengths": [-5, 20, 20]}, "shard_lengths gives -5"), ({"shard_lengths": [10.7, 20, 20]}, "shard_lengths gives 10.7"),
+    ({"shard_lengths": [-5, 20, 20]}, "shard_lengths gives -5"),
+    ({"shard_lengths": [10.7, 20, 20]}, "shard_lengths gives 10.7"),
     ({"shard_lengths": [None, 20, 20]}, "shard_lengths gives None"), ({"classes": "abc"}, "'classes' is abc"),
     ({"classes": ["a", "a", "b"]}, "'classes' is ['a', 'a', 'b'] (a twice)"),
     ({"mean": ["x", 0.5, 0.5]}, "mean is ['x', 0.5, 0.5]"),
