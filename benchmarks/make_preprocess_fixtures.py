@@ -52,6 +52,10 @@ HF = {
                                         resample=3)),
 }
 
+# name -> transformers class of a one-channel ViT saved with a 3-value mean and std
+GREY = {"hf_vit_grey_rgb_mean_classifier": "ViTForImageClassification", "hf_vit_grey_rgb_mean_model": "ViTModel"}
+GREY_STAT = [0.5, 0.5, 0.5]
+
 
 def image() -> Image.Image:
     """A 61x37 (W x H) image with structure at every scale: a gradient, a disc, noise."""
@@ -69,9 +73,11 @@ def perturb(model: torch.nn.Module) -> torch.nn.Module:
     return model.eval()
 
 
-def write_io(folder: Path, pixels: torch.Tensor, out: torch.Tensor) -> None:
-    image().save(folder / "image.png")
-    save_file({"pixels": pixels.contiguous(), "probabilities": out.float().softmax(-1).contiguous()},
+def write_io(folder: Path, pixels: torch.Tensor, out: torch.Tensor | None, picture: Image.Image | None = None,
+             **more: torch.Tensor) -> None:
+    (picture or image()).save(folder / "image.png")
+    probabilities = {} if out is None else {"probabilities": out.float().softmax(-1).contiguous()}
+    save_file({"pixels": pixels.contiguous(), **probabilities, **{k: v.contiguous() for k, v in more.items()}},
               folder / "io.safetensors")
 
 
@@ -102,15 +108,46 @@ def hf_folder(name: str, cls: str, config_cls: str, config: dict[str, Any], proc
         write_io(folder, pixels, out.logits if hasattr(out, "logits") else out.image_embeds)
 
 
+def hf_grey_folder(name: str, cls: str) -> None:
+    folder = OUT / name
+    config = transformers.ViTConfig(**HF_TINY, num_channels=1, **({"num_labels": 5} if "Classification" in cls else {}))
+    ref = perturb(getattr(transformers, cls)(config))
+    ref.save_pretrained(folder)
+    processor = transformers.ViTImageProcessor(size={"height": 16, "width": 16}, resample=2, image_mean=GREY_STAT,
+                                               image_std=GREY_STAT)
+    processor.save_pretrained(folder)
+    saved = json.loads((folder / "preprocessor_config.json").read_text())
+    assert saved["image_mean"] == saved["image_std"] == GREY_STAT, saved
+    back = getattr(transformers, cls).from_pretrained(folder).eval()
+    grey = image().convert("L")
+    loaded = transformers.AutoImageProcessor.from_pretrained(folder)
+    try:  # the statistic as saved, three values for one channel: transformers' processor refuses it
+        loaded(grey, return_tensors="pt")
+        raise AssertionError(f"{name}: transformers now normalises one channel by three values")
+    except (RuntimeError, ValueError):
+        pass
+    pixels = loaded(grey, image_mean=GREY_STAT[0], image_std=GREY_STAT[0], return_tensors="pt")["pixel_values"]
+    assert pixels.shape == (1, 1, 16, 16), pixels.shape
+    with torch.no_grad():
+        classifier = "Classification" in cls
+        hidden = (back.vit if classifier else back)(pixel_values=pixels).last_hidden_state
+        write_io(folder, pixels, back(pixel_values=pixels).logits if classifier else None, grey, features=hidden)
+
+
 def main() -> int:
     logging.getLogger("timm").setLevel(logging.ERROR)
     transformers.utils.logging.disable_progress_bar()
     torch.set_num_threads(1)
-    for seed, (name, spec) in enumerate({**TIMM, **HF}.items()):
+    only = sys.argv[1:]
+    for seed, (name, spec) in enumerate({**TIMM, **HF, **GREY}.items()):
+        if only and name not in only:
+            continue
         torch.manual_seed(seed)
         shutil.rmtree(OUT / name, ignore_errors=True)
         if name in TIMM:
             timm_folder(name, spec)
+        elif name in GREY:
+            hf_grey_folder(name, spec)
         else:
             hf_folder(name, *spec)
         cfg = json.loads((OUT / name / "config.json").read_text())

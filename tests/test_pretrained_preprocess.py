@@ -1,6 +1,7 @@
 """predict and eval prepare images as the model's pretrained config says: crop_pct, interpolation, mean, std, labels."""
 
 import json
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import vitlab
 from vitlab.data.augment import normalize
 from vitlab.data.decode import read_image
 from vitlab.data.views import Preprocess, crop_offsets, resized_size, scale_size
+from vitlab.errors import VitlabError
 from vitlab.infer.predict import predict_files, prepare_image
 
 
@@ -268,3 +270,35 @@ def test_eval_decodes_a_folder_by_the_checkpoints_rule(tmp_path, cache_dir):
             (tmp_path / "data" / split / f"c{c}" / "0.png").write_bytes((folder / "image.png").read_bytes())
     result = evaluate_folder(folder, str(tmp_path / "data"), cache_dir=str(cache_dir))
     assert result["heads"]["logits"]["loss"] == pytest.approx(float(-probs.log().mean()), abs=1e-4)
+
+
+@pytest.mark.parametrize("fixture", ["hf_vit_grey_rgb_mean_classifier", "hf_vit_grey_rgb_mean_model"])
+def test_a_one_channel_hf_vit_saved_with_a_three_value_mean_loads_and_matches_transformers(fixture, tmp_path):
+    """transformers saves image_mean/std [0.5, 0.5, 0.5] with a one-channel ViT (greyscale fine-tunes on the Hub):
+    the value the three agree on is the one statistic such a model can apply, so the folder loads and gives what
+    transformers' model gives on its processor's pixels; three values that differ cannot be applied, and are
+    refused naming the file."""
+    folder = PEERS / fixture
+    io = load_file(folder / "io.safetensors")
+    model = vitlab.load(folder)
+    assert model.pretrained_cfg["input_size"][0] == 1
+    assert tuple(model.pretrained_cfg["mean"]) == tuple(model.pretrained_cfg["std"]) == (0.5,)
+    prep = Preprocess.from_cfg(model.pretrained_cfg)
+    x = read_image(folder / "image.png", prep.size, 1, prep.fit)[None]
+    pixels = normalize(x, model.pretrained_cfg["mean"], model.pretrained_cfg["std"])
+    off = (pixels - io["pixels"]).abs()  # the processor's pixels, made by vitlab's preprocessing (to a grey level)
+    assert off.max() <= 2 / 255 + 1e-6 and off.mean() < 1e-3
+    with torch.no_grad():
+        assert (model.forward_features(io["pixels"]) - io["features"]).abs().max() < 1e-4
+    if "probabilities" in io:
+        result = predict_files(folder, [folder / "image.png"], top_k=100)[0]
+        got = {int(p["class"]): p["probability"] for p in result["top"]}
+        assert max(abs(got[i] - float(p)) for i, p in enumerate(io["probabilities"][0])) < 1e-4
+    bad = tmp_path / "bad"
+    shutil.copytree(folder, bad)
+    processor = json.loads((bad / "preprocessor_config.json").read_text())
+    processor["image_mean"] = [0.485, 0.456, 0.406]
+    (bad / "preprocessor_config.json").write_text(json.dumps(processor))
+    with pytest.raises(VitlabError, match=r"preprocessor_config.json: pretrained_cfg mean is .*accepted: 1 finite "
+                                          r"number .*or 3 equal ones"):
+        vitlab.load(bad)

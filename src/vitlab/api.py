@@ -28,7 +28,14 @@ from .devices import PREDICT_BATCH, to_device
 from .errors import NotFoundError, VitlabError
 from .infer.eval import Options, evaluate_folder, evaluate_images, model_data
 from .infer.precision import inference_precision
-from .infer.predict import class_names, class_probabilities, decode_images, is_grey_batch
+from .infer.predict import (
+    check_batch_size,
+    check_has_head,
+    class_names,
+    class_probabilities,
+    decode_images,
+    is_grey_batch,
+)
 from .models import list_models
 from .runs.figures import confusion_figure, curves_figure
 from .runs.folder import LOCK, STARTED, check_model_written, new_run_folder
@@ -51,6 +58,7 @@ from .train.recipe import (
     SECTIONS,
     SUPERVISED_ONLY,
     Recipe,
+    check_given,
     default_words,
     field_default,
     load_recipe,
@@ -203,6 +211,7 @@ def evaluate(model: ModelLike, data: Any = None, *, batch_size: int | None = Non
                                 tta_translate=tta_translate)
         return {**found["heads"]["logits"], "heads": found["heads"], "data": found["data"]}
     module = loaded(model)
+    check_has_head(module, "the model" if isinstance(model, nn.Module) else model, "evaluate")
     if is_arrays(data):
         train, test = split_arrays(data, say)
         x, y = test if test is not None else train
@@ -231,11 +240,18 @@ def predict(model: ModelLike, images: Any, *, batch_size: int = PREDICT_BATCH, p
         probs = vitlab.predict(result.model, x_test[:8])      # or "cat.png", or [PIL.Image.open(...)]
         probs.argmax(1)                                        # class indices; vitlab names: model.pretrained_cfg
     """
+    batch_size = check_batch_size(batch_size)
     module = classifier(model)
-    x = decode_images(images, module.pretrained_cfg)
     folder = None if isinstance(model, nn.Module) else model
     precision = inference_precision(module, precision, next(module.parameters()).device, folder)
-    return torch.cat([class_probabilities(module, b, precision=precision).cpu() for b in x.split(batch_size)]).numpy()
+    many = isinstance(images, (list, tuple)) or (isinstance(images, (np.ndarray, torch.Tensor)) and images.ndim == 4)
+    items = images if many else [images]
+    if not len(items):
+        decode_images(items, module.pretrained_cfg)  # the one line for no images
+    # decoded a batch at a time, as `vitlab predict` does: memory stays that of one batch however many files
+    return torch.cat([class_probabilities(module, decode_images(items[i:i + batch_size], module.pretrained_cfg),
+                                          precision=precision).cpu()
+                      for i in range(0, len(items), batch_size)]).numpy()
 
 
 def explain(model: ModelLike, image: Any, method: str = "rollout", *, target_class: int | None = None,
@@ -390,7 +406,8 @@ def new_recipe(model: ModelLike, data: Any, out: str | os.PathLike | None, names
     if names is not None and not is_arrays(data):
         raise VitlabError("class_names names the classes of arrays; a data source names its own")
     values["data"] = "arrays" if is_arrays(data) else os.fspath(data)
-    checked_recipe = load_recipe(None, out=str(folder), **values)  # every option checked before anything is written
+    # every option checked before anything is written
+    checked_recipe = load_recipe(None, strict=not auto, out=str(folder), **values)
     check_new_folder(folder)
     if is_arrays(data):
         values["data"] = str(store_arrays(data, class_names=names, cache_dir=checked_recipe.cache_dir,
@@ -401,7 +418,9 @@ def new_recipe(model: ModelLike, data: Any, out: str | os.PathLike | None, names
         values = auto_values(recipe_values(None, out=None if out is None else str(folder), **values), say)
         if out is None:
             values["out"] = str(new_run_folder(values["model"]))
-        return make_recipe(values)
+        recipe = make_recipe(values)
+        check_given(recipe, None, options)  # an option given that the chosen recipe would not use
+        return recipe
     return load_recipe(None, out=str(folder), **values)
 
 
@@ -466,7 +485,7 @@ def resumed_recipe(folder: str | os.PathLike, given: dict[str, Any], refused: Se
     if given.get("time_budget") is not None and not _number(given["time_budget"]) > 0:
         raise VitlabError(f"{named('time_budget')} {given['time_budget']!r} is not valid on {named('resume')}; "
                           "accepted: minutes > 0 (fewer than trained: the run ends with its final evaluation)")
-    return load_recipe(folder / CONFIG_YAML, out=str(folder), **given)
+    return load_recipe(folder / CONFIG_YAML, strict=True, out=str(folder), **given)
 
 
 def reopen(folder: Path, options: dict[str, Any]) -> None:

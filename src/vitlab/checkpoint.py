@@ -382,16 +382,26 @@ def _numbers(value: Any) -> list[float] | None:
 
 def check_preprocess(preprocess: dict[str, Any], model: nn.Module, where: Path) -> None:
     """One line naming the file and the field for a mean or std that would make the input NaN or Inf (std 0, text,
-    of another channel count) and for label names that are not one per class."""
+    of another channel count) and for label names that are not one per class.
+
+    A one-channel model's statistic given once per RGB channel, the three values the same (Hugging Face's processors
+    save [0.5, 0.5, 0.5] whatever the model's channels), is that value: the one statistic it can apply. Three values
+    that differ cannot be applied to one channel and are refused."""
     chans = model.pretrained_cfg["input_size"][0]
+    source = preprocess.get("preprocess_from")
+    where = source if isinstance(source, str) and source.endswith(".json") else where
     for key in ("mean", "std"):
         if key not in preprocess:
             continue
         values = _numbers(preprocess[key])
+        if values is not None and chans == 1 and len(values) == 3 and len(set(values)) == 1:
+            preprocess[key] = (values[0],)
+            values = [values[0]]
         if values is None or len(values) not in (1, chans) or (key == "std" and min(values) <= 0):
             each = ", each > 0" if key == "std" else ""
+            rgb = " or 3 equal ones (one per RGB channel)" if chans == 1 else ""
             raise VitlabError(f"{where}: pretrained_cfg {key} is {quote(preprocess[key])}; accepted: {chans} finite "
-                              f"number{'s' if chans > 1 else ''} (one per input channel){each}")
+                              f"number{'s' if chans > 1 else ''} (one per input channel){rgb}{each}")
     names = preprocess.get("label_names")
     if names and model.num_classes and (not isinstance(names, (list, tuple)) or len(names) != model.num_classes
                                         or not all(isinstance(n, str) for n in names)):

@@ -119,6 +119,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"vitlab {args.command}: error: this needs the Python package {e.name!r}, which is not installed; "
               f"install it: pip install {PACKAGES.get(e.name or '', e.name)}", file=sys.stderr)
         return 2
+    except BrokenPipeError as e:
+        if not stdout_closed():  # another pipe (a worker's, a child's): a failure like any other
+            print(f"vitlab {args.command}: error: {clip_quotes(os_error_line(e))}", file=sys.stderr)
+            return 1
+        # the reader of the output went away (`vitlab models | head -1`): what it read is what it wanted; end
+        # quietly, as a command killed by SIGPIPE does, with nothing more written to the closed pipe at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
     except OSError as e:  # the file system failed the work (a full disk, say): the line says which file and why
         print(f"vitlab {args.command}: error: {clip_quotes(os_error_line(e))}", file=sys.stderr)
         return 1
@@ -208,6 +216,17 @@ def os_error_line(e: OSError) -> str:
     where = f"{e.filename}: " if e.filename is not None else ""
     advice = ADVICE.get(e.errno)
     return f"{where}{e.strerror.lower()}" + (f"; {advice}" if advice else "")
+
+
+def stdout_closed() -> bool:
+    """Whether standard output is a pipe whose reader has gone (poll says POLLERR for its write end)."""
+    import select
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(event & select.POLLERR for _, event in poller.poll(0))
+    except (OSError, ValueError, AttributeError):  # no file descriptor (a captured stdout): not a closed pipe
+        return False
 
 
 def check_writable(path: str, option: str) -> None:

@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     if args.model_arg:
         given["model_args"] = train_cli.parse_model_args(args.model_arg)
     options = train_cli.parse_model_args(args.pretrain_arg or [], "--pretrain-arg", "mask_ratio=0.75")
-    recipe = train_cli.in_folder(load_recipe(args.config, out=args.out, pretrain=args.method,
+    recipe = train_cli.in_folder(load_recipe(args.config, strict=True, out=args.out, pretrain=args.method,
                                              pretrain_args=options or None, **given))
     args.out = recipe.out  # as train's: the 'interrupted' line names the run folder
     train_cli.finished(train(recipe), recipe.out)

@@ -67,13 +67,15 @@ def recipe_of(args: argparse.Namespace):
     without a model (nor --init), the one the rule table chooses for the data and the budget (train/auto.py)."""
     from ..progress import log_line
     from ..train.auto import auto_values
-    from ..train.recipe import make_recipe, recipe_values
+    from ..train.recipe import check_given, make_recipe, recipe_values
     given = {name: getattr(args, name) for name in [*FIELDS, *AUGMENT_FIELDS] if name not in SKIP}
     if args.model_arg:
         given["model_args"] = parse_model_args(args.model_arg)
     values = recipe_values(args.config, out=args.out, **given)
     make_recipe(values)  # every option checked before the data is read for the choice
-    return make_recipe(auto_values(values, log_line))
+    recipe = make_recipe(auto_values(values, log_line))
+    check_given(recipe, args.config, {"out": args.out, **given})  # an option given that the run would not use
+    return recipe
 
 
 def run(args: argparse.Namespace) -> int:

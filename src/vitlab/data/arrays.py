@@ -23,6 +23,7 @@ import torch
 from ..errors import VitlabError
 from .cache import CACHE_VERSION, cache_key, default_cache_dir
 from .download import Log
+from .labels import check_no_empty_classes
 from .sources import _stratified_split
 from .store import build_store
 
@@ -192,6 +193,7 @@ def class_list(labels: Sequence[np.ndarray], class_names: Sequence[str] | None) 
     """The class names: ``class_names``, or "0".."K-1" for K the largest label + 1."""
     k = max((int(y.max()) + 1 for y in labels if len(y)), default=0)
     if class_names is None:
+        check_no_empty_classes(np.concatenate(labels), "the arrays", "class_names naming each class")
         return [str(i) for i in range(k)]
     names = [str(c) for c in class_names]
     if len(names) < k or len(set(names)) != len(names):

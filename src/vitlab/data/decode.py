@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from PIL import ExifTags, Image, ImageOps
 
-from ..errors import VitlabError
+from ..errors import VitlabError, not_a_file
 from ..progress import progress_bar
 from .views import INTERPOLATIONS, crop_offsets, parse_fit, resized_size
 
@@ -159,7 +159,7 @@ def read_image(path: str | os.PathLike, img_size: int | tuple[int, int] | None =
         raise VitlabError(f"in_chans must be 1 (grayscale) or 3 (RGB), got {in_chans!r}")
     path = Path(path)
     if not path.is_file():
-        raise VitlabError(f"image {path} does not exist or is not a file")
+        raise not_a_file(path, "image", f"an image file ({' '.join(IMAGE_EXTENSIONS)})")
     try:
         arr = _decode(str(path), tuple(img_size) if img_size else None, in_chans, fit)
     except Exception as e:  # noqa: BLE001 - report any decoder failure as an unreadable file

@@ -72,7 +72,9 @@ class _Shards:
             self._open()
         self.sink.write({"__key__": key, suffix: data, "cls": str(label).encode()})
         self.counts[-1] += 1
-        if self.file.tell() >= self.shard_size:
+        # the archive's own count of what it holds (headers and padded contents): the file's position lags behind
+        # it by what tarfile keeps in its record buffer (10 KB)
+        if self.sink.tarstream.offset >= self.shard_size:
             self.close()
 
     def _open(self) -> None:

@@ -34,6 +34,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from ..errors import VitlabError
 from .decode import decode_image
+from .labels import check_no_empty_classes
 
 IMAGE_SUFFIXES = ("jpg", "jpeg", "png", "webp")
 LABEL_SUFFIXES = ("cls", "json")
@@ -131,7 +132,13 @@ def read_info(urls: list[str]) -> tuple[dict[str, Any], list[str] | None]:
             raise VitlabError(f"{folder / INFO} is unreadable ({e}); accepted: the JSON vitlab data pack writes, "
                               "or no such file") from None
         info = info if isinstance(info, dict) else {}
-    names = info.get("classes") if isinstance(info.get("classes"), list) else None
+    names = info.get("classes")
+    if names is not None and (not isinstance(names, list) or not names or len(set(map(str, names))) != len(names)
+                              or not all(isinstance(n, (str, int)) and not isinstance(n, bool) for n in names)):
+        twice = sorted({str(n) for n in names if list(names).count(n) > 1}) if isinstance(names, list) else []
+        raise VitlabError(f"{folder / INFO}: 'classes' is {str(names)[:80]}"
+                          f"{f' ({chr(44).join(twice[:3])} twice)' if twice else ''}; accepted: a list of distinct "
+                          "class names, one for each label 0, 1, ...")
     if names is None and (folder / CLASSES).is_file():
         names = [n.strip() for n in (folder / CLASSES).read_text().splitlines() if n.strip()]
     return info, [str(n) for n in names] if names is not None else None
@@ -144,7 +151,15 @@ def _known_counts(info: dict[str, Any], urls: list[str]) -> list[int] | None:
         if isinstance(split, dict):
             lengths.update(zip(split.get("filenames", []), split.get("shard_lengths", [])))
     names = [os.path.basename(u) for u in urls]
-    return [int(lengths[n]) for n in names] if all(n in lengths for n in names) else None
+    if not all(n in lengths for n in names):
+        return None
+    bad = next((n for n in names if isinstance(lengths[n], bool) or not isinstance(lengths[n], int)
+                or lengths[n] < 0), None)
+    if bad is not None:
+        raise VitlabError(f"{Path(urls[0]).parent / INFO}: shard_lengths gives {lengths[bad]!r} for {bad}; accepted: "
+                          "a whole number >= 0 for each shard, as vitlab data pack writes it (or no _info.json: the "
+                          "shards are then counted)")
+    return [int(lengths[n]) for n in names]
 
 
 def open_shards(pattern: str, labels: bool = False) -> ShardSet:
@@ -165,6 +180,8 @@ def open_shards(pattern: str, labels: bool = False) -> ShardSet:
         if labels is None:
             raise VitlabError(f"{pattern}: _info.json gives the shards' lengths but no classes; accepted: its "
                               "'classes' list or a classes.txt beside the shards")
+        check_no_empty_classes(labels, f"the shards of {pattern}", "the class names in a classes.txt beside the "
+                               "shards (one a line)")
         classes = [str(k) for k in range(int(labels.max()) + 1)]
     if labels is not None and len(labels) and labels.max() >= len(classes):
         raise VitlabError(f"{pattern}: label {int(labels.max())} is out of range for the {len(classes)} classes "
@@ -223,21 +240,32 @@ def _image_suffix(sample: dict[str, Any]) -> str | None:
 
 def label_of(sample: dict[str, Any], url: str, key: str, classes: list[str] | None = None) -> int:
     """A sample's class index from its ``.cls`` (an integer) or ``.json`` (``label``/``cls``: an integer, or a
-    class name when ``classes`` are known); one line naming the shard and key when it has none."""
+    class name when ``classes`` are known); one line naming the shard and key when it has none, or one outside
+    the ``classes`` (or below 0)."""
     try:
         if sample.get("cls") is not None:
-            return int(sample["cls"].decode().strip())
-        if sample.get("json") is not None:
+            value = int(sample["cls"].decode().strip())
+        elif sample.get("json") is not None:
             meta = json.loads(sample["json"])
             value = next(meta[k] for k in ("label", "cls", "class") if k in meta) if isinstance(meta, dict) else meta
             if isinstance(value, str) and classes and value in classes:
                 return classes.index(value)
-            return int(value)
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise TypeError(value)
+            value = int(value)
+        else:
+            value = None
     except (ValueError, StopIteration, TypeError, UnicodeDecodeError):
         raise VitlabError(f"shard {url}: sample {key} has an unreadable label; accepted: KEY.cls holding an integer "
                           "or KEY.json holding {\"label\": integer}") from None
-    raise VitlabError(f"shard {url}: sample {key} has no label; accepted: KEY.cls (the class index) or KEY.json "
-                      "({\"label\": index}) beside each image")
+    if value is None:
+        raise VitlabError(f"shard {url}: sample {key} has no label; accepted: KEY.cls (the class index) or KEY.json "
+                          "({\"label\": index}) beside each image")
+    if value < 0 or (classes and value >= len(classes)):
+        accepted = (f"0..{len(classes) - 1} (the {len(classes)} classes named beside the shards)" if classes else
+                    "class indices 0, 1, ...")
+        raise VitlabError(f"shard {url}: sample {key} has label {value}, out of range; accepted: {accepted}")
+    return value
 
 
 # ----------------------------------------------------------------------------------------------
@@ -280,22 +308,33 @@ def epoch_pieces(counts: list[int], seed: int, rank: int, world: int, worker: in
     return pieces
 
 
-def read_piece(url: str, piece: Piece) -> Iterator[tuple[str, dict[str, Any]]]:
-    """(key, {suffix: bytes}) of the piece's samples, in order; those before it are passed over undecoded."""
+def read_piece(url: str, piece: Piece, count: int | None = None) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(key, {suffix: bytes}) of the piece's samples, in order; those before it are passed over undecoded. With the
+    shard's ``count`` (what was counted of it), a piece that ends the shard checks that no sample follows: a shard
+    holding more than counted (an ``_info.json`` that undercounts it) is one line, never samples left unread."""
     wds = _webdataset()
-    files = wds.tariterators.tar_file_expander(wds.tariterators.url_opener([{"url": url}]))
-    k = 0
-    for sample in wds.tariterators.group_by_keys(files):
-        if _image_suffix(sample) is None:
-            continue
-        if k >= piece.stop:
-            break
-        if k >= piece.start:
-            yield sample["__key__"], sample
-        k += 1
+    k, more = 0, False
+    try:
+        files = wds.tariterators.tar_file_expander(wds.tariterators.url_opener([{"url": url}]))
+        for sample in wds.tariterators.group_by_keys(files):
+            if _image_suffix(sample) is None:
+                continue
+            if k >= piece.stop:
+                more = True
+                break
+            if k >= piece.start:
+                yield sample["__key__"], sample
+            k += 1
+    except (tarfile.TarError, OSError) as e:
+        raise VitlabError(f"shard {url} cannot be read as a tar file ({type(e).__name__}: {e.args[0] if e.args else e})"
+                          "; accepted: WebDataset .tar shards") from None
     if k < piece.stop:
         raise VitlabError(f"shard {url} holds {k} samples, {piece.stop} were counted (it changed since, or "
                           f"_info.json is out of date); accepted: shards as listed")
+    if more and count is not None and piece.stop >= count:
+        raise VitlabError(f"shard {url} holds more than the {count} samples counted of it (_info.json's shard_lengths "
+                          "undercount it, or it changed since); accepted: shard_lengths as the shards hold, or no "
+                          "_info.json (the shards are then counted)")
 
 
 def shuffled(samples: Iterator[Any], size: int, rng: np.random.Generator) -> Iterator[Any]:
@@ -404,7 +443,7 @@ class ShardReader(IterableDataset):
         def samples():
             for p in pieces:
                 url = s.urls[p.shard]
-                for k, (key, sample) in enumerate(read_piece(url, p)):
+                for k, (key, sample) in enumerate(read_piece(url, p, s.counts[p.shard])):
                     yield int(offsets[p.shard]) + p.start + k, url, key, sample
 
         try:

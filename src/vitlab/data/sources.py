@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
+import math
 import os
 import re
 import time
@@ -31,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from ..atomic import DiskFullError
-from ..errors import VitlabError
+from ..errors import VitlabError, not_a_file
 from ..progress import progress_bar
 from .cache import (
     CACHE_VERSION,
@@ -239,7 +241,10 @@ def _resolve(source: str, cache: Path, download: bool, log: Log) -> _Source:
         return _Source("cifar", source, str(folder), cifar=(source, folder))
     path = Path(source).expanduser()
     if not path.exists():
-        raise VitlabError(f"data source {source!r} is neither a built-in data set ({', '.join(DATASETS)}) "
+        if path.is_symlink():
+            raise not_a_file(path, "data source", "an image folder, archive, Parquet or CSV/TSV file, or a link to one")
+        where = "" if path.is_absolute() else f" (read from the current folder, {os.getcwd()})"
+        raise VitlabError(f"data source {source!r}{where} is neither a built-in data set ({', '.join(DATASETS)}) "
                           "nor an existing image folder, archive, Parquet or CSV/TSV file, or store folder")
     path = path.resolve()
     if path.is_dir():
@@ -315,14 +320,15 @@ def load_data(source: str | os.PathLike = "digits", *, img_size: int | tuple[int
             except ValueError as e:
                 log(f"{e}; rebuilding it")
                 continue
-            return _bundle(store, train_size, f"from cache {path} in {time.perf_counter() - t0:.2f} s", log)
+            return _bundle(store, train_size, f"from cache {path} in {time.perf_counter() - t0:.2f} s", log,
+                           val_fraction)
 
     header = {"name": src.name, "source": src.origin, "kind": src.kind, "fit": fit,
               "fingerprint": identity_digest(ident), "fingerprint_of": where, "cache_version": CACHE_VERSION}
     settle(ident)  # what is read from here on is what the fingerprint stands for
     store = _build(src, header, keys, cache, stored, fit, in_chans, val_fraction, seed, workers, log, listing)
     how = f"decoded from {src.origin} in {time.perf_counter() - t0:.1f} s, stored in {store.path}"
-    return _bundle(store, train_size, how, log)
+    return _bundle(store, train_size, how, log, val_fraction)
 
 
 def _usable_std(std: list[float], log: Log) -> tuple[float, ...]:
@@ -358,7 +364,8 @@ def _check_no_empty_class(store: Store) -> None:
                           f"{eg}; fix the files or remove the class")
 
 
-def _bundle(store: Store, img_size: tuple[int, int] | None, how: str, log: Log) -> DataBundle:
+def _bundle(store: Store, img_size: tuple[int, int] | None, how: str, log: Log,
+            val_fraction: float | None = None) -> DataBundle:
     """A bundle over an opened store, and the line that says what was loaded."""
     h = store.header
     bundle = DataBundle(h["name"], ImageSet(*store.split("train")), ImageSet(*store.split("test")),
@@ -374,8 +381,10 @@ def _bundle(store: Store, img_size: tuple[int, int] | None, how: str, log: Log) 
         log(f"warning: {bundle.name} has one class ({bundle.classes[0]!r}): every prediction is right, so its "
             "accuracy says nothing; a classifier needs two or more")
     if len(bundle.test.labels) == 0:
-        log(f"warning: the test split of {bundle.name} is empty (a class of one image stays in training, and "
-            "val_fraction=0 holds out nothing): there is nothing to evaluate on")
+        why = ("val_fraction 0 holds out nothing" if val_fraction == 0 else
+               f"val_fraction {val_fraction:g} holds out no image of a class of one image, which stays in training"
+               if val_fraction is not None else "a class of one image stays in training")
+        log(f"warning: the test split of {bundle.name} is empty ({why}): there is nothing to evaluate on")
     log(f"{bundle.name}: {len(bundle.train.labels)} train / {len(bundle.test.labels)} test images, {c}x{sh}x{sw}"
         f"{train_at}, {'unlabelled' if bundle.unlabelled else f'{len(bundle.classes)} classes'}{skipped} ({how})")
     return bundle
@@ -583,6 +592,11 @@ def _load_shards(source: str, test_data: str | None, how: _Decoding, cache: Path
                           f"{len(shards.classes)} classes of {train_pattern}; accepted: shards of the same classes")
     store = _test_store(test, shards.classes, (len(test.labels), how.chans, *stored), how, cache, log)
     mean, std = shards.info.get("mean"), shards.info.get("std")
+    for key, values in (("mean", mean), ("std", std)):
+        if values is not None and not (isinstance(values, list) and values and all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values)):
+            raise VitlabError(f"{Path(shards.urls[0]).parent / INFO_NAME}: {key} is {str(values)[:80]}; accepted: "
+                              "finite numbers, one per channel, or none (estimated from the images)")
     if not (isinstance(mean, list) and isinstance(std, list) and len(mean) == len(std) == how.chans):
         mean, std = mean_std(x)
         log(f"channel mean and std estimated from the first {len(x)} training images ({INFO_NAME} records none)")
@@ -590,7 +604,8 @@ def _load_shards(source: str, test_data: str | None, how: _Decoding, cache: Path
                                                                 shard_identity(test.urls)]),
              "classes": list(shards.classes), "num_train": shards.count, "num_test": len(test.labels),
              "labels_sha256": hashlib.sha256(np.asarray(shards.counts, np.int64).tobytes()
-                                             + store.labels.tobytes()).hexdigest()}
+                                             + store.labels.tobytes()).hexdigest(),
+             "contents_sha256": shard_contents(shards.urls + test.urls)}
     bundle = DataBundle(Path(train_pattern.split("::")[0].removeprefix("wds:")).parent.name or "shards",
                         ImageSet(x, y), ImageSet(*store.split("test")), [printable(c) for c in shards.classes],
                         tuple(float(v) for v in mean), _usable_std(list(std), log), 0, source,
@@ -607,6 +622,15 @@ INFO_NAME = "_info.json"
 def shard_identity(urls: list[str]) -> list:
     """What identifies shards: their names and, for local ones, each file's size, times and inode."""
     return [[u, *(files_fingerprint([u])[0] or [])] if not u.startswith(("pipe:", "http")) else [u] for u in urls]
+
+
+def shard_contents(urls: list[str]) -> str:
+    """What a run holds its shards to beyond their names and counts: each local shard's file name, size and
+    modification time (a shard rewritten with other labels or images has another), not its folder (a moved folder
+    is the same data)."""
+    stats = [[os.path.basename(u), *(files_fingerprint([u])[0] or [None, None])[:2]] for u in urls
+             if not u.startswith(("pipe:", "http"))]
+    return hashlib.sha256(json.dumps(stats).encode()).hexdigest()
 
 
 def _test_store(test: ShardSet, classes: list[str], shape: tuple[int, ...], how: _Decoding, cache: Path,

@@ -20,7 +20,7 @@ from ..runs.folder import check_model_written, claim_folder
 from ..runs.format import CONFUSION_PNG, EvalSummary, read_split, write_summary
 from ..runs.identity import check_data
 from .precision import cast_for_inference, inference_precision
-from .predict import class_names
+from .predict import check_batch_size, check_has_head, class_names
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,8 @@ def evaluate_images(model: torch.nn.Module, images: torch.Tensor, labels: torch.
     ``data``, labelled by ``classes``: images of another size are brought to the model's by its own rule, and the
     labels are mapped onto the model's classes by name where it names them. Logits that hold a NaN or an Inf are
     refused (ValueError naming ``source``), never scored."""
+    check_has_head(model, source, "evaluate")
+    check_batch_size(options.batch_size)
     prep = Preprocess.from_cfg(model.pretrained_cfg)
     if tuple(images.shape[-2:]) != prep.size:  # a store folder of another size
         images = torch.cat([prep.apply(x) for x in images.split(1024)] or [images])
@@ -93,6 +95,7 @@ def evaluate_folder(model_path: str | os.PathLike, data: str | None = None, out:
 def _evaluate(model_path, data, out, batch_size, precision, cache_dir, download, tta, device, tta_translate) -> dict:
     if tta_translate and not tta:
         raise VitlabError(f"tta_translate={tta_translate} needs --tta; accepted without it: 0")
+    check_batch_size(batch_size)
     split = read_split(model_path)
     own = data is None
     data = data or split.get("data")
@@ -105,6 +108,7 @@ def _evaluate(model_path, data, out, batch_size, precision, cache_dir, download,
     dev = resolve_device(device)
     check_model_written(model_path)
     model = checkpoint.load(model_path).to(dev)
+    check_has_head(model, model_path, "evaluate")
     bundle = model_data(model, data, split, cache_dir, download)
     check_data(model_path, bundle.identity, "evaluate", own)
     precision = inference_precision(model, precision, dev, model_path)  # auto: the run's own, else the rule

@@ -29,6 +29,23 @@ def class_names(model: torch.nn.Module) -> list[str]:
     return list(names) if names else [str(i) for i in range(model.num_classes)]
 
 
+def check_batch_size(batch_size: object) -> int:
+    """``batch_size`` as given to predict or evaluate, refused in one line unless an integer >= 1."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+        raise VitlabError(f"batch_size {batch_size!r} is not valid; accepted: an integer >= 1")
+    return int(batch_size)
+
+
+def check_has_head(model: torch.nn.Module, name: object, what: str) -> None:
+    """One line for a model without a classifier head (a pre-trained encoder) given to ``what`` (predict,
+    evaluate): it has no classes to score, and saying so beats "predicts 0 classes"."""
+    if getattr(model, "num_classes", 0) == 0:
+        folder = name if isinstance(name, (str, os.PathLike)) and name != "the model" else "ENCODER"
+        raise VitlabError(f"{name} has no classifier head (a pre-trained encoder): nothing to {what}; accepted: a "
+                          f"classifier, e.g. one fine-tuned with `vitlab train --init {folder}` (or judge the "
+                          f"encoder's features with `vitlab probe {folder}`)")
+
+
 def prepare_image(image: torch.Tensor, cfg: dict) -> torch.Tensor:
     """uint8 (C, H0, W0) -> uint8 (C, h, w) for a model of pretrained config ``cfg``: its ``Preprocess`` (resize
     rule, crop_pct, interpolation) applied to a decoded image."""
@@ -62,7 +79,12 @@ def decode_images(images: Any, cfg: dict) -> torch.Tensor:
             continue
         if isinstance(image, Image.Image):
             image = np.asarray(image.convert("RGB" if chans == 3 else "L"))
-        x = torch.from_numpy(images_nchw(np.asarray(image)[None], "an image"))[0]
+        array = np.asarray(image)
+        if array.ndim == 3 and array.shape[-1] not in (1, 3):  # (N, H, W) or channels first: not one image
+            raise VitlabError(f"an array of shape {array.shape} is not one image (H, W, C) with C 1 or 3; accepted: "
+                              "(H, W, C) or (H, W) for one image, (N, H, W, C) for several (N one-channel images "
+                              "(N, H, W): add their channel, x[..., None])")
+        x = torch.from_numpy(images_nchw(array[None], "an image"))[0]
         if x.shape[0] != chans:
             raise VitlabError(f"an image of {x.shape[0]} channel(s) is not valid for this model; accepted: {chans} "
                               "channel(s), a file or a PIL image (converted)")
@@ -102,14 +124,11 @@ def predict_files(model_path: str | os.PathLike, images: Sequence[str | os.PathL
     """
     if not images:
         raise VitlabError("no images given; accepted: one image file or more")
-    if batch_size < 1:
-        raise VitlabError(f"batch size {batch_size} is not valid; accepted: an integer >= 1")
+    check_batch_size(batch_size)
     dev = resolve_device(device)
     check_model_written(model_path)
     model = checkpoint.load(model_path).to(dev)
-    if model.num_classes == 0:
-        raise VitlabError(f"{model_path} has no classifier head (a pre-trained encoder): nothing to predict; "
-                          f"accepted: a classifier, e.g. one fine-tuned with `vitlab train --init {model_path}`")
+    check_has_head(model, model_path, "predict")
     cfg = model.pretrained_cfg
     names = class_names(model)
     prep = Preprocess.from_cfg(cfg)

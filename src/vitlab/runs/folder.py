@@ -140,6 +140,24 @@ class LockHeld(Exception):
         self.pid = pid
 
 
+# the lock fds this process holds, each with its file's (device, inode): a forked child (a DataLoader worker, a
+# decoding pool's process) closes its copies at once, so that a child outliving its parent (kill -9) does not hold
+# the parent's lock until it notices; closing a copy leaves the parent's lock held
+_HELD: dict[int, tuple[int, int]] = {}
+
+
+def _close_inherited_locks() -> None:
+    for fd, ident in list(_HELD.items()):
+        with contextlib.suppress(OSError):
+            st = os.fstat(fd)
+            if (st.st_dev, st.st_ino) == ident:  # still the lock file, not another file given the same number
+                os.close(fd)
+    _HELD.clear()
+
+
+os.register_at_fork(after_in_child=_close_inherited_locks)
+
+
 def take_lock(path: Path) -> int:
     """An fd holding an exclusive ``flock`` on the file ``path`` (made if missing), which the kernel releases when
     the fd is closed or the process ends, however it ends; raises LockHeld when another process holds it."""
@@ -154,6 +172,8 @@ def take_lock(path: Path) -> int:
                 raise
             raise LockHeld(_pid(text)) from None
         if _is_at(fd, path):
+            st = os.fstat(fd)
+            _HELD[fd] = (st.st_dev, st.st_ino)
             return fd
         os.close(fd)  # its holder removed the file as this process opened it: lock the one there now
 
@@ -170,6 +190,7 @@ def release_lock(path: Path, fd: int) -> None:
     with contextlib.suppress(OSError):
         if _is_at(fd, path):
             path.unlink()
+    _HELD.pop(fd, None)
     os.close(fd)
 
 

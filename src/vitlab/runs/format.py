@@ -296,7 +296,35 @@ def read_split(folder: str | os.PathLike) -> dict[str, Any]:
     config.yaml, as ``load_data`` keywords (``data`` aside); {} for a folder that is not a run (a model folder)."""
     folder = Path(folder)
     cfg = read_config(folder) if folder.is_dir() else {}
-    return {k: cfg[k] for k in ("data", "seed", "val_fraction", "test_data") if cfg.get(k) is not None}
+    split = {k: cfg[k] for k in ("data", "seed", "val_fraction", "test_data") if cfg.get(k) is not None}
+    trained_in = _trained_in(folder) if cfg else None
+    for key in ("data", "test_data"):
+        if trained_in and isinstance(split.get(key), str):
+            split[key] = from_where_trained(split[key], trained_in)
+    return split
+
+
+def _trained_in(folder: Path) -> str | None:
+    """The working folder a run was trained from (run.json's ``cwd``), where it recorded one."""
+    try:
+        cwd = json.loads((folder / "run.json").read_text()).get("cwd")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return cwd if isinstance(cwd, str) else None
+
+
+def from_where_trained(source: str, trained_in: str) -> str:
+    """A run's relative data path as the run read it: relative to the folder it was trained from, where it is not
+    found from the current folder (a run evaluated from elsewhere); built-in names, URLs and absolute paths as
+    they are."""
+    prefix = "wds:" if source.startswith("wds:") else ""
+    path = source[len(prefix):]
+    if not path or os.path.isabs(path) or path.startswith("~") or "://" in path or path.startswith("pipe:"):
+        return source
+    probe = Path(path.split("{")[0]).parent if "{" in path else Path(path)  # a brace pattern: its folder
+    if os.path.lexists(probe) or not os.path.lexists(Path(trained_in) / probe):
+        return source
+    return prefix + str(Path(trained_in) / path)
 
 
 def read_summary(folder: Path) -> Summary:

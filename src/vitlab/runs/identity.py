@@ -49,7 +49,7 @@ def recipe_record(config: dict[str, Any]) -> dict[str, Any]:
 
 def new_identity(data: dict[str, Any] | None, built_from: dict[str, Any] | None = None) -> dict[str, Any]:
     """run.json's values for a run that starts now (``built_from``: ``models_built_from``'s)."""
-    return {"run_id": secrets.token_hex(8), "data": data, "threads": torch.get_num_threads(),
+    return {"run_id": secrets.token_hex(8), "data": data, "threads": torch.get_num_threads(), "cwd": os.getcwd(),
             **({"built_from": built_from} if built_from else {})}
 
 
@@ -152,6 +152,8 @@ def data_change(recorded: dict[str, Any] | None, now: dict[str, Any] | None) -> 
                 f"{recorded['num_train']} / {recorded['num_test']}")
     if recorded.get("labels_sha256") != now.get("labels_sha256"):
         return "its images are now split differently"
+    if "contents_sha256" in recorded and recorded["contents_sha256"] != now.get("contents_sha256"):
+        return "a shard was rewritten since (its size or modification time is not the one the run read)"
     return None  # the files moved or were touched: the same listing, split the same way
 
 

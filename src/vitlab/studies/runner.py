@@ -335,8 +335,8 @@ def calibrate(out: Path, common: dict[str, Any], log: Callable[[str], None], arm
     path, key = out / CALIBRATION, f"{common['data']}, {common['threads']} thread(s) per run"
     key += f", {method} pre-training" if method else ""
     recorded = read_json_object(path) if path.is_file() else {}
-    if isinstance(recorded.get(key), dict) and (recorded[key].get("images_per_minute") or 0) > 0:
-        return recorded[key]
+    if key in recorded:
+        return recorded_rate(path, key, recorded[key])
     seconds = min(CALIBRATION_SECONDS, 60 * common["time_budget"])
     what = f"{VIT} {method} pre-training" if method else f"{VIT} training"
     log(f"calibrating the study budget: {seconds:g} s of {what} on {common['data']} with "
@@ -361,6 +361,22 @@ def calibrate(out: Path, common: dict[str, Any], log: Callable[[str], None], arm
     return entry
 
 
+def recorded_rate(path: Path, key: str, entry: Any) -> dict[str, Any]:
+    """A calibration.json entry as vitlab measured it: a rate that is a number > 0 and agrees with the images and
+    seconds recorded beside it (within 5%, their rounding); anything else (edited, damaged) is one line naming the
+    file, the entry and the value, never a rate that turns minutes into any number of steps."""
+    fields = entry if isinstance(entry, dict) else {}
+    rate, images, seconds = (fields.get(k) for k in ("images_per_minute", "images", "seconds"))
+    numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+                  for v in (rate, images, seconds))
+    if not numbers or abs(rate - 60 * images / seconds) > 0.05 * rate:
+        what = (f"images_per_minute {rate!r}" if isinstance(entry, dict) else f"{type(entry).__name__} {entry!r}")
+        raise VitlabError(f"{path}: the entry {key!r} holds {what}, not the rate vitlab measured ({images!r} images in "
+                          f"{seconds!r} s); accepted: the file as vitlab wrote it (remove the entry, or the file, to "
+                          "measure the rate again)")
+    return entry
+
+
 def budget_said(common: dict[str, Any], quick: bool, calibration: dict[str, Any] | None) -> dict[str, Any]:
     """The result's budget: its text, its unit and the per-run amount (a whole-set arm's steps for a budget in
     minutes, which the arms train as steps)."""
@@ -377,6 +393,14 @@ def budget_said(common: dict[str, Any], quick: bool, calibration: dict[str, Any]
                       f"(an arm's minutes at {rate:,.0f} training images a minute{pre}, measured once: "
                       f"{CALIBRATION}; the same steps whatever loads the machine)",
             "unit": "steps", "per_run": steps, "calibration": calibration}
+
+
+def check_distinct(name: str, values: Sequence[Any], accepted: str, valid: Callable[[Any], bool]) -> None:
+    """One line for a list of study values (seeds, budgets) that is empty, holds an invalid value or one twice."""
+    twice = sorted({v for v in values if list(values).count(v) > 1}, key=str)
+    if not values or twice or not all(valid(v) for v in values):
+        why = f" ({', '.join(map(str, twice))} twice)" if twice else ""
+        raise VitlabError(f"{name} {','.join(map(str, values)) or '(none)'} are not valid{why}; accepted: {accepted}")
 
 
 def run_study(name: str, out: str | os.PathLike = "studies", data: str = "cifar10", budget: float | None = None,
@@ -398,6 +422,11 @@ def run_study(name: str, out: str | os.PathLike = "studies", data: str = "cifar1
                           "pretrain study")
     if jobs < 1:
         raise VitlabError(f"jobs={jobs!r} is not valid; accepted: an integer >= 1")
+    check_distinct("seeds", seeds, "integers >= 0, each once (a seed given twice counts one run twice and makes its "
+                   "spread look smaller)", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0)
+    if pretrain_budgets is not None:
+        check_distinct("pretrain budgets", pretrain_budgets, "numbers > 0, each once",
+                       lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0)
     if not seeds or any(not isinstance(s, int) or s < 0 for s in seeds):
         raise VitlabError(f"seeds={list(seeds)!r} is not valid; accepted: integers >= 0, e.g. 0,1,2")
     if threads is not None and threads < 1:

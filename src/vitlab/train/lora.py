@@ -46,12 +46,22 @@ def apply_lora(model: nn.Module, recipe: Recipe, log: Callable[[str], None]) -> 
     linear = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)
               and n.split(".")[0] not in model.classifier_names]
     names = {n.rsplit(".", 1)[-1] for n in linear}
+    if not names:
+        raise VitlabError(f"lora={recipe.lora}: LoRA adapts Linear layers, and {type(model).__name__} has none outside "
+                          "its head (a convolutional network); accepted: a model with Linear layers (a ViT), or "
+                          "fine-tuning without --lora")
     missing = [t for t in targets if t not in names]
     if missing:
         raise VitlabError(f"lora_targets {', '.join(missing)}: {type(model).__name__} has no Linear layer of that "
                           f"name; accepted: {', '.join(sorted(names))}")
     # the Linear layers by full name: a ViT's patch embedding is a Conv2d also named proj
     chosen = [n for n in linear if n.rsplit(".", 1)[-1] in targets]
+    modules = dict(model.named_modules())
+    width, narrowest = min((min(modules[n].in_features, modules[n].out_features), n) for n in chosen)
+    if recipe.lora > width:  # a rank beyond a layer's width adds parameters, never expressiveness
+        raise VitlabError(f"lora={recipe.lora} is above the width of {narrowest} ({modules[narrowest].in_features} in, "
+                          f"{modules[narrowest].out_features} out); accepted: a rank of 1..{width} for these "
+                          "lora_targets (a few, e.g. 4 to 16, is LoRA's use)")
     config = lora_config(recipe.lora, recipe.lora_alpha, chosen)
     peft.inject_adapter_in_model(config, model)
     model.lora_config = config

@@ -7,6 +7,7 @@ before any data is read, so a bad value is one line naming the option and what i
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -252,6 +253,9 @@ def check_finetune(recipe: Recipe) -> None:
                   else f"freeze_blocks={recipe.freeze_blocks}")
         raise VitlabError(f"{option} applies to a pretrained model: give --init MODEL (a new model's head and "
                           "blocks start as the model initialises them)")
+    if recipe.lora and not recipe.init and recipe.pretrain == "none":
+        raise VitlabError(f"lora={recipe.lora} adapts a pretrained model: give --init MODEL (on a new model its "
+                          "adapters would train beside a random backbone that never learns)")
     if recipe.lora and (recipe.freeze_backbone or recipe.freeze_blocks):
         raise VitlabError(f"lora={recipe.lora} is not valid with freeze_backbone or freeze_blocks: LoRA freezes every "
                           "layer but its adapters and the head; accepted with lora: neither")
@@ -422,31 +426,73 @@ def make_recipe(values: dict[str, Any]) -> Recipe:
     return Recipe(**values)
 
 
-def load_recipe(path: str | Path | None = None, **overrides: Any) -> Recipe:
+# option -> (whether a recipe uses it, the options that decide it, what it needs to be used): an option given that
+# the run would not use is refused, never recorded and ignored
+USED_ONLY: dict[str, tuple[Callable[[Recipe], bool], tuple[str, ...], str]] = {
+    "epochs": (lambda r: not r.steps and not r.time_budget, ("steps", "time_budget"), "a run of --steps or "
+               "--time-budget trains for those, whatever its epochs"),
+    "budget_counts": (lambda r: bool(r.time_budget), ("time_budget",), "it says what a --time-budget counts"),
+    "lora_targets": (lambda r: bool(r.lora), ("lora",), "it names the layers --lora adapts"),
+    "lookahead_decay": (lambda r: bool(r.lookahead_every), ("lookahead_every",), "lookahead runs with "
+                        "--lookahead-every N"),
+    "plateau_factor": (lambda r: bool(r.plateau_patience), ("plateau_patience",), "the lr is scaled on a plateau "
+                       "with --plateau-patience N"),
+    "progressive_until": (lambda r: r.progressive_scale < 1, ("progressive_scale",), "progressive resizing runs "
+                          "with --progressive-scale below 1"),
+}
+
+
+def check_used(recipe: Recipe, layers: list[tuple[str, dict[str, Any]]]) -> None:
+    """Refuse (one line) an option given in one of ``layers`` ((where, values): a recipe file, then the command line
+    or the API's keywords) that ``recipe`` would not use. An option of a recipe file turned off by a later layer
+    (the file's epochs beside a --time-budget given, its lookahead_decay beside --lookahead-every 0) is the user's
+    override, not a mistake."""
+    for n, (where, values) in enumerate(layers):
+        later = {k for _, v in layers[n + 1:] for k in v}
+        for option, (used, deciders, why) in USED_ONLY.items():
+            if values.get(option) is None or used(recipe) or later & set(deciders):
+                continue
+            raise VitlabError(f"{option}={values[option]!r}{where} is given but would not be used: {why}; accepted: "
+                              "leave it out, or give what it needs")
+
+
+def load_recipe(path: str | Path | None = None, *, strict: bool = False, **overrides: Any) -> Recipe:
     """A Recipe from a YAML file (optional) updated by overrides (None = not given, ``NULL`` = set to None);
-    unknown keys are an error."""
-    return make_recipe(recipe_values(path, **overrides))
+    unknown keys are an error. ``strict`` (a user's command line or keywords): an option given that the run
+    would not use is refused (``check_given``)."""
+    recipe = make_recipe(recipe_values(path, **overrides))
+    if strict:
+        check_given(recipe, path, overrides)
+    return recipe
+
+
+def read_recipe_file(path: str | Path) -> dict[str, Any]:
+    """A recipe file's values (augmentation nested); one line for a file that is missing or not a mapping."""
+    p = Path(path)
+    if not p.is_file():
+        raise NotFoundError(f"recipe {p} does not exist")
+    try:
+        loaded = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise VitlabError(f"recipe {p} is not valid YAML: {e}") from None
+    except RecursionError:
+        raise VitlabError(f"recipe {p} nests its YAML values deeper than vitlab reads; accepted: a mapping of "
+                          "option: value") from None
+    if not isinstance(loaded, dict):
+        raise VitlabError(f"recipe {p} must be a mapping of option: value")
+    return _nested(loaded)
+
+
+def given_values(overrides: dict[str, Any]) -> dict[str, Any]:
+    """The options given (None = not given, ``NULL`` = set to None), augmentation nested."""
+    return _nested({k: None if v is NULL else v for k, v in overrides.items() if v is not None})
 
 
 def recipe_values(path: str | Path | None = None, **overrides: Any) -> dict[str, Any]:
     """The values a Recipe is made from (augmentation nested): a YAML file (optional) updated by overrides (None =
     not given, ``NULL`` = set to None); unknown keys are an error."""
-    values: dict[str, Any] = {}
-    if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise NotFoundError(f"recipe {p} does not exist")
-        try:
-            loaded = yaml.safe_load(p.read_text()) or {}
-        except yaml.YAMLError as e:
-            raise VitlabError(f"recipe {p} is not valid YAML: {e}") from None
-        except RecursionError:
-            raise VitlabError(f"recipe {p} nests its YAML values deeper than vitlab reads; accepted: a mapping of "
-                              "option: value") from None
-        if not isinstance(loaded, dict):
-            raise VitlabError(f"recipe {p} must be a mapping of option: value")
-        values = _nested(loaded)
-    given = _nested({k: None if v is NULL else v for k, v in overrides.items() if v is not None})
+    values = read_recipe_file(path) if path is not None else {}
+    given = given_values(overrides)
     file_args, given_args = values.get("model_args"), given.get("model_args")
     values = {**values, **given, "augment": {**values.get("augment", {}), **given.get("augment", {})}}
     if isinstance(file_args, dict) and isinstance(given_args, dict):
@@ -456,6 +502,16 @@ def recipe_values(path: str | Path | None = None, **overrides: Any) -> dict[str,
         raise VitlabError(f"unknown recipe option(s) {', '.join(unknown)}; accepted: "
                           f"{', '.join([*FIELDS, *AUGMENT_FIELDS])}")
     return values
+
+
+def check_given(recipe: Recipe, path: str | Path | None, overrides: dict[str, Any]) -> None:
+    """Refuse an option of the recipe file ``path`` or of ``overrides`` (a user's command line or keywords) that
+    ``recipe`` would not use (``check_used``); a run's own config.yaml, every option written out, is not held to
+    it, only the options given beside it."""
+    file_values = read_recipe_file(path) if path is not None else {}
+    written = path is not None and set(FIELDS) - {"out"} <= set(file_values)  # a run's config.yaml
+    given = {k: v for k, v in given_values(overrides).items() if k != "augment"}
+    check_used(recipe, ([] if written or path is None else [(f" in recipe {path}", file_values)]) + [("", given)])
 
 
 def _whole(values: dict[str, Any]) -> bool:

@@ -265,6 +265,10 @@ def check_test_split(recipe: Recipe, data: DataBundle, log: Callable[[str], None
     if len(data.test.images) == 0 and recipe.pretrain != "none" and recipe.val_fraction == 0:
         log("val_fraction 0: no image is held out, so each evaluation measures the pre-training loss on the training "
             "images (unaugmented): how well the objective fits them, not how it generalises")
+    elif len(data.test.images) == 0 and recipe.pretrain != "none":  # pre-training can evaluate on what it trains on
+        raise VitlabError(f"{data.name} leaves no test images ({len(data.train.images)} training images, val_fraction "
+                          f"{recipe.val_fraction:g}); accepted: more images, or --val-fraction 0 (each evaluation "
+                          "then measures the pre-training loss on the training images)")
     elif len(data.test.images) == 0:
         raise VitlabError(f"{data.name} leaves no test images ({len(data.train.images)} training images in "
                           f"{len(data.classes)} classes, val_fraction {recipe.val_fraction:g}): accepted: classes of "
