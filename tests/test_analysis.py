@@ -382,7 +382,8 @@ def _check_report(out: Path, expected: set[str]) -> str:
     assert not re.search(r'(src|href)="(?!data:)', html), "the report links to another file"
     assert "http://" not in html and "https://" not in html
     faith = json.loads((out / "faithfulness.json").read_text())
-    assert {"raw_attention", "rollout", "grad_rollout", "relevance", "saliency", "random"} <= set(faith["methods"])
+    assert {"raw_attention", "rollout", "grad_rollout", "relevance", "saliency", "random", "edge"} <= set(
+        faith["methods"])
     return html
 
 
