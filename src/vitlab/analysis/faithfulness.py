@@ -382,8 +382,9 @@ def faithfulness(model: nn.Module, images: torch.Tensor, labels: torch.Tensor | 
     computed for the class predicted on each intact image. labels: the true classes for the
     perturbation test's accuracy (default: the intact prediction, so it starts at 100%).
     Returns a JSON-ready dict: ``protocol`` (every parameter), ``methods`` (key -> mean AUCs and
-    mean curves, plus 'random', a random patch order) and ``images`` (per-image curves and AUCs
-    of the first keep_images images). progress: a bar; None shows one for more than one batch.
+    mean curves, plus the floors 'random', a random map, and 'edge', a Sobel edge map) and ``images``
+    (per-image curves and AUCs of the first keep_images images).
+    progress: a bar; None shows one for more than one batch.
     """
     attention_modules(model)
     _check_arguments(images, batch_size, perturbation_steps, deletion_baseline, insertion_baseline,

@@ -100,7 +100,7 @@ def pa_lrp_cells(model: nn.Module, images: torch.Tensor, target_class: int | Seq
         (images.shape[-2] * images.shape[-1]) / N)  # the sum over each cell's pixels (equal cells)
     position = torch.zeros(B, N, dtype=torch.float32, device=images.device)
     table = _position_table(model, (gh, gw))
-    if table is not None and embedded and g_emb[0] is not None:
+    if table is not None and embedded and g_emb[0] is not None and g_emb[0].shape[-1] == table.shape[-1]:
         g = g_emb[0].reshape(B, -1, table.shape[-1])[:, -N:]  # the gradient at the sum e + p, per image
         position += (table.to(g.dtype) * g).sum(-1).detach().float()
     for leaf, g in zip(leaves, g_rope):
