@@ -42,6 +42,7 @@ from .attnlrp import ELEMENTWISE, _identity_hook, _norm_hook, _scale_hook, expla
 from .capture import attention_modules, explicit_attention
 
 IG_STEPS = 16  # points on the integrated-gradients path
+IG_IMAGES_PER_PASS = 64  # images (path points x images) per forward pass of integrated gradients
 
 
 def _constant_hook(module, inputs, out):
@@ -111,10 +112,16 @@ def libragrad_ig(model: nn.Module, images: torch.Tensor, target_class: int | Seq
                  token: str = "cls", steps: int = IG_STEPS) -> torch.Tensor:
     """LibraGrad Integrated Gradients from the zero (mean-colour) normalised image, ``steps`` midpoints of the
     path: (B, grid_h, grid_w) in [0, 1]. The class is fixed by the intact image's target, not re-predicted."""
+    B = len(images)
+    target = torch.as_tensor(target_class).reshape(-1)
+    per_pass = max(1, IG_IMAGES_PER_PASS // B)  # path points per forward pass: several, in one batch
     total = torch.zeros_like(images)
-    for k in range(steps):
-        grad, _, _ = libra_gradients(model, images * ((k + 0.5) / steps), target_class, token)
-        total += grad
+    for first in range(0, steps, per_pass):
+        alphas = [(k + 0.5) / steps for k in range(first, min(steps, first + per_pass))]
+        points = torch.cat([images * a for a in alphas])
+        grad, _, _ = libra_gradients(model, points, target if target.numel() == 1 else target.repeat(len(alphas)),
+                                     token)
+        total += grad.reshape(len(alphas), *images.shape).sum(0)
     return scaled_map(model, _cells(model, images * total / steps))
 
 
