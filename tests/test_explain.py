@@ -127,9 +127,11 @@ def test_every_method_on_every_family(family):
 @pytest.mark.parametrize("family", ["resnet", "mixer"])
 def test_new_methods_refuse_a_model_without_attention_in_one_line(family):
     from conftest import FAMILY
+
+    from vitlab.errors import VitlabError
     model = FAMILY[family].create().eval()
     for method in ("pa_lrp", "libragrad", "libragrad_ig", "libragrad_fullgrad"):
-        with pytest.raises(vitlab.VitlabError, match="no attention") as err:
+        with pytest.raises(VitlabError, match="no attention") as err:
             explain(model, torch.randn(1, 3, 32, 32), method, 0)
         assert "\n" not in str(err.value)
 

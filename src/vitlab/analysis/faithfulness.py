@@ -92,7 +92,7 @@ def random_map(batch: int, grid: tuple[int, int], generator: torch.Generator | N
 
 
 def edge_map(images: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
-    """(B, grid_h, grid_w) the Sobel gradient magnitude of the images (channels summed, reflected borders),
+    """(B, grid_h, grid_w) the Sobel gradient magnitude of the images (channels summed, replicated borders),
     averaged over each cell of the grid and scaled to a maximum of 1: a map that reads the image, not the model."""
     sobel = torch.tensor([[-1.0, 0.0, 1.0], [-2.0, 0.0, 2.0], [-1.0, 0.0, 1.0]], dtype=torch.float32,
                          device=images.device)

@@ -140,6 +140,7 @@ def libragrad_fullgrad(model: nn.Module, images: torch.Tensor, target_class: int
     """LibraGrad FullGrad+: per patch token, input x gradient of each block's input summed over the channels and
     averaged over the blocks (the last N tokens of each block's input are the patches): (B, grid_h, grid_w) in
     [0, 1]."""
+    blocks = _block_modules(model)  # refuses a model without attention in one line
     gh, gw = model.patch_embed.grid_size
     N = gh * gw
     inputs: list[torch.Tensor] = []
@@ -149,7 +150,7 @@ def libragrad_fullgrad(model: nn.Module, images: torch.Tensor, target_class: int
         if t is not None:
             inputs.append(t)
 
-    handles = [b.register_forward_pre_hook(keep) for b in _block_modules(model)]
+    handles = [b.register_forward_pre_hook(keep) for b in blocks]
     try:
         x = images.detach().clone().requires_grad_(True)
         with torch.enable_grad(), libra_rules(model):

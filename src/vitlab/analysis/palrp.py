@@ -31,6 +31,7 @@ from torch import nn
 
 from ..models import eva
 from .attnlrp import EPSILON, _scaled, explained_logit, lrp_rules
+from .capture import attention_modules
 from .libragrad import scaled_map
 
 
@@ -82,6 +83,7 @@ def _position_table(model: nn.Module, grid: tuple[int, int]) -> torch.Tensor | N
 def pa_lrp_cells(model: nn.Module, images: torch.Tensor, target_class: int | Sequence[int] | torch.Tensor,
                  token: str = "cls", epsilon: float = EPSILON) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """PA-LRP's relevance per patch (B, N): (the pixels' summed per cell, the position's), and the logits (B,)."""
+    attention_modules(model)  # refuses a model without attention in one line
     gh, gw = model.patch_embed.grid_size
     N = gh * gw
     leaves: list[torch.Tensor] = []
