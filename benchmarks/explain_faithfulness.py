@@ -147,15 +147,19 @@ def summarise(name: str, runs: list[dict]) -> None:
         print(f"- {NAMES[m]}: {method_label(first)} (then {method_label(second)}; {separated(first, second, m)})")
     mean_rank = {k: statistics.fmean(best[m].index(k) + 1 for m in METRICS) for k in methods}
     order = sorted(methods, key=mean_rank.get)
-    wins = sum("not separated" not in separated(order[0], order[1], m) and best[m][0] == order[0] for m in METRICS)
+    if len(runs) > 1:
+        wins = sum(separated(order[0], order[1], m).endswith(": separated") and best[m].index(order[0])
+                   < best[m].index(order[1]) for m in METRICS)
+        lead = f"ahead of it and separated on {wins} of {len(METRICS)} measures"
+    else:
+        lead = "one seed: separation not measured"
     print(f"overall (mean rank over the {len(METRICS)} measures): {method_label(order[0])} "
-          f"({mean_rank[order[0]]:.2f}), then {method_label(order[1])} ({mean_rank[order[1]]:.2f}); "
-          f"ahead of it and separated on {wins} of {len(METRICS)} measures")
+          f"({mean_rank[order[0]]:.2f}), then {method_label(order[1])} ({mean_rank[order[1]]:.2f}); {lead}")
     print("floors (random map, edge detector) against every method, by the mean:")
     for m, up in METRICS.items():
         worst = best[m][-1]
-        beaten = [f for f in BASELINE_KEYS if (stats[f][m][0] > stats[worst][m][0]) == up
-                  and stats[f][m][0] != stats[worst][m][0]]
+        beaten = [f for f in BASELINE_KEYS  # a floor level with the weakest method is not below it either
+                  if (stats[f][m][0] >= stats[worst][m][0] if up else stats[f][m][0] <= stats[worst][m][0])]
         verdict = "below every method" if not beaten else (
             f"{' and '.join(method_label(f) for f in beaten)} not below every method (the weakest: "
             f"{method_label(worst)}): this measure cannot tell them apart from it")
