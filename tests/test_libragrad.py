@@ -146,7 +146,7 @@ def test_pa_lrp_keeps_the_position_embedding_relevance():
     torch.testing.assert_close(pixels.double(), pix_by_hand, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(position.double(), (model.pos_embed * g_pos)[:, 1:].sum(-1).detach(), atol=1e-5,
                                rtol=1e-5)
-    rest = float((model.cls_token * g_cls).sum() + (model.pos_embed * g_pos)[:, 0].sum())
+    rest = float(((model.cls_token * g_cls).sum() + (model.pos_embed * g_pos)[:, 0].sum()).detach())
     total = float(pixels.sum() + position.sum()) + rest + _softmax_leaks(probs, grads[3:])
     assert abs(total - float(logit)) < 1e-4 * abs(float(logit))
     assert float(position.abs().sum()) > 1e-3 * float(pixels.abs().sum())  # the positions hold a real share

@@ -142,7 +142,8 @@ EXPLANATIONS = (
     "{count} ways to ask which patches the prediction rests on, for the {token}: {methods}. {agnostic} the same for "
     "every class; the others explain the predicted class. Red (jet) marks the most relevant patches; each map is "
     "scaled to its own range. Under each map: its deletion and insertion AUC on that image (see Faithfulness).{dist}")
-COUNTS = {2: "Two", 3: "Three", 4: "Four", 5: "Five", 6: "Six", 7: "Seven", 8: "Eight"}
+COUNTS = {2: "Two", 3: "Three", 4: "Four", 5: "Five", 6: "Six", 7: "Seven", 8: "Eight", 9: "Nine", 10: "Ten",
+          11: "Eleven", 12: "Twelve"}
 
 
 def _and(items: list[str]) -> str:
