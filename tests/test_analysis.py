@@ -382,7 +382,8 @@ def _check_report(out: Path, expected: set[str]) -> str:
     assert not re.search(r'(src|href)="(?!data:)', html), "the report links to another file"
     assert "http://" not in html and "https://" not in html
     faith = json.loads((out / "faithfulness.json").read_text())
-    assert {"raw_attention", "rollout", "grad_rollout", "relevance", "saliency", "random"} <= set(faith["methods"])
+    assert {"raw_attention", "rollout", "grad_rollout", "relevance", "saliency", "random", "edge"} <= set(
+        faith["methods"])
     return html
 
 
@@ -423,7 +424,7 @@ def test_inspect_saved_cifar_model(tmp_path, capsys):
     html = _check_report(out, {"patch_grid.png", "attention_heads_0.png", "attention_heads_1.png", "rollout.png",
                                "attention_distance.png", "position_similarity.png", "embedding_filters.png"})
     assert "The image cut into its patch grid" in html and "8x8 grid of 4x4-pixel patches" in html
-    assert "Six ways to ask" in html and "gradient saliency" in html and "AttnLRP" in html
+    assert "Ten ways to ask" in html and "gradient saliency" in html and "AttnLRP" in html
     assert "vit_tiny_patch4_32" in html and "top-5 predictions" in html and html.count("&mdash;") == 2 * 5
     assert "skipped" in html and "not a ConViT" in html and "not a CaiT" in html
     assert "report.html" in capsys.readouterr().out

@@ -111,6 +111,7 @@ def test_every_method_on_every_family(family):
     gh, gw = model.patch_embed.grid_size
     pairs = explanation_methods(model)
     assert {m for m, _ in pairs} == set(METHODS) == {"raw_attention", "rollout", "grad_rollout", "relevance", "attnlrp",
+                                                      "pa_lrp", "libragrad", "libragrad_ig", "libragrad_fullgrad",
                                                       "saliency"}
     assert ("relevance", "dist") in pairs if family == "deit" else all(t == "cls" for _, t in pairs)
     assert ("saliency", "dist") not in pairs  # saliency reads no token
@@ -120,6 +121,19 @@ def test_every_method_on_every_family(family):
         assert r.min() >= 0 and torch.allclose(r.amax(dim=(1, 2)), torch.ones(2)), (method, token)
     with pytest.raises(ValueError, match="method"):
         explain(model, x, "lrp", 1)
+    torch.testing.assert_close(explain(model, x, "pa-lrp", [1, 2]), explain(model, x, "pa_lrp", [1, 2]))
+
+
+@pytest.mark.parametrize("family", ["resnet", "mixer"])
+def test_new_methods_refuse_a_model_without_attention_in_one_line(family):
+    from conftest import FAMILY
+
+    from vitlab.errors import VitlabError
+    model = FAMILY[family].create().eval()
+    for method in ("pa_lrp", "libragrad", "libragrad_ig", "libragrad_fullgrad"):
+        with pytest.raises(VitlabError, match="no attention") as err:
+            explain(model, torch.randn(1, 3, 32, 32), method, 0)
+        assert "\n" not in str(err.value)
 
 
 class LinearOnPixels(nn.Module):
@@ -249,8 +263,10 @@ def test_faithfulness_on_a_model(tmp_path):
     x = torch.randn(5, 3, 32, 32)
     labels = torch.tensor([0, 1, 2, 3, 4])
     r = faithfulness(model, x, labels, batch_size=2, curve_steps=8, keep_images=3, progress=False)
+    new = ("pa_lrp", "libragrad", "libragrad_ig", "libragrad_fullgrad")
     keys = {"raw_attention", "rollout", "grad_rollout", "relevance", "attnlrp", "raw_attention_dist", "rollout_dist",
-            "grad_rollout_dist", "relevance_dist", "attnlrp_dist", "saliency", "random"}
+            "grad_rollout_dist", "relevance_dist", "attnlrp_dist", "saliency", "random", "edge", *new,
+            *(f"{m}_dist" for m in new)}
     assert set(r["methods"]) == keys
     p = r["protocol"]
     assert p["images"] == 5 and p["patches"] == 64
@@ -271,10 +287,13 @@ def test_faithfulness_on_a_model(tmp_path):
         assert len(m["deletion_curve"]) == len(xs) == 9
     assert r["methods"]["random"]["road_morf_auc"] == r["methods"]["random"]["road_lerf_auc"]
     agree = r["rank_agreement"]
-    assert agree["methods"] == list(r["methods"]) and len(agree["metrics"]) == 6
+    for m in r["methods"].values():  # SaCo: a coefficient in [-1, 1]
+        assert -1 <= m["saco"] <= 1
+    assert p["saco"]["groups"] == 10
+    assert agree["methods"] == list(r["methods"]) and len(agree["metrics"]) == 7
     for matrix in (agree["spearman"], agree["kendall"]):
         # 1 on the diagonal, or 0 where a metric gives every method the same score (no order to agree with)
-        assert all(matrix[i][i] == pytest.approx(1.0) or matrix[i][i] == 0 for i in range(6))
+        assert all(matrix[i][i] == pytest.approx(1.0) or matrix[i][i] == 0 for i in range(7))
         assert all(-1 - 1e-9 <= v <= 1 + 1e-9 for row in matrix for v in row)
     assert len(r["images"]) == 3
     one = r["images"][0]["methods"]["relevance"]
@@ -288,8 +307,9 @@ def test_faithfulness_on_a_model(tmp_path):
     lines = {line.get_label().rsplit(" (", 1)[0]: line for line in fig.axes[0].get_lines()}
     cls, dist = lines["AttnLRP"], lines["AttnLRP (distillation token)"]
     assert cls.get_color() == dist.get_color() and (cls.get_linestyle(), dist.get_linestyle()) == ("-", "--")
-    colours = {line.get_color() for k, line in lines.items() if "distillation" not in k and k != "random order"}
-    assert len(colours) == 6 and lines["random order"].get_color() == "gray"  # one colour per method
+    floors = ("random map", "edge detector (Sobel)")
+    colours = {line.get_color() for k, line in lines.items() if "distillation" not in k and k not in floors}
+    assert len(colours) == 10 and all(lines[k].get_color() == "gray" for k in floors)  # one colour per method
 
 
 def test_baselines_and_masks():

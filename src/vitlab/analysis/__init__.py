@@ -12,6 +12,8 @@ from .distance import (
 from .embeddings import embedding_filters, filter_components, position_similarity
 from .explain import METHODS, REGISTRY, Method, explain, explanation_methods
 from .gradients import attention_gradients, gradient_saliency
+from .libragrad import libra_rules, libragrad, libragrad_fullgrad, libragrad_ig
+from .palrp import pa_lrp
 from .relevance import relevance, relevance_from_maps
 from .report import inspect_model
 from .rollout import fuse_heads, grad_rollout, raw_attention, rollout
@@ -21,6 +23,7 @@ __all__ = [
     "attention_modules", "attnlrp", "capture_attention", "convit_gates", "embedding_filters", "explain",
     "explanation_methods",
     "filter_components", "fuse_heads", "gpsa_positional_attention", "grad_rollout", "gradient_saliency",
-    "inspect_model", "lrp_rules", "mean_attention_distance", "patch_distances", "position_similarity",
-    "positional_attention_distance", "raw_attention", "relevance", "relevance_from_maps", "rollout",
+    "inspect_model", "libra_rules", "libragrad", "libragrad_fullgrad", "libragrad_ig", "lrp_rules",
+    "mean_attention_distance", "patch_distances", "position_similarity",
+    "pa_lrp", "positional_attention_distance", "raw_attention", "relevance", "relevance_from_maps", "rollout",
 ]

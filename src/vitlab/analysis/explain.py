@@ -19,6 +19,8 @@ from ..errors import VitlabError
 from .attnlrp import attnlrp
 from .capture import prefix_token_names
 from .gradients import gradient_saliency
+from .libragrad import libragrad, libragrad_fullgrad, libragrad_ig
+from .palrp import pa_lrp
 from .relevance import relevance
 from .rollout import grad_rollout, raw_attention, rollout
 
@@ -67,6 +69,20 @@ REGISTRY: dict[str, Method] = {
                       "AttnLRP (Achtibat et al. 2024: layer-wise relevance propagation in one backward pass, the "
                       "epsilon rule for linear layers, the uniform rule for q k and A v, the softmax's Taylor rule, "
                       "LayerNorm with its standard deviation held constant; pixels' relevance summed per patch)"),
+    "pa_lrp": Method(pa_lrp, "PA-LRP",
+                     "positional-aware LRP (Bakish et al. 2025: AttnLRP's rules, and the relevance of the position "
+                     "encodings kept: an additive table's share of each token, half of each rotary query and key; a "
+                     "patch's relevance is its pixels' plus its position's)"),
+    "libragrad": Method(libragrad, "LibraGrad input x gradient",
+                        "LibraGrad input x gradient (Mehri et al. 2025: gradients with the attention, the norms' "
+                        "standard deviation and the activations' gates held constant, self-gating halved, so that "
+                        "input x gradient is complete; pixels' relevance summed per patch)"),
+    "libragrad_ig": Method(libragrad_ig, "LibraGrad integrated gradients",
+                           "LibraGrad integrated gradients (the balanced gradients averaged over 16 points of the "
+                           "path from the mean-colour image, times the image; summed per patch)"),
+    "libragrad_fullgrad": Method(libragrad_fullgrad, "LibraGrad FullGrad+",
+                                 "LibraGrad FullGrad+ (input x balanced gradient of every block's input tokens, "
+                                 "summed over the channels and averaged over the blocks, read on the patch tokens)"),
     "saliency": Method(gradient_saliency, "gradient saliency",
                        "gradient saliency (Simonyan et al. 2014: the largest absolute gradient of the predicted "
                        "class's logit over the channels, averaged over each patch; it reads no attention)"),
@@ -86,9 +102,11 @@ def split_key(key: str) -> tuple[str, str]:
 
 
 def method_label(key: str) -> str:
-    """A readable name for a key of method_key (or 'random')."""
+    """A readable name for a key of method_key (or a floor baseline: 'random', 'edge')."""
     if key == "random":
-        return "random order"
+        return "random map"
+    if key == "edge":
+        return "edge detector (Sobel)"
     method, token = split_key(key)
     label = REGISTRY[method].label if method in REGISTRY else method
     return label + (" (distillation token)" if token == "dist" else "")
@@ -105,8 +123,10 @@ def explain(model: nn.Module, images: torch.Tensor, method: str, target_class: i
             token: str = "cls", head_fusion: str = "mean", discard_ratio: float = 0.0) -> torch.Tensor:
     """One explanation method's map of normalised images (B, C, H, W): (B, grid_h, grid_w), high = relevant.
 
-    method: one of METHODS; the class-agnostic ones (rollout, raw attention) ignore target_class.
+    method: one of METHODS (a hyphen may stand for an underscore: 'pa-lrp'); the class-agnostic ones (rollout,
+    raw attention) ignore target_class.
     """
+    method = method.replace("-", "_") if isinstance(method, str) else method
     if method not in REGISTRY:
         raise VitlabError(f"method {method!r} is not one of {tuple(REGISTRY)}")
     m = REGISTRY[method]

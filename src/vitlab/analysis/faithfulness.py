@@ -13,7 +13,18 @@ Both remove (or add) whole patches of the model's grid in the order a map ranks 
   code; the AUC by the trapezoid rule over f = 0, 0.1, .., 0.9, the unperturbed accuracy (%)
   included. A faithful map has a low positive and a high negative AUC.
 
-A random patch order is the baseline every method should beat.
+- SaCo, the salience-guided faithfulness coefficient (Wu et al., CVPR 2024, "On the Faithfulness of Vision
+  Transformer Explanations"): the patches, ranked by the map, fall into ``SACO_GROUPS`` groups of (near) equal
+  size; each group's salience is the sum of the map over it and its effect the drop of the predicted class's
+  probability when that group alone is removed (replaced by the deletion baseline). Over every pair of groups
+  i < j (i the more salient), the salience gap s_i - s_j counts for the map when group i's removal hurts at least
+  as much as group j's and against it otherwise; SaCo is the signed sum over the total weight, in [-1, 1]. It
+  reads the map's values, not only its order: a map whose salience does not track the model's sensitivity scores
+  near 0, whatever its order does to the curves.
+
+Two floor baselines every method should beat: a random map (uniform values per patch, so a random order) and an
+edge detector (the Sobel gradient magnitude of the image, pooled to the patch grid), which sees the image and not
+the model.
 """
 from __future__ import annotations
 
@@ -73,6 +84,71 @@ def relevance_order(maps: torch.Tensor) -> torch.Tensor:
 def random_order(batch: int, num_patches: int, generator: torch.Generator | None = None) -> torch.Tensor:
     """(B, N) a random permutation of the patches per image."""
     return torch.stack([torch.randperm(num_patches, generator=generator) for _ in range(batch)])
+
+
+def random_map(batch: int, grid: tuple[int, int], generator: torch.Generator | None = None) -> torch.Tensor:
+    """(B, grid_h, grid_w) uniform random values in [0, 1): the floor a map must beat (its order is random)."""
+    return torch.rand(batch, *grid, generator=generator)
+
+
+def edge_map(images: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+    """(B, grid_h, grid_w) the Sobel gradient magnitude of the images (channels summed, replicated borders),
+    averaged over each cell of the grid and scaled to a maximum of 1: a map that reads the image, not the model."""
+    sobel = torch.tensor([[-1.0, 0.0, 1.0], [-2.0, 0.0, 2.0], [-1.0, 0.0, 1.0]], dtype=torch.float32,
+                         device=images.device)
+    kernels = torch.stack([sobel, sobel.T])[:, None]  # (2, 1, 3, 3): d/dx, d/dy
+    gray = F.pad(images.float().sum(dim=1, keepdim=True), (1, 1, 1, 1), mode="replicate")
+    magnitude = F.conv2d(gray, kernels).pow(2).sum(dim=1, keepdim=True).sqrt()  # (B, 1, H, W)
+    cells = F.adaptive_avg_pool2d(magnitude, grid)[:, 0]
+    return cells / cells.amax(dim=(1, 2), keepdim=True).clamp_min(1e-12)
+
+
+SACO_GROUPS = 10  # Wu et al.'s K
+
+
+def saco_groups(maps: torch.Tensor, groups: int = SACO_GROUPS) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, grid_h, grid_w) maps -> (the patch order, most salient first, (B, N); each group's salience, the sum
+    of the map over it, (B, K)), the N patches cut into K = min(groups, N) consecutive groups of near equal size
+    (the first N mod K one patch larger)."""
+    flat = maps.flatten(1).float()
+    order = relevance_order(maps)
+    K = min(groups, flat.shape[1])
+    sizes = [len(c) for c in torch.arange(flat.shape[1]).tensor_split(K)]
+    ranked = flat.gather(1, order)
+    return order, torch.stack([c.sum(1) for c in ranked.split(sizes, dim=1)], dim=1)
+
+
+def saco_score(salience: torch.Tensor, drops: torch.Tensor) -> torch.Tensor:
+    """SaCo (Wu et al. 2024) per image from each group's salience (B, K), most salient first, and the drop of the
+    class's probability when that group is removed (B, K): sum over i < j of +-(s_i - s_j), + when
+    drop_i >= drop_j, over the sum of |s_i - s_j|; 0 where every gap is 0 (a constant map)."""
+    i, j = torch.triu_indices(salience.shape[1], salience.shape[1], offset=1)
+    gap = salience[:, i] - salience[:, j]
+    signed = torch.where(drops[:, i] >= drops[:, j], gap, -gap)
+    total = gap.abs().sum(1)
+    return torch.where(total > 0, signed.sum(1) / total.clamp_min(1e-30), 0.0)
+
+
+@torch.no_grad()
+def saco(model: nn.Module, images: torch.Tensor, maps: torch.Tensor, target: torch.Tensor, removed: torch.Tensor,
+         groups: int = SACO_GROUPS, chunk: int = 256) -> torch.Tensor:
+    """SaCo of maps (B, grid_h, grid_w) for the target classes (B,), each group removed alone (replaced by
+    ``removed``, (B, C, H, W)): (B,) in [-1, 1]."""
+    grid = tuple(maps.shape[-2:])
+    order, salience = saco_groups(maps, groups)
+    sizes = [len(c) for c in torch.arange(order.shape[1]).tensor_split(salience.shape[1])]
+    starts = [sum(sizes[:k]) for k in range(len(sizes))]
+    perturbed = [images]
+    B, N = order.shape
+    for start, size in zip(starts, sizes):
+        cells = torch.zeros(B, N, device=images.device).scatter_(1, order[:, start:start + size].to(images.device),
+                                                                   1.0)
+        mask = F.interpolate(cells.view(B, 1, *grid), size=tuple(images.shape[-2:]), mode="nearest") > 0.5
+        perturbed.append(torch.where(mask, removed, images))
+    probs = _logits(model, perturbed, chunk).softmax(dim=-1)  # (1 + K, B, classes)
+    p = probs.gather(2, target.view(1, -1, 1).expand(len(perturbed), -1, 1))[..., 0]  # (1 + K, B)
+    drops = (p[:1] - p[1:]).T  # (B, K)
+    return saco_score(salience.to(drops.device), drops)
 
 
 def patch_mask(order: torch.Tensor, k: int, grid_size: tuple[int, int], image_size: tuple[int, int]) -> torch.Tensor:
@@ -145,7 +221,8 @@ def road_hits(model: nn.Module, images: torch.Tensor, order: torch.Tensor, label
 
 # faithfulness.json's scores, each with whether higher is better
 METRICS = {"deletion_auc": False, "insertion_auc": True, "positive_auc": False, "negative_auc": True,
-           "road_morf_auc": False, "road_lerf_auc": True}
+           "road_morf_auc": False, "road_lerf_auc": True, "saco": True}
+BASELINE_KEYS = ("random", "edge")  # the floor baselines' keys in faithfulness.json
 
 
 def _ranks(values: Sequence[float]) -> list[float]:
@@ -237,7 +314,16 @@ def _protocol(total: int, grid: tuple[int, int], counts: list[int], fractions: l
             "lerf": "least relevant removed first (higher AUC is better)",
             "accuracy_against": "true labels" if with_labels else "the intact prediction",
             "auc": "trapezoid rule over the fractions (unperturbed point included), accuracy in %"},
-        "random": f"a random patch order per image (seed {seed}); positive = negative, MoRF = LeRF",
+        "saco": {
+            "reference": "Wu, Kang, Shen, Zhang, Yang & Guo 2024 (CVPR), On the Faithfulness of Vision Transformer "
+                         "Explanations",
+            "groups": SACO_GROUPS, "removed_value": f"{deletion_baseline} (the deletion baseline), one group at a time",
+            "score": "softmax probability of the predicted class; drop = intact - with the group removed",
+            "range": "[-1, 1], higher is better; a map unrelated to the model scores about 0"},
+        "random": f"a random map per image (uniform values per patch, seed {seed}): a random order; positive = "
+                  "negative, MoRF = LeRF",
+        "edge": "the Sobel gradient magnitude of the normalised image (channels summed), averaged per patch: reads "
+                "the image only",
         "head_fusion": head_fusion, "discard_ratio": discard_ratio}
 
 
@@ -256,8 +342,10 @@ def _check_arguments(images: torch.Tensor, batch_size: int, perturbation_steps: 
 
 
 def _accumulate(acc: dict, dele: torch.Tensor, ins: torch.Tensor, d_auc: torch.Tensor, i_auc: torch.Tensor,
-                hits: dict[str, torch.Tensor]) -> None:
-    """Add a batch's AUCs, curves and removal-test hits (positive, negative, ROAD) of one method to its sums."""
+                hits: dict[str, torch.Tensor], saco_scores: torch.Tensor) -> None:
+    """Add a batch's AUCs, curves, removal-test hits (positive, negative, ROAD) and SaCo of one method to its
+    sums."""
+    acc["saco"] = acc.get("saco", 0.0) + float(saco_scores.double().sum())
     acc["deletion"] += float(d_auc.sum())
     acc["insertion"] += float(i_auc.sum())
     acc["deletion_curve"] = acc.get("deletion_curve", 0) + dele.double().sum(0)
@@ -271,6 +359,7 @@ def _mean_result(key: str, acc: dict, total: int, fractions: Sequence[float]) ->
     result = {
         "label": method_label(key),
         "deletion_auc": acc["deletion"] / total, "insertion_auc": acc["insertion"] / total,
+        "saco": acc["saco"] / total,
         "deletion_curve": (acc["deletion_curve"] / total).tolist(),
         "insertion_curve": (acc["insertion_curve"] / total).tolist()}
     for name in ("positive", "negative", "road_morf", "road_lerf"):
@@ -293,8 +382,9 @@ def faithfulness(model: nn.Module, images: torch.Tensor, labels: torch.Tensor | 
     computed for the class predicted on each intact image. labels: the true classes for the
     perturbation test's accuracy (default: the intact prediction, so it starts at 100%).
     Returns a JSON-ready dict: ``protocol`` (every parameter), ``methods`` (key -> mean AUCs and
-    mean curves, plus 'random', a random patch order) and ``images`` (per-image curves and AUCs
-    of the first keep_images images). progress: a bar; None shows one for more than one batch.
+    mean curves, plus the floors 'random', a random map, and 'edge', a Sobel edge map) and ``images``
+    (per-image curves and AUCs of the first keep_images images).
+    progress: a bar; None shows one for more than one batch.
     """
     attention_modules(model)
     _check_arguments(images, batch_size, perturbation_steps, deletion_baseline, insertion_baseline,
@@ -311,7 +401,7 @@ def faithfulness(model: nn.Module, images: torch.Tensor, labels: torch.Tensor | 
     generator = torch.Generator().manual_seed(seed)
     noise_gen = torch.Generator().manual_seed(seed + 1)  # ROAD's imputation noise
     chunk = max(4 * batch_size, 64)  # images per forward pass of the perturbed copies
-    keys = [method_key(m, t) for m, t in methods] + ["random"]
+    keys = [method_key(m, t) for m, t in methods] + list(BASELINE_KEYS)
     sums = {k: {"deletion": 0.0, "insertion": 0.0} for k in keys}
     starts = list(range(0, len(images), batch_size))
     show = len(starts) > 1 if progress is None else progress
@@ -328,13 +418,15 @@ def faithfulness(model: nn.Module, images: torch.Tensor, labels: torch.Tensor | 
             deleted = baseline_images(x, deletion_baseline, mean, std, sigma)
             inserted_into = baseline_images(x, insertion_baseline, mean, std, sigma)
             removed = baseline_images(x, perturbation_baseline, mean, std, sigma)
-            orders = {}
+            maps = {}
             for (method, token), key in zip(methods, keys):
-                m = explain(model, x, method, pred, token=token, head_fusion=head_fusion, discard_ratio=discard_ratio)
-                grid = tuple(m.shape[-2:])
-                orders[key] = relevance_order(m).to(device)
+                maps[key] = explain(model, x, method, pred, token=token, head_fusion=head_fusion,
+                                    discard_ratio=discard_ratio).detach()
+            grid = tuple(model.patch_embed.grid_size) if not maps else tuple(next(iter(maps.values())).shape[-2:])
             N = grid[0] * grid[1]
-            orders["random"] = random_order(B, N, generator).to(device)
+            maps["random"] = random_map(B, grid, generator).to(device)
+            maps["edge"] = edge_map(x, grid)
+            orders = {key: relevance_order(m).to(device) for key, m in maps.items()}
             counts = curve_fractions(N, curve_steps)
             xs = [k / N for k in counts]
             batch_images = [{} for _ in range(B)]
@@ -343,9 +435,11 @@ def faithfulness(model: nn.Module, images: torch.Tensor, labels: torch.Tensor | 
                 d_auc, i_auc = trapezoid(xs, dele), trapezoid(xs, ins)
                 hits = _removal_hits(model, x, order, y, fractions, grid, removed, noise_gen, chunk,
                                      both=key != "random")
-                _accumulate(sums[key], dele, ins, d_auc, i_auc, hits)
+                scores = saco(model, x, maps[key], pred, deleted, chunk=chunk)
+                _accumulate(sums[key], dele, ins, d_auc, i_auc, hits, scores)
                 for i in range(B):
                     batch_images[i][key] = {"deletion_auc": float(d_auc[i]), "insertion_auc": float(i_auc[i]),
+                                            "saco": float(scores[i]),
                                             "deletion_curve": dele[i].tolist(), "insertion_curve": ins[i].tolist()}
             for i in range(B):
                 if len(per_image) < keep_images:

@@ -338,10 +338,11 @@ def plot_class_attention(maps: Sequence[AttentionMap], images: np.ndarray, indic
 def _method_styles(keys: Sequence[str]) -> dict[str, dict]:
     """A colour per method, its distillation-token map dashed in the same colour, and the random order grey and
     dotted: past ten lines the default cycle would give two methods one colour."""
-    parts = {k: split_key(k) for k in keys if k != "random"}
+    floors = {"random": dict(color="gray", linestyle=":"), "edge": dict(color="gray", linestyle="-.")}
+    parts = {k: split_key(k) for k in keys if k not in floors}
     methods = list(dict.fromkeys(method for method, _ in parts.values()))
     colours = {m: matplotlib.colormaps["tab10" if len(methods) <= 10 else "tab20"](i) for i, m in enumerate(methods)}
-    return {k: dict(color="gray", linestyle=":") if k == "random" else
+    return {k: floors[k] if k in floors else
             dict(color=colours[parts[k][0]], linestyle="-" if parts[k][1] == "cls" else "--") for k in keys}
 
 

@@ -142,7 +142,8 @@ EXPLANATIONS = (
     "{count} ways to ask which patches the prediction rests on, for the {token}: {methods}. {agnostic} the same for "
     "every class; the others explain the predicted class. Red (jet) marks the most relevant patches; each map is "
     "scaled to its own range. Under each map: its deletion and insertion AUC on that image (see Faithfulness).{dist}")
-COUNTS = {2: "Two", 3: "Three", 4: "Four", 5: "Five", 6: "Six", 7: "Seven", 8: "Eight"}
+COUNTS = {2: "Two", 3: "Three", 4: "Four", 5: "Five", 6: "Six", 7: "Seven", 8: "Eight", 9: "Nine", 10: "Ten",
+          11: "Eleven", 12: "Twelve"}
 
 
 def _and(items: list[str]) -> str:
@@ -202,7 +203,10 @@ FAITHFULNESS = (
     "with the unperturbed point. ROAD (Rong et al. 2022): the same accuracy with the removed patches filled by "
     "noisy linear imputation (each pixel the weighted mean of its neighbours, plus a little noise), which leaves "
     "no mask shape to read; MoRF (most relevant first: lower is better) and LeRF (least relevant first: higher is "
-    "better). The dashed line is a random patch order. Every parameter is in faithfulness.json.")
+    "better). SaCo (Wu et al. 2024): whether the map's salience of ten groups of patches tracks the drop each "
+    "group's removal causes, in [-1, 1] (higher is better; a map unrelated to the model scores about 0). The grey "
+    "dotted line is a random map, the grey dash-dotted one an edge detector (Sobel magnitude per patch): the floors "
+    "every method should beat. Every parameter is in faithfulness.json.")
 
 
 def faithfulness_table(result: dict) -> str:
@@ -211,10 +215,11 @@ def faithfulness_table(result: dict) -> str:
     rows = "\n".join(
         f"<tr><td>{e(m['label'])}</td><td>{m['deletion_auc']:.3f}</td><td>{m['insertion_auc']:.3f}</td>"
         f"<td>{m['positive_auc']:.2f}</td><td>{m['negative_auc']:.2f}</td>"
-        f"<td>{m['road_morf_auc']:.2f}</td><td>{m['road_lerf_auc']:.2f}</td></tr>" for m in result["methods"].values())
+        f"<td>{m['road_morf_auc']:.2f}</td><td>{m['road_lerf_auc']:.2f}</td><td>{m.get('saco', float('nan')):.3f}"
+        "</td></tr>" for m in result["methods"].values())
     return ("<table><tr><th>method</th><th>deletion AUC &darr;</th><th>insertion AUC &uarr;</th>"
             "<th>positive perturbation AUC &darr;</th><th>negative perturbation AUC &uarr;</th>"
-            "<th>ROAD MoRF AUC &darr;</th><th>ROAD LeRF AUC &uarr;</th></tr>"
+            "<th>ROAD MoRF AUC &darr;</th><th>ROAD LeRF AUC &uarr;</th><th>SaCo &uarr;</th></tr>"
             f"{rows}</table>")
 
 
