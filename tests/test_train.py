@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import free_port
 from PIL import Image
 
 import vitlab
@@ -198,7 +199,7 @@ def test_two_process_torchrun_matches_one_process(tmp_path, cache_dir):
     run_cli("train", *common, "--out", tmp_path / "one")
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                           "--master_port", "29531", "-m", "vitlab", "train", *map(str, common),
+                           "--master_port", str(free_port()), "-m", "vitlab", "train", *map(str, common),
                            "--out", str(tmp_path / "two")], capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     one, two = metrics(tmp_path / "one"), metrics(tmp_path / "two")
@@ -215,7 +216,7 @@ def test_torchrun_under_a_time_budget_keeps_replicas_identical(tmp_path, cache_d
     """Rank 0 owns the clock: both ranks take the same steps with the same learning rates and sizes."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                           "--master_port", "29533", "-m", "vitlab", "train", *TINY, "--time-budget", "0.15",
+                           "--master_port", str(free_port()), "-m", "vitlab", "train", *TINY, "--time-budget", "0.15",
                            "--progressive-scale", "0.5", "--cache-dir", str(cache_dir), "--out", str(tmp_path / "tb")],
                           capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
