@@ -1,11 +1,15 @@
 # `make run` trains on the embedded default data set; `make test` runs the tests (all but those marked slow),
 # `make test-all` all of them; both first check that the imports follow the layers declared in pyproject.toml
-# (lint-imports). Each creates .venv on first use: `run` installs what running needs (PyTorch pinned
-# by constraints.txt), `test` and `test-all` add the test extras (pytest, ruff, import-linter, selenium, onnx, ...).
+# (lint-imports), then run the tests in one process per core (pytest-xdist), each on one torch thread
+# (tests/conftest.py); `test-all` ends by naming its 25 slowest tests, so that one growing slow is seen. Each creates
+# .venv on first use: `run` installs what running needs (PyTorch pinned by constraints.txt), `test` and `test-all`
+# add the test extras (pytest, pytest-xdist, ruff, import-linter, selenium, onnx, ...).
 VENV ?= .venv
 PY := $(VENV)/bin/python
 RUN_STAMP := $(VENV)/.installed-run
 TEST_STAMP := $(VENV)/.installed-test
+# a test module goes to one worker whole, so its module-scoped fixtures (a trained run several tests read) run once
+PYTEST := $(PY) -m pytest -q -n auto --dist loadscope
 
 $(RUN_STAMP): pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
@@ -23,11 +27,11 @@ run: $(RUN_STAMP)
 
 test: $(TEST_STAMP)
 	$(VENV)/bin/lint-imports
-	$(PY) -m pytest -q -m "not slow"
+	$(PYTEST) -m "not slow"
 
 test-all: $(TEST_STAMP)
 	$(VENV)/bin/lint-imports
-	$(PY) -m pytest -q
+	$(PYTEST) --durations=25
 
 lint: $(TEST_STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks

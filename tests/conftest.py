@@ -1,5 +1,6 @@
 import hashlib
 import os
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -17,7 +18,19 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("VITLAB_SHARED", ROOT.parent / "shared"))
 PARITY = SHARED / "parity"
 
-torch.set_num_threads(min(2, os.cpu_count() or 1))
+# Under pytest-xdist (`make test` runs one worker per core) each worker keeps to one thread, and so do the commands
+# it starts (OMP_NUM_THREADS): two workers each spreading tiny ops over every core would only wait on each other.
+WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+if WORKER:
+    os.environ["OMP_NUM_THREADS"] = "1"
+torch.set_num_threads(1 if WORKER else min(2, os.cpu_count() or 1))
+
+
+def free_port() -> int:
+    """A TCP port free now on 127.0.0.1, for a torchrun rendezvous: tests that run side by side never share one."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 @pytest.fixture(autouse=True)

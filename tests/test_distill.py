@@ -8,6 +8,7 @@ import sys
 import pytest
 import torch
 import torch.nn as nn
+from conftest import free_port
 
 import vitlab
 from vitlab.train.tasks.distillation import TrainLoss
@@ -252,8 +253,8 @@ def test_teacher_once_without_a_teacher_or_with_mixed_images_is_refused(options,
 
 def _run(*args, torchrun=False):
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    prefix = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29533"] \
-        if torchrun else [sys.executable]
+    prefix = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+              str(free_port())] if torchrun else [sys.executable]
     proc = subprocess.run([*prefix, "-m", "vitlab", "train", *map(str, args)], capture_output=True, text=True,
                           env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -45,9 +45,10 @@ def _small_input_args(name):
     stride = args.get("patch_size") or 16
     if "backbone_layers" in args:  # ResNetV2 hybrids: the projection's kernel sits on the backbone's reduced map
         stride *= 2 ** (2 + max(len(args["backbone_layers"]) - 1, 0))
-    # today's backbones, and any model wider and deeper than ViT-L (a 7B DINOv3 would take tens of GB): their
-    # options at two blocks of 8 channels per head
-    big = args.get("embed_dim", 0) * args.get("depth", 0) > 1024 * 24
+    # today's backbones, and any model as wide and deep as ViT-B or more (a 7B DINOv3 would take tens of GB, and
+    # the sixty ViT-B and ViT-L names minutes): their options at two blocks of 8 channels per head; each is built at
+    # its real size on the meta device by test_registered_models_carry_consistent_facts
+    big = args.get("embed_dim", 0) * args.get("depth", 0) >= 768 * 12
     if name.startswith("gemma4_vit_"):  # a grid its encoder's 3x3 soft-token cells split
         stride *= 3
     # an encoder whose output is tokens (Qwen3's and Gemma 4's _enc) keeps num_classes 0

@@ -39,6 +39,7 @@ from vitlab.train.schedule import Plateau
 from vitlab.train.state import TrainState, save_checkpoint
 
 TINY = ["--model", "vit_micro_patch2_8", "--batch-size", "64", "--precision", "fp32", "--threads", "1"]
+SHORT = [*TINY, "--train-fraction", "0.1"]  # three steps an epoch: a run's writes are the same at any size
 VALUES = ("epoch", "step", "train_loss", "train_acc", "lr", "test_loss", "test_top1", "test_top5", "ema_test_top1")
 
 
@@ -77,7 +78,7 @@ def uninterrupted(tmp_path_factory):
         m.setenv("VITLAB_CACHE", str(tmp_path_factory.mktemp("cache")))
         for ema in ("0", "0.9"):
             out = tmp_path_factory.mktemp("whole") / "run"
-            assert main(["train", *TINY, "--epochs", "2", "--ema-decay", ema, "--out", str(out)]) == 0
+            assert main(["train", *SHORT, "--epochs", "2", "--ema-decay", ema, "--out", str(out)]) == 0
             runs[ema] = out
     return runs
 
@@ -100,7 +101,7 @@ def test_a_disk_filling_at_any_write_leaves_whole_files_and_the_run_finishes_as_
             return real_fsync(fd)
 
         monkeypatch.setattr(atomic.os, "fsync", fsync)
-        fresh = ["train", *TINY, "--epochs", "2", "--ema-decay", "0", "--out", out]
+        fresh = ["train", *SHORT, "--epochs", "2", "--ema-decay", "0", "--out", out]
         code, err, _ = run_cli(capsys, fresh)
         monkeypatch.setattr(atomic.os, "fsync", real_fsync)
         if code == 0:
@@ -207,7 +208,7 @@ def test_a_resume_of_a_folder_whose_files_disagree_is_refused(damage, said, unin
 def test_another_runs_checkpoint_is_refused(uninterrupted, tmp_path, capsys):
     out = unfinished(uninterrupted, tmp_path)
     other = tmp_path / "other"
-    assert main(["train", *TINY, "--epochs", "2", "--out", str(other)]) == 0  # the same recipe, another run
+    assert main(["train", *SHORT, "--epochs", "2", "--out", str(other)]) == 0  # the same recipe, another run
     shutil.copy(other / "checkpoint.pt", out / "checkpoint.pt")
     before, _ = checksums(out), capsys.readouterr()
     err = error_line(capsys, ["train", "--resume", out])

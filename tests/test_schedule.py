@@ -47,7 +47,8 @@ def test_schedule_writes_each_steps_rate_into_every_group_times_the_plateau_fact
 def test_early_stop_ends_a_run_that_does_not_improve(tmp_path, cache_dir):
     out = tmp_path / "run"
     summary = train(load_recipe(None, model="vit_micro_patch2_8", epochs=40, lr=1e-9, min_lr=0.0, warmup=0.0,
-                                early_stop=2, plateau_patience=1, precision="fp32", threads=1, out=str(out)))
+                                early_stop=2, plateau_patience=1, train_fraction=0.1, precision="fp32", threads=1,
+                                out=str(out)))
     assert summary["stopped_early"] and summary["epochs"] < 40
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == summary["epochs"]

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import free_port
 from PIL import Image
 from safetensors.torch import load_file
 
@@ -276,7 +277,7 @@ def test_two_processes_of_two_readers_each_see_every_image_once(shard_dir, cache
     _, train_pattern, test_pattern = shard_dir  # 5 shards for 2 ranks x 2 workers: one shard is split by index
     script = tmp_path / "readers.py"
     script.write_text(READERS)
-    proc = torchrun(script, train_pattern, test_pattern, tmp_path, port=29547)
+    proc = torchrun(script, train_pattern, test_pattern, tmp_path, port=free_port())
     assert proc.returncode == 0, proc.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     for epoch in ("0", "1"):
@@ -287,7 +288,7 @@ def test_two_processes_of_two_readers_each_see_every_image_once(shard_dir, cache
     run = tmp_path / "run"  # and a whole run under torchrun, from the shards
     proc = torchrun("-m", "vitlab", "train", "--data", train_pattern, "--test-data", test_pattern, "--model",
                     "vit_micro_patch2_8", "--model-arg", "in_chans=3", "--batch-size", "16", "--precision", "fp32",
-                    "--threads", "1", "--epochs", "2", "--workers", "2", "--out", run, port=29548)
+                    "--threads", "1", "--epochs", "2", "--workers", "2", "--out", run, port=free_port())
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = read_summary(run)
     assert summary.processes == 2 and summary.replicas_in_sync and summary.num_train == 90

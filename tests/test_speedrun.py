@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import ROOT
+from conftest import ROOT, free_port
 from torch import nn
 
 import vitlab
@@ -304,7 +304,8 @@ def test_stem_freezes_mid_run_under_torchrun(tmp_path):
     out = tmp_path / "run"
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-                           "29541", "-m", "vitlab", "train", "--config", str(ROOT / "recipes/cifar10_airbench.yaml"),
+                           str(free_port()), "-m", "vitlab", "train", "--config",
+                           str(ROOT / "recipes/cifar10_airbench.yaml"),
                            "--data", "digits", "--img-size", "8", "--model-arg", "in_chans=1", "--model-arg",
                            "widths=[16,32]", "--epochs", "3", "--batch-size", "64", "--freeze-stem-after", "1",
                            "--no-tta", "--tta-translate", "0", "--precision", "fp32", "--out", str(out)],

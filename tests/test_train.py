@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import free_port
 from PIL import Image
 
 import vitlab
@@ -96,7 +97,7 @@ def test_refuses_to_overwrite_and_resume_needs_run(tmp_path, cache_dir):
 
 @pytest.mark.slow
 def test_resume_after_kill_matches_uninterrupted(tmp_path, cache_dir):
-    common = [*TINY, "--epochs", "8", "--cache-dir", cache_dir]
+    common = [*TINY, "--epochs", "8", "--train-fraction", "0.2", "--cache-dir", cache_dir]
     run_cli("train", *common, "--out", tmp_path / "full")
     victim = tmp_path / "killed"
     kill_at("epoch 3:", "train", *common, "--out", victim)
@@ -112,7 +113,7 @@ def test_resume_after_kill_matches_uninterrupted(tmp_path, cache_dir):
 def test_sigterm_stops_a_run_as_ctrl_c_does_and_names_the_command_that_continues_it(tmp_path, cache_dir):
     """`kill PID` (SIGTERM, a scheduler's stop) mid-run: exit 130 with one last line that names the --resume
     command, nothing looks finished, and that command finishes the run."""
-    common = [*TINY, "--epochs", "8", "--cache-dir", cache_dir]
+    common = [*TINY, "--epochs", "8", "--train-fraction", "0.2", "--cache-dir", cache_dir]
     out = tmp_path / "stopped"
     proc = subprocess.Popen([sys.executable, "-m", "vitlab", "train", *map(str, common), "--out", str(out)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
@@ -198,7 +199,7 @@ def test_two_process_torchrun_matches_one_process(tmp_path, cache_dir):
     run_cli("train", *common, "--out", tmp_path / "one")
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                           "--master_port", "29531", "-m", "vitlab", "train", *map(str, common),
+                           "--master_port", str(free_port()), "-m", "vitlab", "train", *map(str, common),
                            "--out", str(tmp_path / "two")], capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     one, two = metrics(tmp_path / "one"), metrics(tmp_path / "two")
@@ -215,7 +216,7 @@ def test_torchrun_under_a_time_budget_keeps_replicas_identical(tmp_path, cache_d
     """Rank 0 owns the clock: both ranks take the same steps with the same learning rates and sizes."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                           "--master_port", "29533", "-m", "vitlab", "train", *TINY, "--time-budget", "0.15",
+                           "--master_port", str(free_port()), "-m", "vitlab", "train", *TINY, "--time-budget", "0.15",
                            "--progressive-scale", "0.5", "--cache-dir", str(cache_dir), "--out", str(tmp_path / "tb")],
                           capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -269,7 +270,7 @@ def _digit_folder(root: Path, classes, size: int, per_class: int, seed: int = 0)
 @pytest.mark.slow
 def test_finetune_beats_scratch_on_new_classes_and_size(tmp_path, cache_dir):
     pre = tmp_path / "pretrained"
-    run_cli("train", *TINY, "--epochs", "50", "--cache-dir", cache_dir, "--out", pre)
+    run_cli("train", *TINY, "--epochs", "20", "--cache-dir", cache_dir, "--out", pre)
     target = tmp_path / "target"
     _digit_folder(target, {0: "zero", 1: "one", 2: "two", 3: "three", 4: "four"}, size=16, per_class=12)
     budget = ["--epochs", "15", "--batch-size", "20", "--precision", "fp32", "--threads", "1", "--hflip",
