@@ -40,7 +40,8 @@ def test_vitlab_help_lists_every_command_as_the_full_parser_does_without_importi
 @pytest.mark.parametrize("command, flag, default", [
     ("eval", "--precision", "auto"), ("train", "--precision", None),  # train: None = the recipe's default
     ("predict", "--precision", "auto"), ("probe", "--precision", "auto"), ("inspect", "--precision", "auto"),
-    ("eval", "--batch-size", 256), ("inspect", "--batch-size", 64), ("eval", "--device", "auto"),
+    ("eval", "--batch-size", None), ("inspect", "--batch-size", 64),  # eval: None = 64 on a CPU, 256 on a GPU
+    ("eval", "--device", "auto"),
     ("predict", "--device", "auto"), ("inspect", "--device", "auto"), ("study", "--data", "cifar10"),
     ("study", "--epochs", None), ("eval", "--download", False), ("eval", "--tta", False),
 ])
@@ -96,6 +97,7 @@ def test_null_on_the_command_line_takes_a_recipe_s_value_away(tmp_path, capsys):
     assert loaded("--time-budget", "null", "--epochs", "13").time_budget is None
     assert loaded("--time-budget", "~").time_budget is None and loaded("--time-budget", "7").time_budget == 7
     assert loaded("--crop", "none").augment.crop == "none"  # a word of the field's own, not YAML's none
+    capsys.readouterr()  # the "auto:" lines of the recipes above (no model named: chosen for the data)
     err = error_line(capsys, ["train", "--config", str(recipe), "--epochs", "null", "--out", str(tmp_path / "x")])
     assert "epochs" in err and "accepted: an integer >= 1" in err, err
     assert not (tmp_path / "x").exists()

@@ -362,7 +362,7 @@ def test_files_nested_beyond_reading_are_one_line_wherever_they_are_read(tmp_pat
 
     def deep(*args, **kwargs):  # any other reader: the command line's last guard says it in one line
         raise RecursionError("maximum recursion depth exceeded")
-    monkeypatch.setattr(vitlab.checkpoint, "read_config", deep)
+    monkeypatch.setattr(vitlab.checkpoint, "read_model_config", deep)
     line = error_line(capsys, ["predict", str(saved), str(pngs / "a" / "0.png")])
     assert "an input file nests deeper than vitlab reads" in line
 

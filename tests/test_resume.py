@@ -10,7 +10,7 @@ import vitlab
 from vitlab.cli import main
 from vitlab.runs.format import read_history, read_summary
 from vitlab.train import load_recipe, train
-from vitlab.train import trainer as trainer_module
+from vitlab.train import setup as run_setup
 
 TINY = dict(model="vit_micro_patch2_8", batch_size=64, train_fraction=0.1, precision="fp32", threads=1, epochs=3)
 ROW = ("epoch", "step", "train_loss", "train_acc", "lr", "test_loss", "test_top1", "ema_test_top1")
@@ -49,14 +49,14 @@ def recipe(values: dict, teacher, out) -> object:
 
 def stop_after_epoch(monkeypatch, k: int) -> None:
     """The next run stops (as if killed) right after its epoch k's checkpoint is written."""
-    real, saved = trainer_module.save_checkpoint, []
+    real, saved = run_setup.save_checkpoint, []
 
     def save_then_stop(*args, **kwargs):
         real(*args, **kwargs)
         saved.append(1)
         if len(saved) == k:
             raise KeyboardInterrupt
-    monkeypatch.setattr(trainer_module, "save_checkpoint", save_then_stop)
+    monkeypatch.setattr(run_setup, "save_checkpoint", save_then_stop)  # Run.checkpoint's writer
 
 
 def rows(out) -> list[dict]:

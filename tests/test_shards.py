@@ -189,7 +189,7 @@ def test_a_run_trains_from_a_shard_pattern_seeing_every_image_once_an_epoch(shar
 
 
 def stop_at_checkpoint(monkeypatch, k: int) -> None:
-    """The next run stops (as if killed) right after its k-th checkpoint within an epoch is written."""
+    """The next run stops (as if killed) right after its k-th checkpoint (within an epoch or at its end) is written."""
     real, saved = run_setup.save_checkpoint, []
 
     def save_then_stop(*args, **kwargs):
@@ -210,7 +210,7 @@ def test_a_run_stopped_within_an_epoch_resumes_there_as_if_never_stopped(source,
     whole, stopped = tmp_path / "whole", tmp_path / "stopped"
     train(load_recipe(None, **common, out=str(whole)), log=lambda m: None)
     with monkeypatch.context() as m:
-        stop_at_checkpoint(m, 3)  # steps 2 and 4 of epoch 1, then step 2 of epoch 2 (6 steps an epoch)
+        stop_at_checkpoint(m, 4)  # steps 2 and 4 of epoch 1, its end, then step 2 of epoch 2 (6 steps an epoch)
         with pytest.raises(KeyboardInterrupt):
             train(load_recipe(None, **common, out=str(stopped)), log=lambda m: None)
     lines = []

@@ -46,6 +46,7 @@ from .runs.format import (
     SUMMARY,
     check_out_dir,
     is_finished,
+    read_config,
     read_history,
     read_summary,
 )
@@ -244,7 +245,9 @@ def predict(model: ModelLike, images: Any, *, batch_size: int = PREDICT_BATCH, p
     module = classifier(model)
     folder = None if isinstance(model, nn.Module) else model
     precision = inference_precision(module, precision, next(module.parameters()).device, folder)
-    many = isinstance(images, (list, tuple)) or (isinstance(images, (np.ndarray, torch.Tensor)) and images.ndim == 4)
+    grey = module.pretrained_cfg["input_size"][0] == 1  # (N, H, W): several one-channel images, as Keras's MNIST
+    many = isinstance(images, (list, tuple)) or (isinstance(images, (np.ndarray, torch.Tensor)) and (
+        images.ndim == 4 or grey and is_grey_batch(np.asarray(images))))
     items = images if many else [images]
     if not len(items):
         decode_images(items, module.pretrained_cfg)  # the one line for no images
@@ -415,11 +418,14 @@ def new_recipe(model: ModelLike, data: Any, out: str | os.PathLike | None, names
     if isinstance(model, nn.Module):
         save_start(model, start)
     if auto:  # the model, schedule and augmentation the rule table chooses for the data (train/auto.py)
-        values = auto_values(recipe_values(None, out=None if out is None else str(folder), **values), say)
+        said: list[str] = []  # the choice's line, said once the options given are known to be used
+        values = auto_values(recipe_values(None, out=None if out is None else str(folder), **values), said.append)
         if out is None:
             values["out"] = str(new_run_folder(values["model"]))
         recipe = make_recipe(values)
         check_given(recipe, None, options)  # an option given that the chosen recipe would not use
+        for line in said:
+            say(line)
         return recipe
     return load_recipe(None, out=str(folder), **values)
 
@@ -473,6 +479,7 @@ def resumed_recipe(folder: str | os.PathLike, given: dict[str, Any], refused: Se
     folder = Path(folder)
     if not (folder / CONFIG_YAML).is_file():
         raise NotFoundError(f"{folder} is not a run folder: it has no {CONFIG_YAML}")
+    read_config(folder)  # a config.yaml edited or damaged: one line naming it, before any option is weighed
     given = {k: v for k, v in given.items() if v is not None}
     changed = [named(n) for n in given if n not in ON_RESUME] + list(refused)
     if changed:

@@ -73,8 +73,11 @@ def recipe_of(args: argparse.Namespace):
         given["model_args"] = parse_model_args(args.model_arg)
     values = recipe_values(args.config, out=args.out, **given)
     make_recipe(values)  # every option checked before the data is read for the choice
-    recipe = make_recipe(auto_values(values, log_line))
+    said: list[str] = []  # the choice's line, said once the options given are known to be used
+    recipe = make_recipe(auto_values(values, said.append))
     check_given(recipe, args.config, {"out": args.out, **given})  # an option given that the run would not use
+    for line in said:
+        log_line(line)
     return recipe
 
 

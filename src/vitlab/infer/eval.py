@@ -50,7 +50,8 @@ def evaluate_images(model: torch.nn.Module, images: torch.Tensor, labels: torch.
     labels are mapped onto the model's classes by name where it names them. Logits that hold a NaN or an Inf are
     refused (ValueError naming ``source``), never scored."""
     check_has_head(model, source, "evaluate")
-    check_batch_size(options.batch_size)
+    if options.batch_size is not None:  # None: the device's own (eval_batch)
+        check_batch_size(options.batch_size)
     prep = Preprocess.from_cfg(model.pretrained_cfg)
     if tuple(images.shape[-2:]) != prep.size:  # a store folder of another size
         images = torch.cat([prep.apply(x) for x in images.split(1024)] or [images])
@@ -95,7 +96,8 @@ def evaluate_folder(model_path: str | os.PathLike, data: str | None = None, out:
 def _evaluate(model_path, data, out, batch_size, precision, cache_dir, download, tta, device, tta_translate) -> dict:
     if tta_translate and not tta:
         raise VitlabError(f"tta_translate={tta_translate} needs --tta; accepted without it: 0")
-    check_batch_size(batch_size)
+    if batch_size is not None:  # None: the device's own (eval_batch)
+        check_batch_size(batch_size)
     split = read_split(model_path)
     own = data is None
     data = data or split.get("data")

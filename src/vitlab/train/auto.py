@@ -215,7 +215,7 @@ def measure_rates(values: Mapping[str, Any], facts: Facts, threads: int | None =
     own optimiser left out (its cost is small beside the step's)."""
     rules = rules or read_table()["rules"]
     n, steps = rules["probe_batch"], rules["probe_steps"]
-    old = torch.get_num_threads()
+    old, rng = torch.get_num_threads(), torch.random.get_rng_state()  # the probe leaves both as they were
     if threads:
         torch.set_num_threads(threads)
     try:
@@ -241,6 +241,7 @@ def measure_rates(values: Mapping[str, Any], facts: Facts, threads: int | None =
             evaluate = n * steps / max(now() - t0, 1e-9)
     finally:
         torch.set_num_threads(old)
+        torch.random.set_rng_state(rng)
     return {"train": train, "eval": evaluate}
 
 

@@ -38,7 +38,7 @@ from ..runs.identity import (
 from .build import build_model_and_data, describe_plan, epoch_plan, freeze, prepare_model
 from .clock import RunClock
 from .distributed import Dist, barrier, broadcast_flag, broadcast_state, on_rank0
-from .feed import BatchFeeder, ShardFeeder, fits_on_device
+from .feed import BatchFeeder, EpochPlan, ShardFeeder, fits_on_device
 from .optim import Lookahead, describe_groups, recipe_optimizer
 from .progressive import ProgressiveResize
 from .recipe import Recipe
@@ -563,3 +563,41 @@ def choose_precision(recipe: Recipe, model: nn.Module, augment: BatchAugment, im
     precision = "bf16" if broadcast_flag(precision == "bf16", dist) else "fp32"  # rank 0's hardware decides
     log(f"precision auto: {'bf16' if precision == 'bf16' else 'float32'} ({why})")
     return precision
+
+
+def epoch_plan_of(run: Run, epoch: int) -> EpochPlan:
+    """The epoch's batches on this rank: their order depends on (seed, epoch) only."""
+    recipe, dist = run.recipe, run.dist
+    return EpochPlan(run.data.num_train, run.per_epoch, epoch_seed(recipe.seed, epoch, 0), dist.rank, dist.world,
+                     recipe.augment.repeated_aug)
+
+
+def batch_sizes(run: Run) -> list[int]:
+    """The size of every whole batch of an epoch (all ranks together)."""
+    return run.feeder.sizes(epoch_plan_of(run, 0))
+
+
+def images_trained(run: Run) -> int:
+    """The training images the run's steps took: every image of each whole epoch, then the first batches of the
+    last one (all ranks together)."""
+    whole, part = divmod(run.state.step, run.per_epoch)
+    return whole * run.data.num_train + sum(batch_sizes(run)[:part])
+
+
+def track_best(run: Run, score: float) -> None:
+    """Step the plateau schedule and the best score so far."""
+    recipe, state = run.recipe, run.state
+    if state.plateau.step(score) and recipe.plateau_patience:
+        run.log(f"no improvement for {recipe.plateau_patience} evaluations: lr scale now {state.plateau.scale:g}")
+    if score > state.best:
+        state.best, state.since_best = score, 0
+    else:
+        state.since_best += 1
+
+
+def early_stop_due(run: Run) -> bool:
+    """True (and said) when the recipe's early stopping ends the run here."""
+    if run.recipe.early_stop and run.state.since_best >= run.recipe.early_stop:
+        run.log(f"early stop: no improvement for {run.state.since_best} evaluations")
+        return True
+    return False

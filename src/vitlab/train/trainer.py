@@ -31,19 +31,23 @@ from .distributed import (
     init_distributed,
     replicas_agree,
 )
-from .feed import EpochPlan
 from .lora import finish_lora
 from .recipe import Recipe
 from .setup import (
     Run,
+    batch_sizes,
     check_sources_outside,
     claim_out,
+    early_stop_due,
+    epoch_plan_of,
     epoch_seed,
     held_out,
+    images_trained,
     model_name,
     run_net,
     set_up,
     torch_globals_kept,
+    track_best,
 )
 from .shard import gathered
 from .state import take_place
@@ -102,18 +106,6 @@ def _train(recipe: Recipe, dist: Dist, resume: bool, log: Callable[[str], None],
     return finish(run, final_metrics, stopped_early, t_start)
 
 
-def epoch_plan_of(run: Run, epoch: int) -> EpochPlan:
-    """The epoch's batches on this rank: their order depends on (seed, epoch) only."""
-    recipe, dist = run.recipe, run.dist
-    return EpochPlan(run.data.num_train, run.per_epoch, epoch_seed(recipe.seed, epoch, 0), dist.rank, dist.world,
-                     recipe.augment.repeated_aug)
-
-
-def batch_sizes(run: Run) -> list[int]:
-    """The size of every whole batch of an epoch (all ranks together)."""
-    return run.feeder.sizes(epoch_plan_of(run, 0))
-
-
 def train_epoch(run: Run) -> tuple[EpochRow | None, bool]:
     """One epoch of steps; returns its row (None when the budget ran out before its first step) and whether the
     budget cut it short."""
@@ -168,13 +160,6 @@ def train_epoch(run: Run) -> tuple[EpochRow | None, bool]:
     return row, cut
 
 
-def images_trained(run: Run) -> int:
-    """The training images the run's steps took: every image of each whole epoch, then the first batches of the
-    last one (all ranks together)."""
-    whole, part = divmod(run.state.step, run.per_epoch)
-    return whole * run.data.num_train + sum(batch_sizes(run)[:part])
-
-
 def show_running(run: Run, meter: EpochMeter, epoch: int, epoch_t0: float) -> None:
     """Read the running totals back: stop a diverged run, and show loss, accuracy and speed on the bar."""
     dist, state = run.dist, run.state
@@ -224,25 +209,6 @@ def better_of_ema(run: Run, metrics: dict[str, dict]) -> tuple[dict[str, dict], 
     ema_metrics = run.evaluate(run.state.ema)
     better = score(ema_metrics["logits"]) > score(metrics["logits"])
     return ({**ema_metrics, "ema": True} if better else metrics), ema_metrics["logits"]["top1"]
-
-
-def track_best(run: Run, score: float) -> None:
-    """Step the plateau schedule and the best score so far."""
-    recipe, state = run.recipe, run.state
-    if state.plateau.step(score) and recipe.plateau_patience:
-        run.log(f"no improvement for {recipe.plateau_patience} evaluations: lr scale now {state.plateau.scale:g}")
-    if score > state.best:
-        state.best, state.since_best = score, 0
-    else:
-        state.since_best += 1
-
-
-def early_stop_due(run: Run) -> bool:
-    """True (and said) when the recipe's early stopping ends the run here."""
-    if run.recipe.early_stop and run.state.since_best >= run.recipe.early_stop:
-        run.log(f"early stop: no improvement for {run.state.since_best} evaluations")
-        return True
-    return False
 
 
 def record_epoch(run: Run, row: EpochRow) -> None:
