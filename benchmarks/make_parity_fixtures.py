@@ -127,9 +127,17 @@ TIMM = {
     # tokens (570m); the soft-token pool splits grids into 3x3 cells
     "timm_gemma4": ("gemma4_vit_167m", dict(GEMMA4_TINY, num_classes=5), (24, 20)),
     "timm_gemma4_enc": ("gemma4_vit_570m_enc", dict(GEMMA4_TINY, num_kv_heads=1), (12, 24)),
+    # DeepSeek-V4's tower: RMSNorm, bias-free packed SwiGLU, RoPE only; the classifier, the classifier over the
+    # aligner's tokens, the encoder (the aligner's tokens out); the aligner pads the 4x7 and 5x7 grids to its 3x3
+    # blocks, and the encoder pads 18x26 images to its 4-pixel patches (dynamic_img_pad)
+    "timm_deepseek": ("deepseek_vit_412m", dict(TINY, img_size=24, patch_size=4, num_classes=5), (20, 28)),
+    "timm_deepseek_align": ("deepseek_vit_412m_align", dict(TINY, img_size=24, patch_size=4, num_classes=5,
+                                                            out_features=8), (16, 28)),
+    "timm_deepseek_enc": ("deepseek_vit_412m_enc", dict(TINY, img_size=24, patch_size=4, out_features=8,
+                                                        dynamic_img_pad=True), (18, 26)),
 }
 # timm classes that take every input size without being asked (no dynamic_img_size argument)
-ANY_SIZE = ("qwen3_vit_", "gemma4_vit_")
+ANY_SIZE = ("qwen3_vit_", "gemma4_vit_", "deepseek_vit_")
 # the size only in pretrained_cfg.input_size, as older timm exports write it
 SIZE_IN_PRETRAINED_CFG = {"timm_dinov2"}
 # built from timm's class with the name's pretrained_cfg: the registered function fixes the width and depth (timm
@@ -263,10 +271,10 @@ def buffers_that_matter(model: nn.Module) -> None:
 
 
 def tokens(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """The trunk's token sequence (B, N, D): forward_features, or for Qwen3's and Gemma 4's towers (Qwen3's
-    forward_features is a (B, h, w, D) grid; a classifier over the merger's or soft tokens returns those) their
-    encoder's, the grid flattened."""
-    if type(model).__name__.startswith(("Qwen3Vit", "Gemma4Vit")):
+    """The trunk's token sequence (B, N, D): forward_features, or for Qwen3's, Gemma 4's and DeepSeek's towers
+    (Qwen3's and DeepSeek's forward_features is a (B, h, w, D) grid; a classifier over the merger's, soft or aligned
+    tokens returns those) their encoder's, the grid flattened."""
+    if type(model).__name__.startswith(("Qwen3Vit", "Gemma4Vit", "DeepseekVit")):
         out = getattr(model, "encoder", model).forward_features(x)
         return out.flatten(1, 2) if out.ndim == 4 else out
     return model.forward_features(x)
@@ -284,7 +292,7 @@ def timm_folder(name: str, arch: str, args: dict[str, Any], second: tuple[int, i
         (folder / "config.json").write_text(json.dumps(cfg, indent=2))
     back = (timm.create_model(f"local-dir:{folder}", pretrained=True) if name not in BY_CLASS else  # timm reads its
             timm_class(name, args, folder)).eval()  # own folder back
-    trunk = getattr(ref, "encoder", ref)  # Qwen3's and Gemma 4's classifiers hold their trunk under encoder
+    trunk = getattr(ref, "encoder", ref)  # the VLM towers' classifiers hold their trunk under encoder
     embed = getattr(trunk, "patch_embed", getattr(ref, "stem", None))  # Mixer: stem
     x = torch.randn(BATCH, 3, *getattr(embed, "img_size", None) or (args["img_size"],) * 2)  # Gemma 4: no img_size
     with torch.no_grad():

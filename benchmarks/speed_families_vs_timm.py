@@ -55,6 +55,8 @@ CASES = {  # label -> (timm name, model arguments, batch)
     "AIMv2": ("aimv2_large_patch14_224", dict(SMALL, img_size=98), 32),
     "Qwen3-VL ViT": ("qwen3_vit_88m", dict(SMALL, pos_embed_grid_size=6), 32),
     "Qwen3-VL ViT, merger": ("qwen3_vit_88m_merge", dict(SMALL, pos_embed_grid_size=6, out_features=192), 32),
+    "DeepSeek ViT": ("deepseek_vit_412m", dict(SMALL, img_size=98), 32),
+    "DeepSeek ViT, aligner": ("deepseek_vit_412m_align", dict(SMALL, img_size=98, out_features=192), 32),
     "Gemma 4 ViT": ("gemma4_vit_167m", dict(SMALL, head_dim=64, intermediate_size=768, position_embedding_size=64), 32),
     "R+ViT-Ti/16 hybrid": ("vit_tiny_r_s16_p8_224", dict(num_classes=10), 16),
     "R26+ViT-S/32 hybrid, at 128": ("vit_small_r26_s32_224", dict(img_size=128, num_classes=10), 8),

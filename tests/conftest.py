@@ -199,6 +199,11 @@ FAMILIES = (
                                                   head_dim=16, intermediate_size=64, position_embedding_size=16,
                                                   pooling_kernel_size=2, encoder_pool="soft", num_classes=10),
            ("mhsa",) * 2, timm=True, hf=False),
+    Family("deepseek", "deepseek_vit_412m", dict(img_size=32, patch_size=4, embed_dim=32, depth=2, num_heads=2,
+                                                 num_classes=10), ("mhsa",) * 2, timm=True, hf=False),
+    Family("deepseek_align", "deepseek_vit_412m_align", dict(img_size=32, patch_size=4, embed_dim=32, depth=2,
+                                                             num_heads=2, out_features=16, num_classes=10),
+           ("mhsa",) * 2, timm=True, hf=False),
     Family("resnet", "resnet10_32", dict(widths=(8, 16, 32, 64)), (), timm=False, hf=False),  # CIFAR stem: not timm's
     Family("airbench", "airbench_32", dict(widths=(8, 16, 16)), (), timm=False, hf=False),
     Family("airbench_hybrid", "vit_nano_airbench_32", dict(stem_widths=(8, 16, 16), stem_pad=False, embed_dim=32,

@@ -65,11 +65,12 @@ def test_timm_folder_round_trip(tmp_path, family):
     assert {"input_size", "mean", "std", "interpolation", "crop_pct", "num_classes", "first_conv",
             "classifier"} <= cfg["pretrained_cfg"].keys()
     assert "distilled" not in cfg["model_args"]
-    assert ("norm_eps" in cfg["model_args"]) is family.startswith(("qwen3", "gemma4"))  # their timm classes take it
+    assert ("norm_eps" in cfg["model_args"]) is family.startswith(("qwen3", "gemma4", "deepseek"))  # timm's take it
     prefixes = {"deit": "deit_", "convit": "convit_", "cait": "cait_", "deit3": "deit3_", "beit": "beit_",
                 "beit_shared": "beit_", "mixer": "mixer_", "eva02": "eva02_", "naflex_siglip": "naflexvit_",
                 "eva_post_norm": "eva02_", "aimv2": "aimv2_",
-                "qwen3": "qwen3_", "qwen3_merge": "qwen3_", "gemma4": "gemma4_", "gemma4_soft": "gemma4_"}
+                "qwen3": "qwen3_", "qwen3_merge": "qwen3_", "gemma4": "gemma4_", "gemma4_soft": "gemma4_",
+                "deepseek": "deepseek_", "deepseek_align": "deepseek_"}
     assert cfg["architecture"].startswith(prefixes.get(family, "vit_"))
     keys = load_file(folder / "model.safetensors").keys()
     if family == "cait":  # timm's LayerScale names in CaiT

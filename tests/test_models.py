@@ -51,9 +51,9 @@ def _small_input_args(name):
     big = args.get("embed_dim", 0) * args.get("depth", 0) >= 768 * 12
     if name.startswith("gemma4_vit_"):  # a grid its encoder's 3x3 soft-token cells split
         stride *= 3
-    # an encoder whose output is tokens (Qwen3's and Gemma 4's _enc) keeps num_classes 0
+    # an encoder whose output is tokens (Qwen3's, Gemma 4's and DeepSeek's _enc) keeps num_classes 0
     classes = {} if args.get("encoder_only") else {"num_classes": 7}
-    if name in TIMM_PRESETS or name.startswith(("naflexvit_", "qwen3_vit_", "gemma4_vit_")) or big:
+    if name in TIMM_PRESETS or name.startswith(("naflexvit_", "qwen3_vit_", "gemma4_vit_", "deepseek_vit_")) or big:
         kv = args.get("num_kv_heads")  # per block (Sapiens2): the first block's and the middle one's
         kv = {"num_kv_heads": (kv[0], kv[len(kv) // 2])} if isinstance(kv, tuple) else {}
         return {"img_size": 2 * stride, **classes, "depth": 2, "embed_dim": 8 * args["num_heads"], **kv}
@@ -209,7 +209,8 @@ def test_every_family_has_timms_head_api(family):
     tables = {n for n in ("pos_embed", "cls_token", "dist_token", "reg_token")
               if isinstance(getattr(model, n, None), torch.nn.Parameter)}
     tables |= {n for n, _ in model.named_parameters() if n.endswith("position_embedding_table")}  # Gemma 4's
-    assert tables <= model.no_weight_decay() and (tables or family in ("resnet", "airbench", "mixer"))  # none there
+    no_table = ("resnet", "airbench", "mixer", "deepseek", "deepseek_align")  # CNNs, the Mixer, RoPE alone (DeepSeek)
+    assert tables <= model.no_weight_decay() and (tables or family in no_table)
     with pytest.raises(ValueError, match="accepted"):
         model.reset_classifier(3, global_pool="median")
 

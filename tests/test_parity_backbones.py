@@ -34,7 +34,8 @@ EXPECTED = {"timm_deit3", "timm_dinov2", "timm_dinov2_reg4", "timm_vit_reg4_gap"
             "timm_eva02_enormous", "timm_lingbot",
             "timm_lingbot_giant", "timm_sapiens2", "hf_dinov2_giant",
             "hf_timm_wrapper_pe_core", "hf_timm_wrapper_classifier", "timm_aimv2", "hf_aimv2", "hf_aimv2_native",
-            "timm_qwen3", "timm_qwen3_merge", "timm_qwen3_enc", "timm_gemma4", "timm_gemma4_enc"}
+            "timm_qwen3", "timm_qwen3_merge", "timm_qwen3_enc", "timm_gemma4", "timm_gemma4_enc",
+            "timm_deepseek", "timm_deepseek_align", "timm_deepseek_enc"}
 DYNAMIC = sorted(p.parent.name for p in BACKBONES.glob("*/io_dynamic.safetensors"))
 TOL = 1e-4
 
@@ -436,18 +437,69 @@ def test_qwen3_towers_are_timms_and_export_back(tmp_path, name):
             model.forward_features(torch.randn(1, 3, 20, 16))
 
 
-def test_qwen3_encoder_outputs_the_mergers_tokens_and_fine_tunes_as_a_classifier():
-    enc = vitlab.load(BACKBONES / "timm_qwen3_enc")
-    io = load_file(BACKBONES / "timm_qwen3_enc" / "io.safetensors")
-    assert enc.encoder_only and io["logits"].shape == (2, 4, 8)  # 16 tokens merged 2x2, 8 wide
-    with pytest.raises(ValueError, match="encoder_only Qwen3 ViT has no classifier") as e:
+@pytest.mark.parametrize("name, tower, norm", [("timm_qwen3_enc", "Qwen3 ViT", torch.nn.functional.layer_norm),
+                                              ("timm_deepseek_enc", "DeepSeek ViT", torch.nn.functional.rms_norm)])
+def test_vlm_encoders_output_their_projectors_tokens_and_fine_tune_as_classifiers(name, tower, norm):
+    """Qwen3's merger: 16 tokens merged 2x2; DeepSeek's aligner: a 6x6 grid in 3x3 blocks; each 8 wide."""
+    enc = vitlab.load(BACKBONES / name)
+    io = load_file(BACKBONES / name / "io.safetensors")
+    assert enc.encoder_only and io["logits"].shape == (2, 4, 8)
+    with pytest.raises(ValueError, match=f"encoder_only {tower} has no classifier") as e:
         enc.reset_classifier(3)
     assert "\n" not in str(e.value)
-    tuned = vitlab.load(BACKBONES / "timm_qwen3_enc", encoder_only=False, num_classes=3, global_pool="avg",
-                        final_norm=True)
+    tuned = vitlab.load(BACKBONES / name, encoder_only=False, num_classes=3, global_pool="avg", final_norm=True)
     with torch.no_grad():
         pooled = tuned.forward_head(tuned.forward_features(io["input"]), pre_logits=True)
-    torch.testing.assert_close(pooled, torch.nn.functional.layer_norm(io["logits"].mean(1), (8,), eps=1e-6))
+    torch.testing.assert_close(pooled, norm(io["logits"].mean(1), (8,), eps=1e-6))
+
+
+@pytest.mark.parametrize("name", ["timm_deepseek", "timm_deepseek_align", "timm_deepseek_enc"])
+def test_deepseek_towers_are_timms_and_export_back(tmp_path, name):
+    """DeepSeek-V4's tower: RMSNorm blocks with a bias-free packed SwiGLU and RoPE alone (no table, no class token);
+    the classifiers' trunk under timm's encoder. prefix, the encoder's not; the aligner zero-pads the grid to its 3x3
+    blocks and concatenates each block's tokens channel-major before fc1. A timm export has timm's keys and loads back
+    to timm's outputs at both sizes (the encoder's second one padded to its patches: dynamic_img_pad)."""
+    from vitlab.export import export
+
+    model = vitlab.load(BACKBONES / name)
+    theirs = load_file(BACKBONES / name / "model.safetensors")
+    blk = model.blocks[0]
+    assert model.pos_embed is None and model.cls_token is None and blk.mlp.fc1.bias is None
+    assert blk.attn.qkv.bias is not None and type(model.norm).__name__ == "RMSNorm"
+    assert all(k.startswith(("encoder.", "head.")) for k in theirs) != (name == "timm_deepseek_enc")
+    folder = export(model, "timm", tmp_path / "timm")
+    ours = load_file(folder / "model.safetensors")
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in theirs)
+    cfg = json.loads((folder / "config.json").read_text())  # timm's letterbox, which vitlab records, not applies
+    assert cfg["architecture"] == name.replace("timm_deepseek", "deepseek_vit_412m")
+    assert cfg["pretrained_cfg"]["crop_mode"] == model.pretrained_cfg["crop_mode"] == "border"
+    check(vitlab.load(folder, dynamic_img_size=True), load_file(BACKBONES / name / "io_dynamic.safetensors"))
+    if model.aligner is not None:
+        x = torch.randn(1, 4 * 5, 16)  # a 4x5 grid padded to 6x6: block (1, 1) holds tokens 18 and 19, then zeros
+        aligner = model.aligner
+        block = torch.zeros(16, 3, 3)  # (C, kh, kw)
+        block[:, 0, :2] = x[0, [18, 19]].T
+        with torch.no_grad():
+            out = aligner(x, (4, 5))
+            torch.testing.assert_close(out[0, 3], aligner.fc2(aligner.act(aligner.fc1(block.reshape(-1)))))
+        assert out.shape == (1, 4, 8)
+
+
+def test_deepseek_refuses_what_timm_does_not_build_and_records_timms_letterbox():
+    enc = vitlab.load(BACKBONES / "timm_deepseek_enc")
+    assert enc.dynamic_img_pad
+    from vitlab.data.views import Preprocess
+
+    with pytest.raises(ValueError, match="crop_mode 'border' .*padded with the mean colour.*accepted: center, squash"):
+        Preprocess.from_cfg(enc.pretrained_cfg).apply(torch.zeros(1, 3, 30, 20, dtype=torch.uint8))
+    small = dict(embed_dim=16, depth=1, num_heads=2, img_size=28)
+    for args, message in ((dict(encoder_pool="merge"), "encoder_pool 'merge' is not one vitlab implements; "
+                                                       "accepted: '', 'align'"),
+                          (dict(encoder_only=True), "encoder_only=True is the DeepSeek ViT's encoder"),
+                          (dict(encoder_pool="align", out_features=0), "out_features >= 1")):
+        with pytest.raises(ValueError, match=message) as e:
+            vitlab.create_model("deepseek_vit_412m", **small, **args)
+        assert "\n" not in str(e.value)
 
 
 @pytest.mark.parametrize("name", ["timm_gemma4", "timm_gemma4_enc"])

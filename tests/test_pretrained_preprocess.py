@@ -125,8 +125,12 @@ def test_rules_on_files_and_on_tensors_agree_with_torchvision_arithmetic():
     x = torch.arange(5, dtype=torch.uint8).view(1, 1, 1, 5).expand(1, 1, 2, 5)  # 2x5 -> the centre 2x2
     assert floor.apply(x)[0, 0, 0].tolist() == [1, 2]
     assert replace(floor, crop_offset="round").apply(x)[0, 0, 0].tolist() == [2, 3]
+    border = Preprocess((16, 16), "border")  # timm's letterbox (DeepSeek's towers): recorded, never applied
+    assert border.to_cfg()["crop_mode"] == "border" and "padded with the mean colour" in border.describe()
     with pytest.raises(ValueError, match="crop_mode 'border' .*accepted: center, squash"):
-        Preprocess((16, 16), "border")
+        border.apply(img[None])
+    with pytest.raises(ValueError, match="crop_mode 'letterbox' is not one vitlab applies; accepted: center, squash"):
+        Preprocess((16, 16), "letterbox")
 
 
 def _folder(root: Path, size: tuple[int, int], per_class: int = 4, classes: int = 3) -> Path:

@@ -11,7 +11,10 @@ import torch.nn.functional as F
 
 from ..errors import VitlabError
 
-CROP_MODES = ("center", "squash")
+CROP_MODES = ("center", "squash")  # the rules vitlab applies
+# timm's rules vitlab records (a model's pretrained_cfg, its exports) but does not apply: 'border' (DeepSeek's
+# towers), the longer side resized to the size and the rest padded with the mean colour
+RECORDED_CROP_MODES = ("border",)
 CROP_OFFSETS = ("round", "floor")  # torchvision's CenterCrop (timm), transformers' center_crop
 INTERPOLATIONS = ("bicubic", "bilinear", "nearest", "lanczos", "box", "hamming")  # Pillow's filters
 TENSOR_INTERPOLATIONS = ("bicubic", "bilinear", "nearest")  # the ones eval_view computes on tensors
@@ -27,9 +30,12 @@ def _pair(size: int | tuple[int, int]) -> tuple[int, int]:
     return int(size[0]), int(size[1])
 
 
-def _check_rule(crop_mode: Any, crop_pct: Any, interpolation: Any) -> None:
-    if crop_mode not in CROP_MODES:
-        raise VitlabError(f"crop_mode {crop_mode!r} is not one vitlab applies; accepted: {', '.join(CROP_MODES)}")
+def _check_rule(crop_mode: Any, crop_pct: Any, interpolation: Any, applied: bool = True) -> None:
+    """VitlabError for a rule vitlab cannot apply (``applied=False``: cannot record; timm's 'border' it records)."""
+    if crop_mode not in CROP_MODES and (applied or crop_mode not in RECORDED_CROP_MODES):
+        what = (" (timm's: the longer side resized, the rest padded with the mean colour)"
+                if crop_mode in RECORDED_CROP_MODES else "")
+        raise VitlabError(f"crop_mode {crop_mode!r}{what} is not one vitlab applies; accepted: {', '.join(CROP_MODES)}")
     if isinstance(crop_pct, bool) or not isinstance(crop_pct, (int, float)) or not 0 < crop_pct <= 1:
         raise VitlabError(f"crop_pct must be a number in (0, 1], got {crop_pct!r}")
     if interpolation not in INTERPOLATIONS:
@@ -61,7 +67,7 @@ class Preprocess:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "size", _pair(tuple(self.size) if isinstance(self.size, list) else self.size))
-        _check_rule(self.crop_mode, self.crop_pct, self.interpolation)
+        _check_rule(self.crop_mode, self.crop_pct, self.interpolation, applied=False)
         if self.crop_offset not in CROP_OFFSETS:
             raise VitlabError(f"crop_offset {self.crop_offset!r} is not one vitlab applies; accepted: "
                              f"{', '.join(CROP_OFFSETS)}")
@@ -99,6 +105,9 @@ class Preprocess:
     def describe(self) -> str:
         h, w = self.size
         sh, sw = scale_size(self.size, self.crop_pct)
+        if self.crop_mode == "border":
+            return (f"the longer side resized to fit {h}x{w} ({self.interpolation}), the rest padded with the mean "
+                    "colour (timm's rule, which vitlab records and does not apply)")
         how = (f"the whole image resized to {sh}x{sw}" if self.crop_mode == "squash" else
                f"the shorter side resized to {sh}" if sh == sw else f"resized to cover {sh}x{sw}, aspect kept")
         crop = f", the centre {h}x{w} kept" if (sh, sw) != (h, w) or self.crop_mode == "center" else ""

@@ -293,7 +293,7 @@ def image_processor(model_cfg: dict[str, Any], cfg: dict[str, Any] | None = None
               "do_normalize": True, "image_mean": list(prep.mean), "image_std": list(prep.std)}
     if prep.crop_mode == "squash" and (sh, sw) == (h, w):
         return {"image_processor_type": "ViTImageProcessor", "size": {"height": h, "width": w}, **common}
-    if prep.crop_mode == "center" and sh != sw:
+    if prep.crop_mode == "border" or (prep.crop_mode == "center" and sh != sw):
         raise VitlabError(f"transformers' image processors cannot express {prep.describe()}; export with --to timm "
                           "or onnx")
     size = {"shortest_edge": sh} if prep.crop_mode == "center" else {"height": sh, "width": sw}

@@ -104,7 +104,8 @@ _CAIT_GAMMA = re.compile(r"^(blocks(?:_token_only)?\.\d+)\.gamma_([12])$")
 def convert_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """timm keys -> vitlab keys: identical but for CaiT's and BEiT's LayerScale (``gamma_1`` -> ``ls1.gamma``);
     the prefixes of a DataParallel (``module.``), of transformers' TimmWrapper (``timm_model.``) and of a trunk timm
-    nests under its classifier (``encoder.``: Qwen3's; no other family vitlab reads has keys under it) go."""
+    nests under its classifier (``encoder.``: Qwen3's, Gemma 4's and DeepSeek's; no other family vitlab reads has keys
+    under it) go."""
     out = {}
     for k, v in state.items():
         k = k.removeprefix("module.").removeprefix("timm_model.").removeprefix("encoder.")

@@ -131,14 +131,14 @@ class EvaBlockPostNorm(EvaBlock):
         return x + self.drop_path2(self.norm2(self.mlp(x)))
 
 
-def make_mlp(dim, mlp_ratio, swiglu_mlp, scale_mlp, act_layer, drop, norm_layer, align_to=0) -> nn.Module:
+def make_mlp(dim, mlp_ratio, swiglu_mlp, scale_mlp, act_layer, drop, norm_layer, align_to=0, bias=True) -> nn.Module:
     """timm's choice: SwiGLU (split fc1) with a sub-LayerNorm or a hidden width rounded up to a multiple of
-    ``align_to`` (DINOv3's plus sizes), its packed GluMlp without either, or the plain MLP."""
+    ``align_to`` (DINOv3's plus sizes), its packed GluMlp without either, or the plain MLP; ``bias``: the MLP's."""
     hidden, norm = mlp_hidden(dim, mlp_ratio), norm_layer if scale_mlp else None
     if swiglu_mlp:
         hidden += -hidden % align_to if align_to else 0
-        return SwiGLU(dim, hidden, drop=drop, norm_layer=norm, packed=not (scale_mlp or align_to))
-    return Mlp(dim, hidden, act_layer=get_act_layer(act_layer), drop=drop, norm_layer=norm)
+        return SwiGLU(dim, hidden, drop=drop, norm_layer=norm, packed=not (scale_mlp or align_to), bias=bias)
+    return Mlp(dim, hidden, act_layer=get_act_layer(act_layer), drop=drop, norm_layer=norm, bias=bias)
 
 
 EVA_ARGS = ("img_size", "patch_size", "in_chans", "num_classes", "global_pool", "embed_dim", "depth", "num_heads",
@@ -204,6 +204,7 @@ class Eva(Model):
                            + [f"vit_{s}_patch16_lingbot" for s in (*LINGBOT_SIZES, "giant")]
                            + [f"vit_{s}_patch16_sapiens2" for s in SAPIENS2_SIZES])
     no_weight_decay_names = ("pos_embed", "cls_token", "reg_token", "freqs")
+    mlp_bias = True  # timm's Eva has MLP biases always (DeepSeek's tower, a subclass, has none)
     no_pretrain = ("MAE and MPP run the ViT encoder's forward with an absolute position embedding; the rotary "
                    "models' objectives (EVA02's CLIP-feature regression, DINOv3's self-distillation) are not "
                    "implemented")
@@ -309,7 +310,7 @@ class Eva(Model):
         block = EvaBlockPostNorm if use_post_norm else EvaBlock
         self.blocks = nn.ModuleList([
             block(embed_dim, num_heads, make_mlp(embed_dim, mlp_ratio, swiglu_mlp, scale_mlp, act_layer,
-                                                 proj_drop_rate, norm_layer, swiglu_align_to),
+                                                 proj_drop_rate, norm_layer, swiglu_align_to, self.mlp_bias),
                   {**attn_kwargs, "num_kv_heads": kv}, init_values=init_values, drop_path=dpr, norm_layer=norm_layer,
                   attn_only_layer_scale=attn_only_layer_scale)
             for dpr, kv in zip(drop_path_rates(drop_path_rate, depth), kv_heads)])

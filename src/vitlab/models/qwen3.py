@@ -62,7 +62,75 @@ class PatchMerger(nn.Module):
         return self.fc2(self.act(self.fc1(x)))
 
 
-class Qwen3Vit(Eva):
+class VlmReadouts:
+    """The readouts timm builds from a VLM tower's projector (Qwen3's merger, DeepSeek's aligner), as a mixin before
+    the model's class: the classifier (the mean patch token), the classifier over the projector's tokens
+    (``encoder_pool``) and the encoder (``encoder_only``: the projector's tokens out, no head). The subclass names its
+    projector (``projector_name``, ``projector_pool``), keeps the grid of the last input in ``grid`` and calls
+    ``readout_args`` before building the trunk, ``build_readout`` after."""
+
+    tower = ""  # the tower's name in messages
+    projector_name = ""  # the projector's attribute (and timm's key prefix)
+    projector_pool = ""  # the encoder_pool that keeps it (timm's encoder says it as its global_pool)
+    projector_tokens = ""  # what the encoder outputs, in messages
+
+    @classmethod
+    def readout_args(cls, num_classes: int, global_pool: str, encoder_pool: str, final_norm: bool,
+                     encoder_only: bool) -> tuple[str, str]:
+        """(global_pool, encoder_pool) as vitlab holds them; VitlabError for a readout timm does not build."""
+        k = cls.projector_pool
+        if global_pool == k:  # timm's encoder says its projector so
+            global_pool, encoder_pool = "", k
+        if encoder_pool not in ("", k):
+            raise VitlabError(f"encoder_pool {encoder_pool!r} is not one vitlab implements; accepted: '', {k!r}")
+        if encoder_only and (num_classes or global_pool or encoder_pool != k or final_norm):
+            raise VitlabError(f"encoder_only=True is the {cls.tower}'s encoder ({cls.projector_tokens}, as the "
+                              f"language model reads them); it takes num_classes=0, global_pool='', "
+                              f"encoder_pool={k!r}, final_norm=False (to fine-tune, load it with encoder_only=False, "
+                              "num_classes=N)")
+        return global_pool, encoder_pool
+
+    @property
+    def projector(self) -> nn.Module | None:
+        return getattr(self, self.projector_name)
+
+    def build_readout(self, num_classes: int, final_norm: bool, norm: type[nn.Module], norm_eps: float) -> None:
+        """num_features (the projector's width where there is one), the weightless ``fc_norm`` and ``head``."""
+        if self.projector is not None:
+            self.projector.apply(init_weights_vit)
+        self.num_features = self.projector.out_features if self.projector is not None else self.embed_dim
+        self.fc_norm = norm(self.num_features, eps=norm_eps, elementwise_affine=False) if final_norm else nn.Identity()
+        self.num_classes = num_classes
+        self.head = nn.Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
+        self.head.apply(init_weights_vit)
+
+    def readout_timm_spec(self, timm_cls: str, args: tuple[str, ...], base_arch: str, **fixed) -> TimmSpec:
+        """timm's ``{timm_cls}Encoder`` for an encoder (``args`` but the last three), else its ``{timm_cls}Classifier``
+        (its trunk under ``encoder.``); ``args`` ends with num_classes, encoder_pool, final_norm, drop_rate."""
+        dropped, k = ("encoder_only", "dynamic_img_size"), self.projector_pool
+        if self.encoder_only:  # num_classes: 0, which timm's encoder ignores
+            return TimmSpec(f"{timm_cls}Encoder", args[:-3], f"{base_arch}_enc", dropped=dropped,
+                            fixed={**fixed, "encoder_pool": k, "final_norm": False, "drop_rate": 0.0},
+                            values={"global_pool": {"": k}})
+        return TimmSpec(f"{timm_cls}Classifier", args, base_arch, fixed=fixed, dropped=dropped,
+                        trunk_prefix="encoder.")
+
+    def pool(self, x: torch.Tensor) -> torch.Tensor:
+        """Tokens -> the projector's tokens (where there is one), their mean (global_pool 'avg'), through fc_norm."""
+        if self.projector is not None:
+            x = self.projector(x, self.grid)
+        if self.global_pool == "avg":
+            x = x.mean(dim=1)
+        return self.fc_norm(x)
+
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        if self.encoder_only and num_classes:
+            raise VitlabError(f"an encoder_only {self.tower} has no classifier; load it with encoder_only=False, "
+                              "global_pool='avg', final_norm=True to fine-tune one")
+        super().reset_classifier(num_classes, global_pool)
+
+
+class Qwen3Vit(VlmReadouts, Eva):
     """timm's Qwen3VitClassifier and Qwen3VitEncoder (``encoder_only``): Eva's blocks with RoPE and a resampled
     table, the patch merger, mean pooling through a weightless LayerNorm."""
 
@@ -72,20 +140,14 @@ class Qwen3Vit(Eva):
     no_hf = ("Qwen3-VL's vision tower as transformers holds it (Qwen3VLVisionModel reads flattened patches of two "
              "frames with their grid_thw, inside the VLM); load timm's qwen3_vit_* folders")
     no_weight_decay_names = ("pos_embed",)
+    tower, projector_name, projector_pool, projector_tokens = "Qwen3 ViT", "merger", "merge", "the merger's tokens"
 
     def __init__(self, img_size=768, patch_size=16, in_chans=3, num_classes=1000, global_pool="avg", encoder_pool="",
                  out_features=0, embed_dim=1152, depth=27, num_heads=16, mlp_ratio=4304 / 1152, merge_size=2,
                  pos_embed_grid_size=48, rope_temperature=10000.0, norm_eps=1e-6, act_layer="gelu_tanh",
                  final_norm=True, drop_rate=0.0, proj_drop_rate=0.0, attn_drop_rate=0.0, drop_path_rate=0.0,
                  encoder_only=False, dynamic_img_size=True):
-        if global_pool == "merge":  # timm's encoder says its merger so
-            global_pool, encoder_pool = "", "merge"
-        if encoder_pool not in ("", "merge"):
-            raise VitlabError(f"encoder_pool {encoder_pool!r} is not one vitlab implements; accepted: '', 'merge'")
-        if encoder_only and (num_classes or global_pool or encoder_pool != "merge" or final_norm):
-            raise VitlabError("encoder_only=True is Qwen's encoder (the merger's tokens, as the language model reads "
-                              "them); it takes num_classes=0, global_pool='', encoder_pool='merge', final_norm=False "
-                              "(to fine-tune, load it with encoder_only=False, num_classes=N)")
+        global_pool, encoder_pool = self.readout_args(num_classes, global_pool, encoder_pool, final_norm, encoder_only)
         super().__init__(img_size=img_size, patch_size=patch_size, in_chans=in_chans, num_classes=0,
                          global_pool=global_pool, embed_dim=embed_dim, depth=depth, num_heads=num_heads, qkv_bias=True,
                          mlp_ratio=mlp_ratio, attn_type="rope", class_token=False, use_abs_pos_emb=True,
@@ -98,14 +160,7 @@ class Qwen3Vit(Eva):
         self.pos_embed = nn.Parameter(torch.zeros(1, pos_embed_grid_size ** 2, embed_dim))
         nn.init.trunc_normal_(self.pos_embed, std=0.02)
         self.merger = PatchMerger(embed_dim, merge_size, out_features, norm_eps) if encoder_pool == "merge" else None
-        if self.merger is not None:
-            self.merger.apply(init_weights_vit)
-        self.num_features = self.merger.out_features if self.merger is not None else embed_dim
-        self.fc_norm = nn.LayerNorm(self.num_features, eps=norm_eps, elementwise_affine=False) if final_norm \
-            else nn.Identity()
-        self.num_classes = num_classes
-        self.head = nn.Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
-        self.head.apply(init_weights_vit)
+        self.build_readout(num_classes, final_norm, nn.LayerNorm, norm_eps)
 
     @property
     def family(self) -> str:
@@ -116,13 +171,7 @@ class Qwen3Vit(Eva):
     @property
     def timm_spec(self) -> TimmSpec:
         """timm's Qwen3VitEncoder for an encoder, else its Qwen3VitClassifier (its trunk under ``encoder.``)."""
-        if self.encoder_only:
-            return TimmSpec("Qwen3VitEncoder", QWEN3_ARGS[:-3], "qwen3_vit_306m_enc",  # num_classes: 0, ignored
-                            fixed={"act_layer": "gelu_tanh", "encoder_pool": "merge",
-                                   "final_norm": False, "drop_rate": 0.0},
-                            dropped=("encoder_only", "dynamic_img_size"), values={"global_pool": {"": "merge"}})
-        return TimmSpec("Qwen3VitClassifier", QWEN3_ARGS, "qwen3_vit_306m", fixed={"act_layer": "gelu_tanh"},
-                        dropped=("encoder_only", "dynamic_img_size"), trunk_prefix="encoder.")
+        return self.readout_timm_spec("Qwen3Vit", QWEN3_ARGS, "qwen3_vit_306m", act_layer="gelu_tanh")
 
     @property
     def grid_multiple(self) -> int:
@@ -151,17 +200,3 @@ class Qwen3Vit(Eva):
                               f"{self.merger.merge_size}x{self.merger.merge_size} blocks; accepted: an input whose "
                               f"sides are multiples of {p[0] * self.merger.merge_size} pixels")
         return super().forward_features(x)
-
-    def pool(self, x: torch.Tensor) -> torch.Tensor:
-        """Tokens -> the merger's tokens (where there is one), their mean (global_pool 'avg'), through fc_norm."""
-        if self.merger is not None:
-            x = self.merger(x, self.grid)
-        if self.global_pool == "avg":
-            x = x.mean(dim=1)
-        return self.fc_norm(x)
-
-    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
-        if self.encoder_only and num_classes:
-            raise VitlabError("an encoder_only Qwen3 ViT has no classifier; load it with encoder_only=False, "
-                              "global_pool='avg', final_norm=True to fine-tune one")
-        super().reset_classifier(num_classes, global_pool)

@@ -17,6 +17,7 @@ from .beit import Beit
 from .cait import Cait
 from .cct import CompactTransformer
 from .convit import ConVit
+from .deepseek import DEEPSEEK_SIZES, DeepseekVit
 from .eva import (
     DINOV3_NORM_EPS,
     DINOV3_OTHERS,
@@ -224,15 +225,27 @@ for _size, (_dim, _depth, _heads, _kv) in SAPIENS2_SIZES.items():
              mlp_ratio=4.0, init_values=1.0, attn_only_layer_scale=True, rope_type="dinov3", rope_temperature=100.0,
              rope_rotate_half=True, rope_rescale_coords=2.0, use_rot_pos_emb=True, use_abs_pos_emb=False,
              num_reg_tokens=8, use_fc_norm=False, norm_layer="rmsnorm")
+
+
+def _register_vlm_tower(prefix: str, cls: type[nn.Module], sizes: dict[str, tuple], pool: str, **args: Any) -> None:
+    """A VLM tower's three timm names: the classifier, the classifier over its projector's tokens (``_{pool}``), the
+    encoder whose output is those tokens (``_enc``); sizes: width, depth, heads, MLP ratio, the projector's width."""
+    for size, (dim, depth, heads, ratio, out) in sizes.items():
+        size_args = dict(args, embed_dim=dim, depth=depth, num_heads=heads, mlp_ratio=ratio)
+        register(f"{prefix}_{size}", cls, INCEPTION_MEAN, INCEPTION_STD, **size_args)
+        register(f"{prefix}_{size}_{pool}", cls, INCEPTION_MEAN, INCEPTION_STD, **size_args, encoder_pool=pool,
+                 out_features=out)
+        register(f"{prefix}_{size}_enc", cls, INCEPTION_MEAN, INCEPTION_STD, **size_args, encoder_pool=pool,
+                 out_features=out, num_classes=0, global_pool="", final_norm=False, encoder_only=True)
+
+
 # Qwen3-VL's vision tower (timm's names): the classifier, the classifier over the patch merger's tokens (_merge), the
 # encoder whose output is the merger's tokens (_enc); 768-pixel inputs by default, any size whose grid splits in 2x2
-for _size, (_dim, _depth, _heads, _ratio, _out) in QWEN3_SIZES.items():
-    _args = dict(img_size=768, patch_size=16, embed_dim=_dim, depth=_depth, num_heads=_heads, mlp_ratio=_ratio)
-    register(f"qwen3_vit_{_size}", Qwen3Vit, INCEPTION_MEAN, INCEPTION_STD, **_args)
-    register(f"qwen3_vit_{_size}_merge", Qwen3Vit, INCEPTION_MEAN, INCEPTION_STD, **_args, encoder_pool="merge",
-             out_features=_out)
-    register(f"qwen3_vit_{_size}_enc", Qwen3Vit, INCEPTION_MEAN, INCEPTION_STD, **_args, encoder_pool="merge",
-             out_features=_out, num_classes=0, global_pool="", final_norm=False, encoder_only=True)
+_register_vlm_tower("qwen3_vit", Qwen3Vit, QWEN3_SIZES, "merge", img_size=768, patch_size=16)
+# DeepSeek-V4's vision tower (timm's names): the classifier, the classifier over the aligner's tokens (_align), the
+# encoder whose output is the aligner's tokens (_enc); 546-pixel inputs by default (39x39 patches of 14), any multiple
+# of the patch (the aligner pads the grid to its 3x3 blocks); out_features: V4.1-Flash's width
+_register_vlm_tower("deepseek_vit", DeepseekVit, DEEPSEEK_SIZES, "align", img_size=546, patch_size=14)
 # Gemma 4's vision tower (timm's names): the classifier, and the encoder whose output is the VLM's soft tokens;
 # pixels in [0, 1] as they are (the model maps them to [-1, 1] itself)
 for _size, _args in GEMMA4_SIZES.items():
