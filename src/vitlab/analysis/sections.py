@@ -249,8 +249,9 @@ def randomisation(r: Inspection) -> None:
     """The cascading parameter-randomisation sanity check of every method; flagged methods become notes."""
     if not needs_classifier(r, "Sanity check: parameter randomisation"):
         return
+    original = {k: v[:r.sanity_images] for k, v in r.explanations.items()}  # the trained model's, drawn already
     sanity = parameter_randomisation(r.model, r.images[:r.sanity_images], r.pairs, head_fusion=r.head_fusion,
-                                     discard_ratio=r.discard_ratio)
+                                     discard_ratio=r.discard_ratio, original=original, progress=True)
     r.summary["randomisation"] = sanity
     labels = {k: method_label(k) for k in r.explanations}
     r.figure(plots.plot_randomisation(sanity, labels), "randomisation.png", "Sanity check: parameter randomisation",
@@ -294,7 +295,7 @@ def importance(r: Inspection) -> None:
     if not needs_classifier(r, "Head importance"):
         return
     shown = r.distance_set[:r.importance_images]
-    scores, block_names = head_importance(r.model, shown, batch_size=r.batch_size)
+    scores, block_names = head_importance(r.model, shown, batch_size=r.batch_size, progress=True)
     r.summary["head_importance"] = {n: s[~s.isnan()].tolist() for n, s in zip(block_names, scores)}
     r.figure(plots.plot_head_importance(scores, block_names, r.distances, [n for n, _ in r.distance_layers]),
              "head_importance.png", "Head importance", HEAD_IMPORTANCE.format(images=len(shown)))
