@@ -28,7 +28,7 @@ from .capture import attention_modules
 from .inspection import IMPORTANCE_IMAGES
 from .rollout import HEAD_FUSIONS
 
-DISTANCE_IMAGES = 128  # the mean attention distance's sample: its per-head means are settled well before 512
+DISTANCE_IMAGES = 128  # the mean attention distance averages over a sample of the split (was 512; more: ask)
 NUM_IMAGES = 8
 
 
