@@ -30,6 +30,7 @@ from vitlab.analysis import (
     rollout,
 )
 from vitlab.cli import inspect as command
+from vitlab.errors import VitlabError
 
 TINY = {f: FAMILY[f] for f in ATTENTION_FAMILIES}  # every family with attention, small enough for the CPU
 
@@ -457,6 +458,41 @@ def test_inspect_errors(tmp_path):
         _inspect(vit, "--images", tmp_path / "not_an_image.png")
     with pytest.raises(SystemExit):
         _inspect(vit, "--head-fusion", "median")
+
+
+def test_python_inspect_of_a_module_writes_the_report_and_returns_what_it_wrote(tmp_path, cache_dir):
+    """vitlab.inspect, the command's Python face: a module in memory (an 8x8 one: the digits by default)."""
+    model = vitlab.create_model("vit_micro_patch2_8", embed_dim=16, depth=1, num_heads=2)
+    found = vitlab.inspect(model, num_images=2, distance_images=8, importance_images=4, curve_steps=4,
+                           out=tmp_path / "report")
+    assert isinstance(found, vitlab.InspectResult) and found.report == tmp_path / "report" / "report.html"
+    _check_report(found.out, {"patch_grid.png", "attention_heads_0.png", "rollout.png", "faithfulness.png",
+                              "randomisation.png", "head_importance.png", "attention_distance.png"})
+    assert {"analysis.json", "faithfulness.json", "rollout.png"} <= set(found.files)
+    assert found.faithfulness == json.loads((found.out / "faithfulness.json").read_text())
+    assert found.faithfulness["protocol"]["images"] == 2 and "relevance" in found.faithfulness["methods"]
+    assert len(found.summary["predictions"]) == 2 and "head_importance" in found.summary
+    assert next(model.parameters()).device.type == "cpu"  # analysed where it is
+
+
+@pytest.mark.parametrize("options, words", [
+    ({"num_images": 0}, "num_images 0 is not valid; accepted: an integer >= 1"),
+    ({"importance_images": 0}, "importance_images 0 is not valid; accepted: an integer >= 1"),
+    ({"faithfulness_images": -1}, "faithfulness_images -1 is not valid; accepted: an integer >= 0"),
+    ({"curve_steps": 1.5}, "curve_steps 1.5 is not valid; accepted: an integer >= 1"),
+    ({"discard_ratio": 1.0}, "discard_ratio 1.0 is not valid; accepted: a number in [0, 1)"),
+    ({"head_fusion": "median"}, "head_fusion 'median' is not valid; accepted: mean, max, min"),
+    ({"precision": "half"}, "precision 'half' is not valid; accepted: auto"),
+    ({"device": "tpu"}, "device='tpu' is not valid; accepted: auto, cpu, cuda"),
+    ({"data": "digits", "images": ["a.png"]}, "give data or images, not both"),
+    ({"faithfulness_images": 4}, "faithfulness_images needs data=SET"),
+    ({"images": "a.png"}, "images='a.png' is not valid; accepted: a list of one or more image files"),
+])
+def test_python_inspect_refuses_a_bad_option_in_one_line(tmp_path, cache_dir, options, words):
+    model = vitlab.create_model("vit_micro_patch2_8", embed_dim=16, depth=1, num_heads=2)
+    with pytest.raises(VitlabError) as refused:
+        vitlab.inspect(model, out=tmp_path / "r", **options)
+    assert words in str(refused.value) and "\n" not in str(refused.value)
 
 
 def test_patch_grid_section_draws_the_models_grid_or_skips(tmp_path):

@@ -1,9 +1,9 @@
 """Every example in the public API's docstrings and the README's Python block runs, as written, on small data:
-the examples of ``vitlab.fit``, ``evaluate``, ``predict``, ``explain``, ``pretrain``, ``create_model``, ``load``,
-``save`` and ``list_models`` run in one namespace, in the order a notebook would (fit's ``result`` is what the next
-ones use). Two things are made small, nothing else is changed: ``keras.datasets.cifar10.load_data()`` (which would
-download) gives 64 + 32 arrays of CIFAR-10's shape, and every run trains one epoch (or a few seconds of a time
-budget, and a resumed one a few seconds more) on a fifth of its training images."""
+the examples of ``vitlab.fit``, ``evaluate``, ``predict``, ``explain``, ``inspect``, ``pretrain``, ``create_model``,
+``load``, ``save`` and ``list_models`` run in one namespace, in the order a notebook would (fit's ``result`` is what
+the next ones use). Two things are made small, nothing else is changed: ``keras.datasets.cifar10.load_data()``
+(which would download) gives 64 + 32 arrays of CIFAR-10's shape, and every run trains one epoch (or a few seconds
+of a time budget, and a resumed one a few seconds more) on a fifth of its training images."""
 from __future__ import annotations
 
 import functools
@@ -21,7 +21,8 @@ import vitlab
 from vitlab import api
 
 # in the order their examples build on each other
-DOCUMENTED = ("fit", "evaluate", "predict", "explain", "create_model", "save", "load", "list_models", "pretrain")
+DOCUMENTED = ("fit", "evaluate", "predict", "explain", "inspect", "create_model", "save", "load", "list_models",
+              "pretrain")
 
 
 def example(obj) -> str:

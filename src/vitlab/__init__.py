@@ -1,15 +1,15 @@
 """vitlab: build, train, distil and understand Vision Transformers.
 
 From Python: ``vitlab.fit(model, data, **options)`` trains as ``vitlab train`` does and returns the trained model,
-its history and its figures; ``vitlab.evaluate``, ``vitlab.predict``, ``vitlab.explain`` and ``vitlab.pretrain``
-(``help(vitlab.fit)``, docs/python.md).
+its history and its figures; ``vitlab.evaluate``, ``vitlab.predict``, ``vitlab.explain``, ``vitlab.inspect`` (the
+report of ``vitlab inspect``) and ``vitlab.pretrain`` (``help(vitlab.fit)``, docs/python.md).
 """
 import importlib
 
 __version__ = "0.1.0"
-__all__ = ["FitResult", "__version__", "create_model", "evaluate", "explain", "fit", "list_models", "load",
-           "predict", "pretrain", "save"]
-API = ("FitResult", "evaluate", "explain", "fit", "predict", "pretrain")
+__all__ = ["FitResult", "InspectResult", "__version__", "create_model", "evaluate", "explain", "fit", "inspect",
+           "list_models", "load", "predict", "pretrain", "save"]
+API = ("FitResult", "InspectResult", "evaluate", "explain", "fit", "inspect", "predict", "pretrain")
 # imported on first use, not with vitlab, so `vitlab models` starts without torch
 LAZY = {"load": "checkpoint", "save": "checkpoint", "create_model": "models", "list_models": "models"}
 

@@ -1,4 +1,4 @@
-"""vitlab from Python: ``fit``, ``pretrain``, ``evaluate``, ``predict`` and ``explain``.
+"""vitlab from Python: ``fit``, ``pretrain``, ``evaluate``, ``predict``, ``explain`` and ``inspect``.
 
 Each is a thin caller of what the command line calls (``vitlab train``, ``pretrain``, ``eval``, ``predict``,
 ``inspect``): the same recipe with the same defaults, the same trainer writing the same run folder, the same
@@ -7,7 +7,7 @@ its figures.
 """
 from __future__ import annotations
 
-import inspect
+import inspect as introspect
 import os
 import textwrap
 from collections.abc import Callable, Sequence
@@ -21,6 +21,7 @@ from matplotlib.figure import Figure
 from torch import nn
 
 from . import progress
+from .analysis.inspect_api import InspectResult, inspect
 from .checkpoint import load, save
 from .data.arrays import hold_out_last, is_arrays, split_arrays, store_arrays
 from .data.augment import normalize
@@ -68,7 +69,7 @@ from .train.recipe import (
 )
 from .train.trainer import train
 
-__all__ = ["FitResult", "evaluate", "explain", "fit", "predict", "pretrain"]
+__all__ = ["FitResult", "InspectResult", "evaluate", "explain", "fit", "inspect", "predict", "pretrain"]
 
 ModelLike = str | os.PathLike | nn.Module  # a registered name, a folder (or hf-hub: id), or a module
 
@@ -315,15 +316,15 @@ def with_test_split(data: Any, test: Any, split: float | None) -> tuple[Any, Any
     return data, test
 
 
-def options_signature(function: Callable, names: Sequence[str], default: Callable[[str], Any]) -> inspect.Signature:
+def options_signature(function: Callable, names: Sequence[str], default: Callable[[str], Any]) -> introspect.Signature:
     """``function``'s own arguments, then the recipe fields ``names`` it takes as options, each a keyword with its
     default (``default``, from the one declaration in train/recipe.py): what ``help()`` and a notebook's completion
     show instead of ``**options``."""
-    own = list(inspect.signature(function).parameters.values())[:-1]  # without **options
+    own = list(introspect.signature(function).parameters.values())[:-1]  # without **options
     taken = {p.name for p in own}
-    fields = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default(name),
+    fields = [introspect.Parameter(name, introspect.Parameter.KEYWORD_ONLY, default=default(name),
                                 annotation=option_annotation(name)) for name in names if name not in taken]
-    return inspect.Signature([*own, *fields], return_annotation=FitResult)
+    return introspect.Signature([*own, *fields], return_annotation=FitResult)
 
 
 def option_default(name: str) -> Any:

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from ..errors import VitlabError
 from ..models.convit import relative_indices
+from ..progress import progress_bar
 from .capture import ONE_QUERY, AttentionMap, attention_maps, attention_modules
 
 
@@ -57,7 +57,7 @@ def mean_attention_distance(model: nn.Module, images: torch.Tensor, batch_size: 
                             progress: bool | None = None) -> torch.Tensor:
     """(layers, heads) mean attention distance in pixels over normalised images (B, C, H, W).
 
-    progress: a tqdm bar; None shows one when there is more than one batch.
+    progress: a bar, with its time left; None shows one when there is more than one batch.
     """
     if batch_size < 1:
         raise VitlabError(f"batch_size must be at least 1, got {batch_size}")
@@ -66,11 +66,13 @@ def mean_attention_distance(model: nn.Module, images: torch.Tensor, batch_size: 
         raise VitlabError("mean_attention_distance needs at least one image")
     show = len(starts) > 1 if progress is None else progress
     total, count = None, 0
-    for s in tqdm(starts, desc="attention distance", unit="batch", disable=not show):
-        batch = images[s:s + batch_size]
-        d = map_distances(attention_maps(model, batch)) * len(batch)  # (layers, heads)
-        total = d if total is None else total + d
-        count += len(batch)
+    with progress_bar(total=len(images), desc="attention distance", unit="img", disable=not show) as bar:
+        for s in starts:
+            batch = images[s:s + batch_size]
+            d = map_distances(attention_maps(model, batch)) * len(batch)  # (layers, heads)
+            total = d if total is None else total + d
+            count += len(batch)
+            bar.update(len(batch))
     return total / count
 
 

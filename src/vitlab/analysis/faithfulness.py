@@ -29,6 +29,7 @@ the model.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -131,9 +132,9 @@ def saco_score(salience: torch.Tensor, drops: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def saco(model: nn.Module, images: torch.Tensor, maps: torch.Tensor, target: torch.Tensor, removed: torch.Tensor,
-         groups: int = SACO_GROUPS, chunk: int = 256) -> torch.Tensor:
+         groups: int = SACO_GROUPS, chunk: int = 256, known: Known | None = None) -> torch.Tensor:
     """SaCo of maps (B, grid_h, grid_w) for the target classes (B,), each group removed alone (replaced by
-    ``removed``, (B, C, H, W)): (B,) in [-1, 1]."""
+    ``removed``, (B, C, H, W)): (B,) in [-1, 1]. ``known``: the intact images' logits, not passed again."""
     grid = tuple(maps.shape[-2:])
     order, salience = saco_groups(maps, groups)
     sizes = [len(c) for c in torch.arange(order.shape[1]).tensor_split(salience.shape[1])]
@@ -145,7 +146,7 @@ def saco(model: nn.Module, images: torch.Tensor, maps: torch.Tensor, target: tor
                                                                    1.0)
         mask = F.interpolate(cells.view(B, 1, *grid), size=tuple(images.shape[-2:]), mode="nearest") > 0.5
         perturbed.append(torch.where(mask, removed, images))
-    probs = _logits(model, perturbed, chunk).softmax(dim=-1)  # (1 + K, B, classes)
+    probs = _logits(model, perturbed, chunk, _intact_at([0], known)).softmax(dim=-1)  # (1 + K, B, classes)
     p = probs.gather(2, target.view(1, -1, 1).expand(len(perturbed), -1, 1))[..., 0]  # (1 + K, B)
     drops = (p[:1] - p[1:]).T  # (B, K)
     return saco_score(salience.to(drops.device), drops)
@@ -174,24 +175,53 @@ def curve_fractions(num_patches: int, steps: int) -> list[int]:
     return [round(i * num_patches / steps) for i in range(steps + 1)]
 
 
+@dataclass
+class Known:
+    """A batch's logits that every method's curves share, passed forward once: the intact images' (the first
+    point of every removal curve and the last of insertion), the deletion baseline's (deletion's last point) and
+    the insertion baseline's (insertion's first)."""
+
+    intact: torch.Tensor
+    deleted: torch.Tensor
+    inserted_into: torch.Tensor
+
+
 @torch.no_grad()
-def _logits(model: nn.Module, batches: Sequence[torch.Tensor], chunk: int) -> torch.Tensor:
-    """(len(batches), B, classes): the model on several perturbed copies of a batch, ``chunk`` images per pass."""
-    x = torch.cat(list(batches))
-    out = torch.cat([model(x[i:i + chunk]).float() for i in range(0, len(x), chunk)])
-    return out.view(len(batches), len(batches[0]), -1)
+def _logits(model: nn.Module, batches: Sequence[torch.Tensor], chunk: int,
+            reuse: dict[int, torch.Tensor] | None = None) -> torch.Tensor:
+    """(len(batches), B, classes): the model on several perturbed copies of a batch, ``chunk`` images per pass;
+    the copies at the indices of ``reuse`` are not passed again: their logits are the ones given."""
+    reuse = reuse or {}
+    passed = [b for i, b in enumerate(batches) if i not in reuse]
+    x = torch.cat(passed) if passed else batches[0][:0]
+    out = [model(x[i:i + chunk]).float() for i in range(0, len(x), chunk)]
+    found = iter(torch.cat(out).view(len(passed), len(batches[0]), -1) if out else [])
+    return torch.stack([reuse[i].float() if i in reuse else next(found) for i in range(len(batches))])
+
+
+def _intact_at(counts: Sequence[int], known: Known | None) -> dict[int, torch.Tensor]:
+    """The points of a removal curve (patches removed) that are the intact images, with their known logits."""
+    return {} if known is None else {i: known.intact for i, k in enumerate(counts) if k == 0}
 
 
 @torch.no_grad()
 def deletion_insertion(model: nn.Module, images: torch.Tensor, order: torch.Tensor, target: torch.Tensor,
                        counts: Sequence[int], grid_size: tuple[int, int], deleted: torch.Tensor,
-                       inserted_into: torch.Tensor, chunk: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
+                       inserted_into: torch.Tensor, chunk: int = 256,
+                       known: Known | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(deletion, insertion) curves (B, len(counts)): the target class's probability with the first k patches of
-    order replaced by ``deleted``, and with only the first k patches of the image shown over ``inserted_into``."""
+    order replaced by ``deleted``, and with only the first k patches of the image shown over ``inserted_into``.
+    ``known``: the logits of the curves' ends (no patch or every patch), not passed again."""
     masks = [patch_mask(order, k, grid_size, images.shape[-2:]) for k in counts]
     perturbed = [torch.where(m, deleted, images) for m in masks]
     perturbed += [torch.where(m, images, inserted_into) for m in masks]
-    probs = _logits(model, perturbed, chunk).softmax(dim=-1)  # (2 S, B, classes)
+    S, N = len(counts), order.shape[1]
+    reuse = _intact_at(counts, known)  # deletion of no patch, insertion of every patch: the intact images
+    if known is not None:
+        reuse |= {S + i: known.intact for i, k in enumerate(counts) if k == N}
+        reuse |= {i: known.deleted for i, k in enumerate(counts) if k == N}
+        reuse |= {S + i: known.inserted_into for i, k in enumerate(counts) if k == 0}
+    probs = _logits(model, perturbed, chunk, reuse).softmax(dim=-1)  # (2 S, B, classes)
     p = probs.gather(2, target.view(1, -1, 1).expand(len(perturbed), -1, 1))[..., 0].T  # (B, 2 S)
     return p[:, :len(counts)], p[:, len(counts):]
 
@@ -199,24 +229,28 @@ def deletion_insertion(model: nn.Module, images: torch.Tensor, order: torch.Tens
 @torch.no_grad()
 def perturbation_hits(model: nn.Module, images: torch.Tensor, order: torch.Tensor, labels: torch.Tensor,
                       fractions: Sequence[float], grid_size: tuple[int, int], removed: torch.Tensor,
-                      chunk: int = 256) -> torch.Tensor:
-    """(len(fractions), B) bool: is the top-1 prediction right after removing the first floor(f * N) patches."""
+                      chunk: int = 256, known: Known | None = None) -> torch.Tensor:
+    """(len(fractions), B) bool: is the top-1 prediction right after removing the first floor(f * N) patches.
+    ``known``: the intact images' logits, for the fractions that remove no patch."""
     N = order.shape[1]
-    perturbed = [torch.where(patch_mask(order, int(f * N), grid_size, images.shape[-2:]), removed, images)
-                 for f in fractions]
-    return _logits(model, perturbed, chunk).argmax(dim=-1) == labels.view(1, -1)
+    counts = [int(f * N) for f in fractions]
+    perturbed = [torch.where(patch_mask(order, k, grid_size, images.shape[-2:]), removed, images) for k in counts]
+    return _logits(model, perturbed, chunk, _intact_at(counts, known)).argmax(dim=-1) == labels.view(1, -1)
 
 
 @torch.no_grad()
 def road_hits(model: nn.Module, images: torch.Tensor, order: torch.Tensor, labels: torch.Tensor,
               fractions: Sequence[float], grid_size: tuple[int, int], noise: float = NOISE,
-              generator: torch.Generator | None = None, chunk: int = 256) -> torch.Tensor:
+              generator: torch.Generator | None = None, chunk: int = 256, known: Known | None = None) -> torch.Tensor:
     """(len(fractions), B) bool: is the top-1 prediction right after ROAD's noisy linear imputation of the first
-    floor(f * N) patches of order (Rong et al. 2022)."""
+    floor(f * N) patches of order (Rong et al. 2022). ``known``: the intact images' logits, for the fractions that
+    impute no patch (their noise is still drawn, so that the others' noise is the same with or without it)."""
     N = order.shape[1]
-    masks = torch.cat([patch_mask(order, int(f * N), grid_size, images.shape[-2:]) for f in fractions])
+    counts = [int(f * N) for f in fractions]
+    masks = torch.cat([patch_mask(order, k, grid_size, images.shape[-2:]) for k in counts])
     filled = noisy_linear_imputation(images.repeat(len(fractions), 1, 1, 1), masks, noise, generator)  # one solve
-    return _logits(model, filled.chunk(len(fractions)), chunk).argmax(dim=-1) == labels.view(1, -1)
+    return _logits(model, filled.chunk(len(fractions)), chunk, _intact_at(counts, known)).argmax(dim=-1) == \
+        labels.view(1, -1)
 
 
 # faithfulness.json's scores, each with whether higher is better
@@ -375,7 +409,7 @@ def faithfulness(model: nn.Module, images: torch.Tensor, labels: torch.Tensor | 
                  perturbation_baseline: str = "black", blur_sigma: float | None = None,
                  perturbation_steps: Sequence[float] = PERTURBATION_STEPS, head_fusion: str = "mean",
                  discard_ratio: float = 0.0, keep_images: int = 8, seed: int = 0,
-                 progress: bool | None = None) -> dict:
+                 progress: bool | None = None, maps: dict[str, torch.Tensor] | None = None) -> dict:
     """Deletion/insertion AUCs and the positive/negative perturbation test of each method over normalised images.
 
     methods: (method, token) pairs (default: all that apply, see explanation_methods); maps are
@@ -384,7 +418,8 @@ def faithfulness(model: nn.Module, images: torch.Tensor, labels: torch.Tensor | 
     Returns a JSON-ready dict: ``protocol`` (every parameter), ``methods`` (key -> mean AUCs and
     mean curves, plus the floors 'random', a random map, and 'edge', a Sobel edge map) and ``images``
     (per-image curves and AUCs of the first keep_images images).
-    progress: a bar; None shows one for more than one batch.
+    progress: a bar, with its time left; None shows one for more than one batch. maps: the methods' maps of these
+    images already drawn (method key -> (len(images), grid_h, grid_w), e.g. the report's), not drawn again.
     """
     attention_modules(model)
     _check_arguments(images, batch_size, perturbation_steps, deletion_baseline, insertion_baseline,
@@ -407,45 +442,48 @@ def faithfulness(model: nn.Module, images: torch.Tensor, labels: torch.Tensor | 
     show = len(starts) > 1 if progress is None else progress
     per_image: list[dict] = []
     grid, counts, total = None, None, 0
-    bar = progress_bar(total=len(images), desc="faithfulness", unit="img", disable=not show)
+    bar = progress_bar(total=len(images) * len(keys), desc="faithfulness", unit="map", disable=not show)
     try:
         for s in starts:
             x = images[s:s + batch_size].to(device)
             B = len(x)
-            with torch.no_grad():
-                pred = model(x).argmax(dim=-1)  # (B,) the class every map explains
-            y = pred if labels is None else torch.as_tensor(labels[s:s + batch_size], device=device).long()
             deleted = baseline_images(x, deletion_baseline, mean, std, sigma)
             inserted_into = baseline_images(x, insertion_baseline, mean, std, sigma)
             removed = baseline_images(x, perturbation_baseline, mean, std, sigma)
-            maps = {}
+            with torch.no_grad():  # what every method's curves share: passed once
+                intact = model(x).float()
+                known = Known(intact, *_logits(model, [deleted, inserted_into], chunk))
+            pred = intact.argmax(dim=-1)  # (B,) the class every map explains
+            y = pred if labels is None else torch.as_tensor(labels[s:s + batch_size], device=device).long()
+            found = {}
             for (method, token), key in zip(methods, keys):
-                maps[key] = explain(model, x, method, pred, token=token, head_fusion=head_fusion,
-                                    discard_ratio=discard_ratio).detach()
-            grid = tuple(model.patch_embed.grid_size) if not maps else tuple(next(iter(maps.values())).shape[-2:])
+                found[key] = maps[key][s:s + B].to(device) if maps is not None and key in maps else explain(
+                    model, x, method, pred, token=token, head_fusion=head_fusion, discard_ratio=discard_ratio).detach()
+            grid = tuple(model.patch_embed.grid_size) if not found else tuple(next(iter(found.values())).shape[-2:])
             N = grid[0] * grid[1]
-            maps["random"] = random_map(B, grid, generator).to(device)
-            maps["edge"] = edge_map(x, grid)
-            orders = {key: relevance_order(m).to(device) for key, m in maps.items()}
+            found["random"] = random_map(B, grid, generator).to(device)
+            found["edge"] = edge_map(x, grid)
+            orders = {key: relevance_order(m).to(device) for key, m in found.items()}
             counts = curve_fractions(N, curve_steps)
             xs = [k / N for k in counts]
             batch_images = [{} for _ in range(B)]
             for key, order in orders.items():
-                dele, ins = deletion_insertion(model, x, order, pred, counts, grid, deleted, inserted_into, chunk)
+                dele, ins = deletion_insertion(model, x, order, pred, counts, grid, deleted, inserted_into, chunk,
+                                               known)
                 d_auc, i_auc = trapezoid(xs, dele), trapezoid(xs, ins)
                 hits = _removal_hits(model, x, order, y, fractions, grid, removed, noise_gen, chunk,
-                                     both=key != "random")
-                scores = saco(model, x, maps[key], pred, deleted, chunk=chunk)
+                                     both=key != "random", known=known)
+                scores = saco(model, x, found[key], pred, deleted, chunk=chunk, known=known)
                 _accumulate(sums[key], dele, ins, d_auc, i_auc, hits, scores)
                 for i in range(B):
                     batch_images[i][key] = {"deletion_auc": float(d_auc[i]), "insertion_auc": float(i_auc[i]),
                                             "saco": float(scores[i]),
                                             "deletion_curve": dele[i].tolist(), "insertion_curve": ins[i].tolist()}
+                bar.update(B)
             for i in range(B):
                 if len(per_image) < keep_images:
                     per_image.append({"index": s + i, "predicted": int(pred[i]), "methods": batch_images[i]})
             total += B
-            bar.update(B)
     finally:
         bar.close()
         model.train(was_training)
@@ -457,13 +495,13 @@ def faithfulness(model: nn.Module, images: torch.Tensor, labels: torch.Tensor | 
 
 def _removal_hits(model: nn.Module, x: torch.Tensor, order: torch.Tensor, y: torch.Tensor, fractions: list[float],
                   grid: tuple[int, int], removed: torch.Tensor, noise_gen: torch.Generator, chunk: int,
-                  both: bool = True) -> dict[str, torch.Tensor]:
+                  both: bool = True, known: Known | None = None) -> dict[str, torch.Tensor]:
     """Top-1 hits (S, B) of the positive / negative perturbation test and of ROAD's MoRF / LeRF for one order;
     without both (a random order), the reversed order's are the same as the order's."""
-    hits = {"positive": perturbation_hits(model, x, order, y, fractions, grid, removed, chunk),
-            "road_morf": road_hits(model, x, order, y, fractions, grid, NOISE, noise_gen, chunk)}
-    hits["negative"] = perturbation_hits(model, x, order.flip(1), y, fractions, grid, removed, chunk) if both \
-        else hits["positive"]
-    hits["road_lerf"] = road_hits(model, x, order.flip(1), y, fractions, grid, NOISE, noise_gen, chunk) if both \
-        else hits["road_morf"]
+    hits = {"positive": perturbation_hits(model, x, order, y, fractions, grid, removed, chunk, known),
+            "road_morf": road_hits(model, x, order, y, fractions, grid, NOISE, noise_gen, chunk, known)}
+    hits["negative"] = perturbation_hits(model, x, order.flip(1), y, fractions, grid, removed, chunk, known) \
+        if both else hits["positive"]
+    hits["road_lerf"] = road_hits(model, x, order.flip(1), y, fractions, grid, NOISE, noise_gen, chunk, known) \
+        if both else hits["road_morf"]
     return hits

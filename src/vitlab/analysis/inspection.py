@@ -12,11 +12,14 @@ import torch
 from torch import nn
 
 from ..finite import check_finite
+from ..progress import progress_bar
 from . import plots
 from .capture import capture_attention, prefix_token_names
 from .distance import distance_layer_names, mean_attention_distance
 from .explain import explain, explanation_methods, method_key
 from .faithfulness import faithfulness
+
+IMPORTANCE_IMAGES = 32  # head importance zeroes every head in turn: a pass per head over this sample
 
 
 @dataclass
@@ -49,7 +52,7 @@ class Inspection:
     max_head_figures: int = 4
     curve_steps: int = 16
     sanity_images: int = 4
-    importance_images: int = 64
+    importance_images: int = IMPORTANCE_IMAGES
     explorer_images: int = 4
     objective: nn.Module | None = None  # a pre-training run's objective (encoder + decoder): its own section
     sections: list[Section] = field(default_factory=list)
@@ -140,8 +143,13 @@ class Inspection:
     def explanations(self) -> dict[str, torch.Tensor]:
         """Method key -> the shown images' maps (B, grid_h, grid_w), for the predicted class."""
         pred = self._first_pass[0].argmax(dim=-1)
-        return {method_key(m, t): explain(self.model, self.images, m, pred, token=t, head_fusion=self.head_fusion,
-                                          discard_ratio=self.discard_ratio) for m, t in self.pairs}
+        maps = {}
+        with progress_bar(total=len(self.pairs), desc="explanations", unit="method") as bar:
+            for m, t in self.pairs:
+                maps[method_key(m, t)] = explain(self.model, self.images, m, pred, token=t,
+                                                 head_fusion=self.head_fusion, discard_ratio=self.discard_ratio)
+                bar.update()
+        return maps
 
     @cached_property
     def faith(self) -> dict:
@@ -149,12 +157,15 @@ class Inspection:
         kw = dict(methods=self.pairs, batch_size=self.batch_size, curve_steps=self.curve_steps,
                   head_fusion=self.head_fusion, discard_ratio=self.discard_ratio)
         B = len(self.images)
-        if self.faithfulness_images is None:
+        if self.faithfulness_images is None:  # the shown images: their maps are drawn already
             labels = None if self.labels is None else torch.as_tensor(list(self.labels))
-            return faithfulness(self.model, self.images, labels, keep_images=B, **kw)
+            return faithfulness(self.model, self.images, labels, keep_images=B, progress=True, maps=self.explanations,
+                                **kw)
         labels = None if self.faithfulness_labels is None else torch.as_tensor(list(self.faithfulness_labels))
-        faith = faithfulness(self.model, self.faithfulness_images.to(self.device), labels, keep_images=0, **kw)
-        faith["images"] = faithfulness(self.model, self.images, keep_images=B, progress=False, **kw)["images"]
+        faith = faithfulness(self.model, self.faithfulness_images.to(self.device), labels, keep_images=0,
+                             progress=True, **kw)
+        faith["images"] = faithfulness(self.model, self.images, keep_images=B, progress=True, maps=self.explanations,
+                                       **kw)["images"]
         return faith
 
     @cached_property
@@ -174,4 +185,4 @@ class Inspection:
     @cached_property
     def distances(self) -> torch.Tensor:
         """(layers, heads) mean attention distance in pixels over distance_set."""
-        return mean_attention_distance(self.model, self.distance_set, batch_size=self.batch_size)
+        return mean_attention_distance(self.model, self.distance_set, batch_size=self.batch_size, progress=True)

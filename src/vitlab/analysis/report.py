@@ -13,7 +13,7 @@ from torch import nn
 from ..atomic import atomic_write_bytes
 from ..progress import progress_bar
 from .capture import attention_modules, prefix_token_names
-from .inspection import Inspection, Section
+from .inspection import IMPORTANCE_IMAGES, Inspection, Section
 from .interactive import EXPLORER_CSS
 from .sections import ATTENTION_FREE_SECTIONS, ATTENTION_ONLY, SECTIONS
 
@@ -103,7 +103,7 @@ def inspect_model(model: nn.Module, images: torch.Tensor, out_dir: str | Path, *
                   head_fusion: str = "mean", discard_ratio: float = 0.9, batch_size: int = 64,
                   max_head_figures: int = 4, title: str | None = None,
                   faithfulness_images: torch.Tensor | None = None, faithfulness_labels: Sequence[int] | None = None,
-                  curve_steps: int = 16, sanity_images: int = 4, importance_images: int = 64,
+                  curve_steps: int = 16, sanity_images: int = 4, importance_images: int = IMPORTANCE_IMAGES,
                   explorer_images: int = 4, objective: nn.Module | None = None) -> Path:
     """Run every applicable analysis on normalised images (B, C, H, W); write the PNGs, faithfulness.json,
     analysis.json and report.html (self-contained, with the interactive explorer) to out_dir.

@@ -20,10 +20,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..progress import progress_bar
 from .capture import attention_modules, capture_attention
 from .explain import explain, explanation_methods, method_key
+from .libragrad import libragrad_ig
 
 FLAG_THRESHOLD = 0.5  # mean rank correlation at or above which a map "did not change"
+CHECK_IG_STEPS = 4  # integrated gradients' path points in the check, where it is drawn again at every stage
 
 
 def randomisation_stages(model: nn.Module) -> list[tuple[str, list[str]]]:
@@ -79,42 +82,59 @@ def _rank_correlation(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def parameter_randomisation(model: nn.Module, images: torch.Tensor, methods: Sequence[tuple[str, str]] | None = None,
                             *, head_fusion: str = "mean", discard_ratio: float = 0.0, seed: int = 0,
-                            threshold: float = FLAG_THRESHOLD) -> dict:
+                            threshold: float = FLAG_THRESHOLD, original: dict[str, torch.Tensor] | None = None,
+                            progress: bool = False, ig_steps: int = CHECK_IG_STEPS) -> dict:
     """Cascading randomisation test on normalised images (B, C, H, W): a JSON-ready dict with ``stages`` (labels,
     top first), ``correlation`` (method key -> mean Spearman rho after each stage), ``flagged`` (methods whose
     rho stays >= threshold once every block is random) and ``class_agnostic`` (rho still 1 after the head).
 
-    The maps explain the class the trained model predicts, at every stage. The model is not changed.
+    The maps explain the class the trained model predicts, at every stage. The model is not changed. original: the
+    trained model's maps of these images already drawn (method key -> maps), not drawn again (but integrated
+    gradients', which is drawn here with ``ig_steps`` path points, trained and randomised alike). progress: a bar
+    over the stages, with its time left.
     """
     methods = list(methods or explanation_methods(model))
     with torch.no_grad():
         target = model.eval()(images).argmax(dim=-1)
     kw = dict(head_fusion=head_fusion, discard_ratio=discard_ratio)
-    original = {method_key(m, t): explain(model, images, m, target, token=t, **kw) for m, t in methods}
+
+    def draw(net: nn.Module, m: str, t: str) -> torch.Tensor:
+        if m == "libragrad_ig":
+            return libragrad_ig(net, images, target, token=t, steps=ig_steps)
+        return explain(net, images, m, target, token=t, **kw)
+
+    given = {k: v for k, v in (original or {}).items() if not k.startswith("libragrad_ig")}
+    original = {method_key(m, t): given[method_key(m, t)].to(images.device) if method_key(m, t) in given
+                else draw(model, m, t) for m, t in methods}
     randomised = copy.deepcopy(model).eval()
     generator = torch.Generator().manual_seed(seed)
     stages = randomisation_stages(model)
     corr: dict[str, list[float]] = {k: [] for k in original}
-    for _, names in stages:
-        reinitialise(randomised, names, generator)
-        for (m, t), key in zip(methods, original):
-            corr[key].append(_rank_correlation(original[key], explain(randomised, images, m, target, token=t, **kw)))
+    with progress_bar(total=len(stages) * len(methods), desc="randomisation", unit="map", disable=not progress) as bar:
+        for _, names in stages:
+            reinitialise(randomised, names, generator)
+            for (m, t), key in zip(methods, original):
+                corr[key].append(_rank_correlation(original[key], draw(randomised, m, t)))
+                bar.update()
     last_block = len(stages) - 2  # the stage after which every block is random
     return {"stages": [label for label, _ in stages], "correlation": corr, "threshold": threshold,
             "flagged": [k for k, c in corr.items() if c[last_block] >= threshold],
             "class_agnostic": [k for k, c in corr.items() if c[0] > 0.999],
-            "images": len(images), "seed": seed}
+            "images": len(images), "seed": seed, "ig_steps": ig_steps}
 
 
 @torch.no_grad()
 def head_importance(model: nn.Module, images: torch.Tensor, target_class: Sequence[int] | torch.Tensor | None = None,
-                    batch_size: int = 64) -> tuple[torch.Tensor, list[str]]:
+                    batch_size: int = 64, progress: bool = False) -> tuple[torch.Tensor, list[str]]:
     """(blocks, heads) drop of the target logit when each head's attention is zeroed, mean over images (NaN past a
     block's own heads, where blocks differ: PE's attention pool has 8 over blocks of fewer); and the block names.
-    target_class: one class per image (default: the class predicted on the intact image)."""
+    target_class: one class per image (default: the class predicted on the intact image). progress: a bar over the
+    heads, with its time left."""
     modules = attention_modules(model)
     model.eval()
     drops = None
+    heads = sum(module.num_heads for _, _, module in modules)
+    bar = progress_bar(total=heads * len(images), desc="head importance", unit="img", disable=not progress)
     for s in range(0, len(images), batch_size):
         x = images[s:s + batch_size]
         logits = model(x)
@@ -134,8 +154,10 @@ def head_importance(model: nn.Module, images: torch.Tensor, target_class: Sequen
                         row.append((base - model(x).gather(1, t[:, None])[:, 0]).sum())
                     finally:
                         handle.remove()
+                    bar.update(len(x))
             rows.append(torch.stack(row))
         width = max(len(row) for row in rows)
         batch = torch.stack([F.pad(row, (0, width - len(row)), value=float("nan")) for row in rows])
         drops = batch if drops is None else drops + batch
+    bar.close()
     return (drops / len(images)).float(), [name for name, _, _ in modules]

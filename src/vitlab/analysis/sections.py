@@ -22,6 +22,7 @@ from .embeddings import filter_components, position_similarity, rotary_similarit
 from .explain import REGISTRY, explain, method_key, method_label
 from .faithfulness import METRICS
 from .interactive import explorer_data, explorer_html
+from .libragrad import IG_STEPS
 from .pretraining import mae_reconstructions, mpp_predictions
 from .sanity import head_importance, parameter_randomisation
 
@@ -242,19 +243,23 @@ RANDOMISATION = (
     "random from the top down (the classifier head first, then each block from the last, then the embeddings), and "
     "each method's map is compared with the trained model's by Spearman rank correlation. A map that explains the "
     "model loses its shape; one that stays similar once every block is random (correlation >= {threshold}) "
-    "reflects the input more than the model and is flagged.")
+    "reflects the input more than the model and is flagged.{ig}")
 
 
 def randomisation(r: Inspection) -> None:
     """The cascading parameter-randomisation sanity check of every method; flagged methods become notes."""
     if not needs_classifier(r, "Sanity check: parameter randomisation"):
         return
+    original = {k: v[:r.sanity_images] for k, v in r.explanations.items()}  # the trained model's, drawn already
     sanity = parameter_randomisation(r.model, r.images[:r.sanity_images], r.pairs, head_fusion=r.head_fusion,
-                                     discard_ratio=r.discard_ratio)
+                                     discard_ratio=r.discard_ratio, original=original, progress=True)
     r.summary["randomisation"] = sanity
     labels = {k: method_label(k) for k in r.explanations}
     r.figure(plots.plot_randomisation(sanity, labels), "randomisation.png", "Sanity check: parameter randomisation",
-             RANDOMISATION.format(images=sanity["images"], threshold=sanity["threshold"]))
+             RANDOMISATION.format(images=sanity["images"], threshold=sanity["threshold"],
+                                  ig=f" LibraGrad integrated gradients is drawn here with {sanity['ig_steps']} path "
+                                     f"points, trained and randomised alike (its map above: {IG_STEPS})."
+                                  if any(m == "libragrad_ig" for m, _ in r.pairs) else ""))
     for k in sanity["flagged"]:
         r.note(f"Sanity check: {labels[k]} does not change when the model's weights are randomised (rank correlation "
                f"{sanity['correlation'][k][-2]:.2f} with every block random): it is flagged as not explaining the "
@@ -294,7 +299,7 @@ def importance(r: Inspection) -> None:
     if not needs_classifier(r, "Head importance"):
         return
     shown = r.distance_set[:r.importance_images]
-    scores, block_names = head_importance(r.model, shown, batch_size=r.batch_size)
+    scores, block_names = head_importance(r.model, shown, batch_size=r.batch_size, progress=True)
     r.summary["head_importance"] = {n: s[~s.isnan()].tolist() for n, s in zip(block_names, scores)}
     r.figure(plots.plot_head_importance(scores, block_names, r.distances, [n for n, _ in r.distance_layers]),
              "head_importance.png", "Head importance", HEAD_IMPORTANCE.format(images=len(shown)))
