@@ -141,6 +141,7 @@ def test_inspect_of_a_bf16_run_computes_its_report_in_bf16(bf16_run, tmp_path, m
     def record(model, images, out_dir, **kwargs):  # what the report's passes would run in
         seen.append((torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")))
         (Path(out_dir) / "report.html").write_text("")
+        (Path(out_dir) / "analysis.json").write_text("{}")  # the two files every report writes
         return Path(out_dir) / "report.html"
 
     monkeypatch.setattr(report, "inspect_model", record)
