@@ -1,5 +1,6 @@
-# `make run` trains on the embedded default data set; `make test` runs the tests (all but those marked slow),
-# `make test-all` all of them; both first check that the imports follow the layers declared in pyproject.toml
+# `make run` trains on the embedded default data set; `make test` runs the tests (all but the slow ones: marked so, or over
+# 2 s in tests/durations.json, which `make durations` records), `make test-all` all of them; both first check that the
+# imports follow the layers declared in pyproject.toml
 # (lint-imports), then run the tests in one process per core (pytest-xdist), each on one torch thread
 # (tests/conftest.py); `test-all` ends by naming its 25 slowest tests, so that one growing slow is seen. Each creates
 # .venv on first use: `run` installs what running needs (PyTorch pinned by constraints.txt), `test` and `test-all`
@@ -33,7 +34,11 @@ test-all: $(TEST_STAMP)
 	$(VENV)/bin/lint-imports
 	$(PYTEST) --durations=25
 
+# the seconds of every test, recorded over the whole set: tests over 2 s join the slow ones (tests/conftest.py)
+durations: $(TEST_STAMP)
+	$(PYTEST) --record-durations tests/durations.json
+
 lint: $(TEST_STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks
 
-.PHONY: install run test test-all lint
+.PHONY: install run test test-all durations lint

@@ -1,4 +1,5 @@
 import hashlib
+import json
 import os
 import socket
 from dataclasses import dataclass
@@ -211,3 +212,46 @@ FAMILIES = (
 )
 FAMILY = {f.id: f for f in FAMILIES}
 ATTENTION_FAMILIES = [f.id for f in FAMILIES if f.attention]
+
+
+# A test is slow when its own mark says so (subprocesses, torchrun, a browser) or when it took more than
+# SLOW_SECONDS in the last recorded run of the whole set (tests/durations.json, written by `make durations`), so
+# that `make test` stays a few minutes as tests grow; `make test-all` (CI) runs every test either way.
+DURATIONS = Path(__file__).with_name("durations.json")
+SLOW_SECONDS = 2.0
+
+
+def pytest_addoption(parser):
+    parser.addoption("--record-durations", metavar="FILE", default=None,
+                     help="write each test's seconds (setup + call + teardown) to FILE as durations.json's format")
+
+
+def pytest_collection_modifyitems(config, items):
+    recorded = json.loads(DURATIONS.read_text())["seconds"] if DURATIONS.is_file() else {}
+    for item in items:
+        if recorded.get(item.nodeid, 0.0) > SLOW_SECONDS:
+            item.add_marker(pytest.mark.slow)
+
+
+class _Durations:
+    """Sums the seconds of each test's phases as their reports arrive (on the controller under xdist)."""
+
+    def __init__(self, path: str, machine: str):
+        self.path, self.machine, self.seconds = Path(path), machine, {}
+
+    def pytest_runtest_logreport(self, report):
+        self.seconds[report.nodeid] = self.seconds.get(report.nodeid, 0.0) + report.duration
+
+    def pytest_sessionfinish(self, session):
+        if getattr(session.config, "workerinput", None) is not None:
+            return  # an xdist worker: the controller writes
+        kept = {k: round(v, 2) for k, v in sorted(self.seconds.items()) if v >= 0.5}
+        self.path.write_text(json.dumps({"machine": self.machine, "seconds": kept}, indent=0) + "\n")
+
+
+def pytest_configure(config):
+    path = config.getoption("--record-durations")
+    if path and getattr(config, "workerinput", None) is None:
+        import platform
+        config.pluginmanager.register(_Durations(path, f"{platform.processor() or platform.machine()}, "
+                                                       f"{os.cpu_count()} cores"), "vitlab-durations")
