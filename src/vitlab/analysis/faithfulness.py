@@ -447,25 +447,18 @@ def faithfulness(model: nn.Module, images: torch.Tensor, labels: torch.Tensor | 
         for s in starts:
             x = images[s:s + batch_size].to(device)
             B = len(x)
-            deleted = baseline_images(x, deletion_baseline, mean, std, sigma)
-            inserted_into = baseline_images(x, insertion_baseline, mean, std, sigma)
-            removed = baseline_images(x, perturbation_baseline, mean, std, sigma)
+            deleted, inserted_into, removed = (baseline_images(x, b, mean, std, sigma) for b in (
+                deletion_baseline, insertion_baseline, perturbation_baseline))
             with torch.no_grad():  # what every method's curves share: passed once
                 intact = model(x).float()
                 known = Known(intact, *_logits(model, [deleted, inserted_into], chunk))
             pred = intact.argmax(dim=-1)  # (B,) the class every map explains
             y = pred if labels is None else torch.as_tensor(labels[s:s + batch_size], device=device).long()
-            found = {}
-            for (method, token), key in zip(methods, keys):
-                found[key] = maps[key][s:s + B].to(device) if maps is not None and key in maps else explain(
-                    model, x, method, pred, token=token, head_fusion=head_fusion, discard_ratio=discard_ratio).detach()
-            grid = tuple(model.patch_embed.grid_size) if not found else tuple(next(iter(found.values())).shape[-2:])
-            N = grid[0] * grid[1]
-            found["random"] = random_map(B, grid, generator).to(device)
-            found["edge"] = edge_map(x, grid)
+            found = _batch_maps(model, x, pred, methods, keys, maps, s, head_fusion, discard_ratio, generator)
+            grid = tuple(found["edge"].shape[-2:])
             orders = {key: relevance_order(m).to(device) for key, m in found.items()}
-            counts = curve_fractions(N, curve_steps)
-            xs = [k / N for k in counts]
+            counts = curve_fractions(grid[0] * grid[1], curve_steps)
+            xs = [k / counts[-1] for k in counts]  # the fraction of the patches
             batch_images = [{} for _ in range(B)]
             for key, order in orders.items():
                 dele, ins = deletion_insertion(model, x, order, pred, counts, grid, deleted, inserted_into, chunk,
@@ -480,9 +473,8 @@ def faithfulness(model: nn.Module, images: torch.Tensor, labels: torch.Tensor | 
                                             "saco": float(scores[i]),
                                             "deletion_curve": dele[i].tolist(), "insertion_curve": ins[i].tolist()}
                 bar.update(B)
-            for i in range(B):
-                if len(per_image) < keep_images:
-                    per_image.append({"index": s + i, "predicted": int(pred[i]), "methods": batch_images[i]})
+            per_image += [{"index": s + i, "predicted": int(pred[i]), "methods": batch_images[i]}
+                          for i in range(min(B, max(keep_images - len(per_image), 0)))]
             total += B
     finally:
         bar.close()
@@ -491,6 +483,21 @@ def faithfulness(model: nn.Module, images: torch.Tensor, labels: torch.Tensor | 
     protocol = _protocol(total, grid, counts, fractions, deletion_baseline, insertion_baseline, sigma,
                          perturbation_baseline, labels is not None, seed, head_fusion, discard_ratio)
     return {"protocol": protocol, "methods": results, "rank_agreement": rank_agreement(results), "images": per_image}
+
+
+def _batch_maps(model: nn.Module, x: torch.Tensor, pred: torch.Tensor, methods: Sequence[tuple[str, str]],
+                keys: Sequence[str], maps: dict[str, torch.Tensor] | None, start: int, head_fusion: str,
+                discard_ratio: float, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    """Each method's map of a batch (those given in ``maps`` taken from there, from image ``start`` on), then the
+    floors' (a random map and a Sobel edge map) at the same grid."""
+    found = {}
+    for (method, token), key in zip(methods, keys):
+        found[key] = maps[key][start:start + len(x)].to(x.device) if maps is not None and key in maps else explain(
+            model, x, method, pred, token=token, head_fusion=head_fusion, discard_ratio=discard_ratio).detach()
+    grid = tuple(model.patch_embed.grid_size) if not found else tuple(next(iter(found.values())).shape[-2:])
+    found["random"] = random_map(len(x), grid, generator).to(x.device)
+    found["edge"] = edge_map(x, grid)
+    return found
 
 
 def _removal_hits(model: nn.Module, x: torch.Tensor, order: torch.Tensor, y: torch.Tensor, fractions: list[float],
