@@ -21,7 +21,7 @@ from vitlab.train.shard import SHARDS_PREFIX, check_can_shard
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--model", "vit_micro_patch2_8", "--batch-size", "64", "--precision", "fp32", "--threads", "1",
-        "--drop-path", "0", "--padding", "0", "--label-smoothing", "0.1", "--cutmix", "0"]  # per-rank draws differ
+        "--drop-path", "0.1", "--padding", "1", "--label-smoothing", "0.1", "--cutmix", "1.0", "--mix-prob", "0.5"]
 TIMEOUT = 240
 
 
@@ -70,23 +70,19 @@ def test_evaluation_batches_split_every_rank_alike():
 
 @pytest.mark.slow
 def test_sharded_run_matches_one_process_and_its_folder_loads(tmp_path, cache_dir):
-    """20 steps on two ranks (gradient checkpointing and clipping composed with the sharding) give the losses and
-    weights of one process; the run folder is an ordinary one."""
-    common = [*TINY, "--steps", "20", "--clip-grad", "1.0", "--cache-dir", cache_dir]
-    run([sys.executable, "-m", "vitlab", "train", *map(str, common), "--out", str(tmp_path / "one")])
+    """20 steps on two ranks (crops, cutmix and drop-path drawn, gradient checkpointing and clipping composed with
+    the sharding) end with the very weights of one process that cuts each batch into the same two micro-batches;
+    the run folder is an ordinary one."""
+    common = [*TINY, "--steps", "20", "--clip-grad", "0.5", "--cache-dir", cache_dir]
+    run([sys.executable, "-m", "vitlab", "train", *map(str, common), "--accum-steps", "2", "--out", str(tmp_path / "one")])
     run(torchrun(2, "-m", "vitlab", "train", *common, "--shard", "fsdp", "--grad-checkpointing",
                  "--out", tmp_path / "two"))
     one, two = metrics(tmp_path / "one"), metrics(tmp_path / "two")
     assert [r["step"] for r in one] == [r["step"] for r in two] == [20]
-    assert abs(one[0]["train_loss"] - two[0]["train_loss"]) < 1e-5
-    assert abs(one[0]["test_loss"] - two[0]["test_loss"]) < 1e-4
+    assert abs(one[0]["train_loss"] - two[0]["train_loss"]) < 1e-6  # the ranks' loss sums add in another order
     a, b = load_file(tmp_path / "one" / "model.safetensors"), load_file(tmp_path / "two" / "model.safetensors")
     assert a.keys() == b.keys()
-    for k in a:
-        if k.endswith("qkv.bias"):  # the key bias's gradient is rounding noise (softmax ignores it): AdamW makes
-            q, key, v = a[k].chunk(3)  # steps of ~lr of it, which differ with the order of the sums
-            a[k], b[k] = torch.cat([q, v]), torch.cat([b[k].chunk(3)[0], b[k].chunk(3)[2]])
-        torch.testing.assert_close(a[k], b[k], atol=1e-5, rtol=1e-4, msg=k)
+    assert [k for k in a if not torch.equal(a[k], b[k])] == []
     summary = json.loads((tmp_path / "two" / "summary.json").read_text())
     assert summary["processes"] == 2 and summary["replicas_in_sync"] is True
     x = torch.randn(4, 1, 8, 8)

@@ -23,7 +23,9 @@ def fits_on_device(nbytes: int, device: torch.device, share: float = 0.5) -> boo
 @dataclass(frozen=True)
 class EpochPlan:
     """An epoch of ``n`` training images in ``steps`` batches of near-equal size, in an order drawn from ``seed``
-    (each image ``repeats`` times in a row: repeated augmentation), ``rank``'s share of every batch."""
+    (each image ``repeats`` times in a row: repeated augmentation), ``rank``'s share of every batch: its ``rank``-th
+    contiguous part of ``world`` (as the ``world`` micro-batches of one process would be cut, so that how a batch's
+    parts are spread over processes changes nothing)."""
 
     n: int
     steps: int
@@ -39,7 +41,7 @@ class EpochPlan:
             order = repeated_aug_indices(self.n, self.repeats, g)
         else:
             order = torch.randperm(self.n, generator=g)
-        return [batch[self.rank::self.world] for batch in order.tensor_split(self.steps)]
+        return [batch.tensor_split(self.world)[self.rank] for batch in order.tensor_split(self.steps)]
 
     def rank_sizes(self, rank: int) -> list[int]:
         """The batch sizes of ``rank`` when it takes its own contiguous share ``n * rank // world`` ..

@@ -77,13 +77,41 @@ class Batch:
     """A step's inputs: a uint8 batch and its labels, the input size (progressive resizing; None: as augmented),
     ``share``, this rank's part of the whole batch times the number of ranks (1 where the ranks hold equal parts),
     and ``index``, the images' places in the training set (for a loss that looks up what it made of them before:
-    a teacher's predictions made once; None where unknown)."""
+    a teacher's predictions made once; None where unknown), and ``seeds``, the random seed of each micro-batch where
+    the batch is cut into parts (``part_seed``; None: the generator goes on as it is)."""
 
     images: torch.Tensor
     labels: torch.Tensor
     size: tuple[int, int] | None = None
     share: float = 1.0
     index: torch.Tensor | None = None
+    seeds: list[int] | None = None
+
+
+def part_seed(seed: int, epoch: int, step: int, part: int) -> int:
+    """The random seed of one part of a batch cut into parts (the micro-batches of all ranks together, numbered
+    across the ranks): its augmentation and drop-path draws depend on (seed, epoch, step, part) alone, so two ranks
+    draw what two micro-batches of one process draw."""
+    return (seed * 1_000_003 + epoch * 7919 + step * 104_729 + part * 15_485_863) % (2 ** 31)
+
+
+@torch.no_grad()
+def clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> None:
+    """Scale the gradients so that their joint L2 norm is at most ``max_norm`` (torch's clip_grad_norm_, with the
+    norm summed in float64 over the local parts of sharded gradients and then over the ranks): however the
+    gradients are split, by FSDP over ranks or not at all, the scale comes out the same float32 number, where
+    float32 norms of the halves would differ in the last bit and part the runs."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return
+    local = [g.to_local() if hasattr(g, "to_local") else g for g in grads]
+    wide = torch.float32 if local[0].device.type == "mps" else torch.float64  # MPS has no float64
+    total = torch.stack([g.detach().to(wide).square().sum() for g in local]).sum()
+    if hasattr(grads[0], "to_local"):  # sharded (DTensor): every rank's parts
+        import torch.distributed as torch_dist
+        torch_dist.all_reduce(total)
+    scale = (max_norm / (total.sqrt() + 1e-6)).clamp(max=1.0).to(local[0].dtype)
+    torch._foreach_mul_(local, scale)
 
 
 def train_step(s: Stepper, b: Batch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -104,9 +132,11 @@ def train_step(s: Stepper, b: Batch) -> tuple[torch.Tensor, torch.Tensor]:
     optimizer.zero_grad(set_to_none=True)
     loss_sum = torch.zeros((), device=device)
     hits = torch.zeros((), dtype=torch.long, device=device)
-    index = b.index.chunk(s.accum_steps) if b.index is not None else [None] * s.accum_steps
-    chunks = list(zip(images.chunk(s.accum_steps), b.labels.chunk(s.accum_steps), index))
+    index = b.index.tensor_split(s.accum_steps) if b.index is not None else [None] * s.accum_steps
+    chunks = list(zip(images.tensor_split(s.accum_steps), b.labels.tensor_split(s.accum_steps), index))
     for i, (xb, yb, ib) in enumerate(chunks):
+        if b.seeds is not None:
+            torch.manual_seed(b.seeds[i])
         full, targets = s.augment(xb, yb)
         x = resize(full, b.size)
         if s.channels_last:
@@ -125,7 +155,7 @@ def train_step(s: Stepper, b: Batch) -> tuple[torch.Tensor, torch.Tensor]:
     if scaler is not None:
         scaler.unscale_(optimizer)
     if s.clip_grad:
-        nn.utils.clip_grad_norm_([p for g in optimizer.param_groups for p in g["params"]], s.clip_grad)
+        clip_grad_norm([p for g in optimizer.param_groups for p in g["params"]], s.clip_grad)
     if scaler is not None:
         scaler.step(optimizer)
         scaler.update()

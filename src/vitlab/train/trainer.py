@@ -3,7 +3,10 @@ runs with is decided once before it starts (setup.py: the model and data, the pr
 precision) and handed to it as one ``Run``.
 
 Every epoch re-seeds the random generators from (seed, epoch, rank), so a run resumed from its last
-checkpoint (epochs mode) replays exactly what the uninterrupted run would have done. Under a time
+checkpoint (epochs mode) replays exactly what the uninterrupted run would have done. A batch cut into parts
+(ranks, micro-batches, or both) draws each part's augmentation and drop-path from (seed, epoch, step, part), and each
+rank takes its contiguous share, so N ranks take the very steps of one process cutting each batch into N
+micro-batches (``--accum-steps N``). Under a time
 budget the schedule follows rank 0's clock, which starts at the first step; a resumed budget run
 continues from the training time already spent, but since its steps fall at other moments of the
 clock it is not a bit-exact replay.
@@ -51,7 +54,7 @@ from .setup import (
 )
 from .shard import gathered
 from .state import take_place
-from .step import Batch, EpochMeter, check_loss_finite, ema_decay_at, figures_every, train_step
+from .step import Batch, EpochMeter, check_loss_finite, ema_decay_at, figures_every, part_seed, train_step
 
 
 def train(recipe: Recipe, resume: bool = False, log: Callable[[str], None] | None = None,
@@ -133,8 +136,11 @@ def train_epoch(run: Run) -> tuple[EpochRow | None, bool]:
         size = run.resize.size_at(p)
         stepper.ema_decay = ema_decay_at(p, recipe.ema_decay, recipe.ema_start)
         images = run.augment.alternate(images, index, epoch, recipe.seed)
+        parts = dist.world * stepper.accum_steps  # a batch cut into parts draws each part's randomness alone
+        seeds = ([part_seed(recipe.seed, epoch, i, dist.rank * stepper.accum_steps + k)
+                  for k in range(stepper.accum_steps)] if parts > 1 else None)
         loss, hits = train_step(stepper, Batch(images, labels, size, share=len(images) * dist.world / sizes[i],
-                                               index=index))
+                                               index=index, seeds=seeds))
         state.step += 1
         run.task.after_step(run.model)
         if run.lookahead is not None:
