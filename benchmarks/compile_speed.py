@@ -7,14 +7,17 @@ gradients in eval mode. The compiled model's first call at each thread count is 
 dynamo guards on the thread count, so another count compiles again), then eager and compiled calls are
 interleaved round by round in this one process and the median ratio is reported, because the machine is shared
 and noisy. Break-even: the steps after which the compiled run has paid back its
-compile time; "x after compile" is eager's time over compiled's time plus one compile, for a run of ``--run-steps``.
+compile time; "x after compile" is eager's time over compiled's time plus one compile, for a training run of
+``--run-steps`` and for inference over ``--eval-images`` (CIFAR-10's test split: one ``vitlab eval``).
 
-    python benchmarks/compile_speed.py [--rounds 5] [--threads 1 2] [--run-steps 1960 300] [--only CASE]
+    python benchmarks/compile_speed.py [--rounds 5] [--threads 1 2] [--run-steps 1960 300] [--eval-images 10000]
+        [--only CASE]
 """
 from __future__ import annotations
 
 import argparse
 import copy
+import math
 import statistics
 import time
 from pathlib import Path
@@ -71,6 +74,8 @@ def main() -> None:
     ap.add_argument("--run-steps", type=int, nargs="+", default=[1960, 300],
                     help="a default-length run's training steps for each case (the hybrid recipe: 10 epochs of 196; "
                          "ViT-S/16: a fine-tune of 300 steps)")
+    ap.add_argument("--eval-images", type=int, default=10_000,
+                    help="images an inference run passes (default: CIFAR-10's test split)")
     ap.add_argument("--only", choices=list(CASES), default=None)
     args = ap.parse_args()
     print(f"CPU: {cpu_name()}, torch {torch.__version__}; eager and compiled interleaved, medians of {args.rounds}")
@@ -87,6 +92,7 @@ def main() -> None:
         compiled = torch.compile(twin, dynamic=False)
         eager_fns, compiled_fns = steps(model, model, x, y), steps(twin, compiled, x, y)
         for kind, e_fn, c_fn in zip(("train", "infer"), eager_fns, compiled_fns):
+            length = run_steps if kind == "train" else math.ceil(args.eval_images / batch)
             for threads in args.threads:
                 torch.set_num_threads(threads)  # dynamo guards on the thread count: another count compiles again
                 compile_s = timed(c_fn)  # the first call at this count compiles (forward and backward, for training)
@@ -99,9 +105,9 @@ def main() -> None:
                 e, cm = statistics.median(e_t), statistics.median(c_t)
                 gain = e - cm
                 even = f"{compile_s / gain:.0f}" if gain > 0 else "never"
-                after = run_steps * e / (run_steps * cm + compile_s)
+                after = length * e / (length * cm + compile_s)
                 print(f"{name:<22}{kind:<7}{threads:>4}{e:>9.3f}{cm:>11.3f}{e / cm:>7.2f}{compile_s:>10.1f}"
-                      f"{even:>11}{run_steps:>6}{after:>16.2f}", flush=True)
+                      f"{even:>11}{length:>6}{after:>16.2f}", flush=True)
 
 
 if __name__ == "__main__":
