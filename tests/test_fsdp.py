@@ -74,7 +74,8 @@ def test_sharded_run_matches_one_process_and_its_folder_loads(tmp_path, cache_di
     the sharding) end with the very weights of one process that cuts each batch into the same two micro-batches;
     the run folder is an ordinary one."""
     common = [*TINY, "--steps", "20", "--clip-grad", "0.5", "--cache-dir", cache_dir]
-    run([sys.executable, "-m", "vitlab", "train", *map(str, common), "--accum-steps", "2", "--out", str(tmp_path / "one")])
+    run([sys.executable, "-m", "vitlab", "train", *map(str, common), "--accum-steps", "2",
+         "--out", str(tmp_path / "one")])
     run(torchrun(2, "-m", "vitlab", "train", *common, "--shard", "fsdp", "--grad-checkpointing",
                  "--out", tmp_path / "two"))
     one, two = metrics(tmp_path / "one"), metrics(tmp_path / "two")

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.distributed as torch_dist
 import torch.nn as nn
 
 from ..data.augment import BatchAugment
@@ -108,7 +109,6 @@ def clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> None:
     wide = torch.float32 if local[0].device.type == "mps" else torch.float64  # MPS has no float64
     total = torch.stack([g.detach().to(wide).square().sum() for g in local]).sum()
     if hasattr(grads[0], "to_local"):  # sharded (DTensor): every rank's parts
-        import torch.distributed as torch_dist
         torch_dist.all_reduce(total)
     scale = (max_norm / (total.sqrt() + 1e-6)).clamp(max=1.0).to(local[0].dtype)
     torch._foreach_mul_(local, scale)
