@@ -418,7 +418,7 @@ def test_empty_class_folder_is_a_clear_error(tmp_path, cache_dir):
 def test_shipped_recipes_are_valid(recipe):
     path = Path(__file__).parents[1] / "recipes" / recipe
     teacher = "runs/teacher" if "distill:" in path.read_text() else None  # distillation recipes ask for one
-    r = load_recipe(path, out="unused", teacher=teacher)
+    r = load_recipe(path, strict=True, out="unused", teacher=teacher)  # as vitlab train reads it
     if r.model:
         vitlab.create_model(r.model)  # the model it names exists
 
