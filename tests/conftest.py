@@ -1,9 +1,12 @@
 import hashlib
+import importlib.util
 import json
 import os
 import socket
+import sys
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any, NamedTuple
 
 import pytest
@@ -90,6 +93,17 @@ def error_line(capsys, argv, code: int = 2, *, after_log: bool = False) -> str:
     assert lines[-1].startswith(f"vitlab {argv[0]}: ") and not any(": error: " in line for line in lines[:-1]), lines
     assert code != 2 or ": error: " in lines[-1], lines
     return lines[-1]
+
+
+def benchmark(name: str) -> ModuleType:
+    """benchmarks/NAME.py freshly imported as the module NAME (with benchmarks/ on the path, as when it runs)."""
+    if str(ROOT / "benchmarks") not in sys.path:
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up while it runs
+    spec.loader.exec_module(module)
+    return module
 
 
 def quiet_load(source, **kw):

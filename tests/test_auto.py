@@ -3,13 +3,12 @@ facts gets, how the rules fit it to the images, channels and budget, that option
 logs the choice in one line and records it in config.yaml and summary.json."""
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import benchmark
 
 import vitlab
 from vitlab.runs.format import read_config
@@ -120,11 +119,8 @@ def test_fit_with_data_alone_records_the_choice(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_the_benchmark_runs_a_quick_cell(tmp_path, monkeypatch):
-    spec = importlib.util.spec_from_file_location("fit_auto", ROOT / "benchmarks" / "fit_auto.py")
-    bench = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "fit_auto", bench)  # its dataclasses look their module up
-    spec.loader.exec_module(bench)
+def test_the_benchmark_runs_a_quick_cell(tmp_path):
+    bench = benchmark("fit_auto")
     assert bench.main(["--quick", "--cells", "digits8@2", "--out", str(tmp_path)]) == 0
     results = json.loads((tmp_path / "results.json").read_text())
     arms = results["digits8@2 (quick)"]["arms"]

@@ -9,16 +9,13 @@ import tarfile
 
 import numpy as np
 import pytest
-from conftest import ROOT
+from conftest import benchmark
 from PIL import Image
 
 
 @pytest.fixture
-def bench(monkeypatch):
-    spec = importlib.util.spec_from_file_location("fit_vs_keras", ROOT / "benchmarks" / "fit_vs_keras.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def bench():
+    return benchmark("fit_vs_keras")
 
 
 def archive(path, train: int, test: int):

@@ -2,16 +2,13 @@
 in that order (a lease of minutes puts the ones that matter first)."""
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
-from conftest import ROOT
+from conftest import ROOT, benchmark
 
-spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "benchmarks" / "gpu_check.py")
-gpu_check = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(gpu_check)
+gpu_check = benchmark("gpu_check")
 
 
 def test_the_script_imports_the_tree_s_vitlab_without_it_being_installed(tmp_path):

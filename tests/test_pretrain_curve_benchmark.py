@@ -1,20 +1,15 @@
 """benchmarks/pretrain_curve.py: the pre-training curve's tables and figure, read from run folders and probes."""
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import pytest
-from conftest import ROOT
+from conftest import benchmark
 
 
 @pytest.fixture
-def bench(monkeypatch):
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    spec = importlib.util.spec_from_file_location("pretrain_curve", ROOT / "benchmarks" / "pretrain_curve.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def bench():
+    return benchmark("pretrain_curve")
 
 
 def run(work, name, top1=None):

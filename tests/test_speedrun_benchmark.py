@@ -2,7 +2,6 @@
 time, read from run folders written through runs/format.py (no timing: an injected clock)."""
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import subprocess
 import sys
@@ -10,15 +9,13 @@ from types import SimpleNamespace
 
 import pytest
 import yaml
-from conftest import ROOT
+from conftest import ROOT, benchmark
 
 from vitlab.cli import build_parser
 from vitlab.cli.train import recipe_of
 from vitlab.runs.format import EpochRow, Summary, write_metrics, write_summary
 
-spec = importlib.util.spec_from_file_location("cifar10_speedrun", ROOT / "benchmarks" / "cifar10_speedrun.py")
-bench = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(bench)
+bench = benchmark("cifar10_speedrun")
 
 
 def fake_run(folder, train_seconds, top1s, model="airbench_32"):

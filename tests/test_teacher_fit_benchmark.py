@@ -1,23 +1,17 @@
 """benchmarks/teacher_fit.py: a teacher's fit on the training images, from its own predictions."""
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 import torch
-from conftest import ROOT
+from conftest import benchmark
 
 import vitlab
 from vitlab.data.augment import normalize
 from vitlab.data.sources import load_data
 
 
-def test_the_table_s_figures_are_the_teacher_s_mirror_mean_predictions_against_the_labels(tmp_path, cache_dir,
-                                                                                          monkeypatch):
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    spec = importlib.util.spec_from_file_location("teacher_fit", ROOT / "benchmarks" / "teacher_fit.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+def test_the_table_s_figures_are_the_teacher_s_mirror_mean_predictions_against_the_labels(tmp_path, cache_dir):
+    bench = benchmark("teacher_fit")
     data = load_data("digits", cache_dir=cache_dir, log=lambda *_: None)
     torch.manual_seed(0)
     model = vitlab.create_model("vit_micro_patch2_8", num_classes=10, in_chans=1)
