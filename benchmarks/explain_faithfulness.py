@@ -12,8 +12,9 @@ the seven measures of ``vitlab.analysis.faithfulness`` (deletion, insertion, pos
 ROAD MoRF and LeRF, SaCo) beside the random and edge floors, and the CPU seconds per image of each map alone. Each
 (model, seed) is written to OUT/NAME-seedS.json as it finishes, and a later call reuses it, so a long run can stop
 and go on. Prints per model the mean +- standard deviation over the seeds, the best method per measure and
-overall (mean rank over the measures), whether each lead is separated (gap > 2 sqrt(sd_a^2 + sd_b^2)), and the
-measures on which a floor is not below every method.
+overall (mean rank over the measures), whether each lead is separated (gap > 2 sqrt(sd_a^2 + sd_b^2)), and per
+measure whether each floor is below every method, and clearly so (separated from the weakest method), or which
+methods it cannot be told from.
 """
 from __future__ import annotations
 
@@ -155,15 +156,24 @@ def summarise(name: str, runs: list[dict]) -> None:
         lead = "one seed: separation not measured"
     print(f"overall (mean rank over the {len(METRICS)} measures): {method_label(order[0])} "
           f"({mean_rank[order[0]]:.2f}), then {method_label(order[1])} ({mean_rank[order[1]]:.2f}); {lead}")
-    print("floors (random map, edge detector) against every method, by the mean:")
+    print("floors (random map, edge detector) against every method (clearly below: separated from the nearest):")
     for m, up in METRICS.items():
-        worst = best[m][-1]
-        beaten = [f for f in BASELINE_KEYS  # a floor level with the weakest method is not below it either
-                  if (stats[f][m][0] >= stats[worst][m][0] if up else stats[f][m][0] <= stats[worst][m][0])]
-        verdict = "below every method" if not beaten else (
-            f"{' and '.join(method_label(f) for f in beaten)} not below every method (the weakest: "
-            f"{method_label(worst)}): this measure cannot tell them apart from it")
-        print(f"- {NAMES[m]}: {verdict}")
+        parts = []
+        for f in BASELINE_KEYS:
+            nearest = best[m][-1]  # the weakest method, the one a floor must still be below
+            above = [k for k in methods  # a floor level with a method is not below it either
+                     if (stats[f][m][0] >= stats[k][m][0] if up else stats[f][m][0] <= stats[k][m][0])]
+            if above:
+                parts.append(f"{method_label(f)} NOT below {', '.join(method_label(k) for k in above)}: "
+                             "this measure cannot tell it from " + ("them" if len(above) > 1 else "it"))
+            elif len(runs) == 1:
+                parts.append(f"{method_label(f)} below every method (one seed: separation not measured)")
+            else:
+                verdict = separated(f, nearest, m)
+                parts.append(f"{method_label(f)} below every method, " + (
+                    "clearly" if verdict.endswith(": separated") else "not clearly")
+                    + f" (nearest {method_label(nearest)}, {verdict})")
+        print(f"- {NAMES[m]}: " + "; ".join(parts))
 
 
 def main() -> None:

@@ -1,0 +1,67 @@
+"""benchmarks/explain_faithfulness.py: the summary over seeds (best per measure, separation, the floors' verdicts)."""
+from __future__ import annotations
+
+import pytest
+from conftest import benchmark
+
+from vitlab.analysis.explain import METHODS
+from vitlab.analysis.faithfulness import BASELINE_KEYS, METRICS
+
+
+@pytest.fixture
+def bench():
+    return benchmark("explain_faithfulness")
+
+
+def runs(scores_of, seeds=(0, 1, 2)):
+    """Per seed a benchmark record whose every measure scores ``scores_of(key, seed)`` (higher better: negated
+    where lower is better, so one number orders the keys on all seven measures)."""
+    keys = list(METHODS) + list(BASELINE_KEYS)
+    return [{"seed": s, "images": 10, "accuracy": 50.0,
+             "scores": {k: {m: (v if up else -v) for m, up in METRICS.items() for v in [scores_of(k, s)]}
+                        for k in keys},
+             "map_cpu_seconds": {k: 0.01 for k in METHODS}} for s in seeds]
+
+
+def floor_lines(out: str) -> dict[str, str]:
+    tail = out.split("floors (random map, edge detector)")[1].splitlines()[1:]
+    return {line[2:].split(":")[0]: line for line in tail if line.startswith("- ")}
+
+
+def test_floors_far_below_every_method_are_called_clearly_below(bench, capsys):
+    methods = list(METHODS)
+    score = {k: 0.5 + 0.01 * i for i, k in enumerate(methods)} | {"random": 0.0, "edge": 0.1}
+    bench.summarise("m", runs(lambda k, s: score[k] + 0.001 * s))
+    lines = floor_lines(capsys.readouterr().out)
+    assert len(lines) == len(METRICS)
+    for line in lines.values():
+        assert line.count("below every method, clearly") == 2, line
+
+
+def test_a_floor_level_with_a_method_is_named_with_it_and_a_close_one_is_not_clearly_below(bench, capsys):
+    methods = list(METHODS)
+    weakest = methods[0]
+    score = {k: 0.5 + 0.1 * i for i, k in enumerate(methods)} | {"random": 0.0, "edge": 0.5}
+    # the weakest method's seeds spread by 0.05: the edge map, level with its mean, is not below it; a random map
+    # 0.02 under it would be below it but not clearly
+    bench.summarise("m", runs(lambda k, s: score[k] + (0.05 * (s - 1) if k == weakest else 0.0)))
+    out = capsys.readouterr().out
+    for line in floor_lines(out).values():
+        assert "edge detector (Sobel) NOT below" in line and "random map below every method, clearly" in line
+    score["random"] = score[weakest] - 0.02
+    bench.summarise("m", runs(lambda k, s: score[k] + (0.05 * (s - 1) if k == weakest else 0.0)))
+    for line in floor_lines(capsys.readouterr().out).values():
+        assert "random map below every method, not clearly" in line, line
+
+
+def test_the_best_method_and_its_separation_from_the_runner_up(bench, capsys):
+    methods = list(METHODS)
+    score = {k: 0.1 * i for i, k in enumerate(methods)} | {"random": -1.0, "edge": -1.0}
+    bench.summarise("m", runs(lambda k, s: score[k] + 0.001 * s))
+    out = capsys.readouterr().out
+    best = bench.method_label(methods[-1])
+    assert f"overall (mean rank over the {len(METRICS)} measures): {best} (1.00)" in out
+    assert f"separated on {len(METRICS)} of {len(METRICS)} measures" in out
+    # seeds spread wider than the lead: nothing separated
+    bench.summarise("m", runs(lambda k, s: score[k] + 0.2 * s * (k == methods[-1])))
+    assert "separated on 0 of" in capsys.readouterr().out
