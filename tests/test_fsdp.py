@@ -98,7 +98,8 @@ def test_sharded_run_matches_one_process_and_its_folder_loads(tmp_path, cache_di
 
 
 MEMORY = """
-import json, torch, torch.nn.functional as F, vitlab
+import json, sys, torch, torch.nn.functional as F, vitlab
+from pathlib import Path
 from vitlab.train.distributed import init_distributed, cleanup
 from vitlab.train.shard import local_bytes, shard_model
 dist = init_distributed("cpu")
@@ -108,7 +109,7 @@ shard_model(model, dist, "fp32")
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 F.cross_entropy(model(torch.randn(4, 1, 8, 8)), torch.randint(0, 10, (4,))).backward()
 opt.step()
-print("MEM", dist.rank, json.dumps(local_bytes(model, opt)), flush=True)
+Path(sys.argv[1], f"mem-{dist.world}-{dist.rank}.json").write_text(json.dumps(local_bytes(model, opt)))
 cleanup(dist)
 """
 
@@ -118,9 +119,9 @@ def test_each_rank_holds_about_half_the_parameters_gradients_and_optimizer_state
     script = tmp_path / "mem.py"
     script.write_text(MEMORY)
     found = {}
-    for n in (1, 2):
-        out = run(torchrun(n, script)).stdout
-        found[n] = [json.loads(line.split(" ", 2)[2]) for line in out.splitlines() if line.startswith("MEM")]
+    for n in (1, 2):  # each rank writes a file: two ranks' lines on one stdout pipe can interleave
+        run(torchrun(n, script, tmp_path))
+        found[n] = [json.loads(f.read_text()) for f in sorted(tmp_path.glob(f"mem-{n}-*.json"))]
     (whole,) = found[1]
     assert len(found[2]) == 2 and whole["gradients"] == whole["parameters"] and whole["optimizer"] == 2 * whole[
         "parameters"]
