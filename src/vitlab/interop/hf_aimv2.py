@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from ..errors import VitlabError
-from .keys import check_placed, hf_size, join_qkv
+from .keys import check_placed, hf_size, join_qkv, place_layer
 
 MODEL_TYPE = "aimv2_vision_model"
 ARCHITECTURES = {"Aimv2VisionModel": "base"}
@@ -78,12 +78,7 @@ def convert_state_dict(state: dict[str, torch.Tensor], cfg: dict[str, Any]) -> d
             elif key != "embeddings.position_ids":
                 unknown.append(key)
             continue
-        i, (mod, _, param) = int(m.group(1)), m.group(2).rpartition(".")
-        if mod in _QKV:
-            qkv.setdefault((i, param), {})[_QKV[mod]] = v
-        elif mod in _LAYER_KEYS:
-            out[f"blocks.{i}.{_LAYER_KEYS[mod]}.{param}"] = v
-        else:
+        if not place_layer(int(m.group(1)), m.group(2), v, out, qkv, _QKV, _LAYER_KEYS):
             unknown.append(key)
     join_qkv(out, qkv)
     for param, parts in pool.items():

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from ..errors import VitlabError
-from .keys import check_placed, join_qkv
+from .keys import check_placed, join_qkv, place_layer
 
 MODEL_TYPES = {"siglip2_vision_model": {"Siglip2VisionModel": "base"}, "siglip2": {"Siglip2Model": "base"}}
 DEFAULT_ACT = "gelu_pytorch_tanh"
@@ -113,12 +113,7 @@ def convert_state_dict(state: dict[str, torch.Tensor], cfg: dict[str, Any]) -> d
             if not _top_key(k, v, side, out):
                 unknown.append(key)
             continue
-        i, (mod, _, param) = int(m.group(1)), m.group(2).rpartition(".")
-        if mod in _QKV:
-            qkv.setdefault((i, param), {})[_QKV[mod]] = v
-        elif mod in _LAYER_KEYS:
-            out[f"blocks.{i}.{_LAYER_KEYS[mod]}.{param}"] = v
-        else:
+        if not place_layer(int(m.group(1)), m.group(2), v, out, qkv, _QKV, _LAYER_KEYS):
             unknown.append(key)
     join_qkv(out, qkv)
     check_placed(unknown, cfg["model_type"])

@@ -17,6 +17,22 @@ def join_qkv(out: dict[str, torch.Tensor], qkv: dict[tuple[int, str], dict[int, 
         out[f"blocks.{i}.attn.qkv.{param}"] = torch.cat([parts[0], parts[1], parts[2]], dim=0)
 
 
+def place_layer(block: int, sub: str, v: torch.Tensor, out: dict[str, torch.Tensor],
+                qkv: dict[tuple[int, str], dict[int, torch.Tensor]], qkv_parts: dict[str, int],
+                layer_keys: dict[str, str]) -> bool:
+    """One tensor of layer ``block`` (``sub``: its module path and parameter, as the Hub names them under the layer)
+    put in place: a query, key or value part (``qkv_parts``: module -> 0, 1, 2) into ``qkv`` for join_qkv, a module
+    ``layer_keys`` names into ``out`` as ``blocks.<block>.<name>.<param>``. False when neither names it."""
+    mod, _, param = sub.rpartition(".")
+    if mod in qkv_parts:
+        qkv.setdefault((block, param), {})[qkv_parts[mod]] = v
+    elif mod in layer_keys:
+        out[f"blocks.{block}.{layer_keys[mod]}.{param}"] = v
+    else:
+        return False
+    return True
+
+
 def check_placed(unknown: list[str], model_type: str) -> None:
     """One line naming the tensors (the first eight) that have no place in the model."""
     if unknown:
