@@ -106,6 +106,19 @@ def benchmark(name: str) -> ModuleType:
     return module
 
 
+def stop_at_checkpoint(monkeypatch, k: int) -> None:
+    """The next run stops (as if killed) right after its k-th checkpoint (within an epoch or at its end) is written."""
+    from vitlab.train import setup as run_setup
+    real, saved = run_setup.save_checkpoint, []
+
+    def save_then_stop(*args, **kwargs):
+        real(*args, **kwargs)
+        saved.append(1)
+        if len(saved) == k:
+            raise KeyboardInterrupt
+    monkeypatch.setattr(run_setup, "save_checkpoint", save_then_stop)  # Run.checkpoint's writer
+
+
 def quiet_load(source, **kw):
     """``load_data`` with its log kept: (bundle, log lines)."""
     logs = []

@@ -4,13 +4,13 @@ import json
 
 import pytest
 import torch
+from conftest import stop_at_checkpoint
 from safetensors import safe_open
 
 import vitlab
 from vitlab.cli import main
 from vitlab.runs.format import read_history, read_summary
 from vitlab.train import load_recipe, train
-from vitlab.train import setup as run_setup
 
 TINY = dict(model="vit_micro_patch2_8", batch_size=64, train_fraction=0.1, precision="fp32", threads=1, epochs=3)
 ROW = ("epoch", "step", "train_loss", "train_acc", "lr", "test_loss", "test_top1", "ema_test_top1")
@@ -47,18 +47,6 @@ def recipe(values: dict, teacher, out) -> object:
     return load_recipe(None, **TINY, **values, out=str(out))
 
 
-def stop_after_epoch(monkeypatch, k: int) -> None:
-    """The next run stops (as if killed) right after its epoch k's checkpoint is written."""
-    real, saved = run_setup.save_checkpoint, []
-
-    def save_then_stop(*args, **kwargs):
-        real(*args, **kwargs)
-        saved.append(1)
-        if len(saved) == k:
-            raise KeyboardInterrupt
-    monkeypatch.setattr(run_setup, "save_checkpoint", save_then_stop)  # Run.checkpoint's writer
-
-
 def rows(out) -> list[dict]:
     return [{k: getattr(r, k) for k in ROW} for r in read_history(out)]
 
@@ -69,7 +57,7 @@ def test_every_task_stopped_and_resumed_ends_as_if_never_stopped(task, teacher, 
     whole, stopped = tmp_path / "whole", tmp_path / "stopped"
     train(recipe(TASKS[task], teacher, whole), log=lambda s: None)
     with monkeypatch.context() as m:
-        stop_after_epoch(m, 1)
+        stop_at_checkpoint(m, 1)
         with pytest.raises(KeyboardInterrupt):
             train(recipe(TASKS[task], teacher, stopped), log=lambda s: None)
     assert (stopped / "checkpoint.pt").is_file() and not (stopped / "summary.json").exists()
@@ -124,7 +112,7 @@ def test_a_resume_refuses_a_teacher_or_init_model_changed_since_the_run_started(
     values = {**BUILT_FROM[case], role: str(source)}
     r = load_recipe(None, **TINY, **values, out=str(tmp_path / "run"))
     with monkeypatch.context() as m:
-        stop_after_epoch(m, 1)
+        stop_at_checkpoint(m, 1)
         with pytest.raises(KeyboardInterrupt):
             train(r, log=lambda s: None)
     assert set(json.loads((tmp_path / "run" / "run.json").read_text())["built_from"]) == {role}

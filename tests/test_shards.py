@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import free_port
+from conftest import free_port, stop_at_checkpoint
 from PIL import Image
 from safetensors.torch import load_file
 
@@ -186,18 +186,6 @@ def test_a_run_trains_from_a_shard_pattern_seeing_every_image_once_an_epoch(shar
     assert vitlab.evaluate(str(tmp_path / "run"))["top1"] == summary["top1"]  # its own test shards, from config.yaml
     with pytest.raises(ValueError, match="streamed from WebDataset shards: a probe needs every training image"):
         probe(str(tmp_path / "run"), f"wds:{folder}", log=lambda m: None, progress=False)
-
-
-def stop_at_checkpoint(monkeypatch, k: int) -> None:
-    """The next run stops (as if killed) right after its k-th checkpoint (within an epoch or at its end) is written."""
-    real, saved = run_setup.save_checkpoint, []
-
-    def save_then_stop(*args, **kwargs):
-        real(*args, **kwargs)
-        saved.append(1)
-        if len(saved) == k:
-            raise KeyboardInterrupt
-    monkeypatch.setattr(run_setup, "save_checkpoint", save_then_stop)
 
 
 @pytest.mark.parametrize("source", ["shards", "store"])
