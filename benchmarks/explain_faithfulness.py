@@ -12,7 +12,8 @@ the seven measures of ``vitlab.analysis.faithfulness`` (deletion, insertion, pos
 ROAD MoRF and LeRF, SaCo) beside the random and edge floors, and the CPU seconds per image of each map alone. Each
 (model, seed) is written to OUT/NAME-seedS.json as it finishes, and a later call reuses it, so a long run can stop
 and go on. Prints per model the mean +- standard deviation over the seeds, the best method per measure and
-overall (mean rank over the measures), whether each lead is separated (gap > 2 sqrt(sd_a^2 + sd_b^2)), and per
+overall (mean rank over the measures), whether each lead is separated (gap > 2 sqrt(sd_a^2 + sd_b^2)) and on how
+many seeds it holds (paired: every map of a seed moves with that seed's model), and per
 measure whether each floor is below every method, and clearly so (separated from the weakest method), or which
 methods it cannot be told from.
 """
@@ -142,10 +143,20 @@ def summarise(name: str, runs: list[dict]) -> None:
         return f"gap {abs(ma - mb):.3g} {'>' if abs(ma - mb) > 2 * spread else '<='} 2 x {spread:.3g}: " + (
             "separated" if abs(ma - mb) > 2 * spread else "not separated")
 
+    def seeds_ahead(a: str, b: str, m: str) -> int:
+        """On how many seeds a scores strictly better than b: a paired view, where the spread over seeds is mostly
+        the models' (every map of one seed moves with its model)."""
+        return sum(r["scores"][a][m] != r["scores"][b][m] and (r["scores"][a][m] > r["scores"][b][m]) == METRICS[m]
+                   for r in runs)
+
+    def ahead(a: str, b: str, m: str) -> str:
+        return f"ahead on {seeds_ahead(a, b, m)} of {len(runs)} seeds"
+
     print("\nbest per measure (against the runner-up):")
     for m in METRICS:
         first, second = best[m][:2]
-        print(f"- {NAMES[m]}: {method_label(first)} (then {method_label(second)}; {separated(first, second, m)})")
+        print(f"- {NAMES[m]}: {method_label(first)} (then {method_label(second)}; {separated(first, second, m)}; "
+              f"{ahead(first, second, m)})")
     mean_rank = {k: statistics.fmean(best[m].index(k) + 1 for m in METRICS) for k in methods}
     order = sorted(methods, key=mean_rank.get)
     if len(runs) > 1:
@@ -164,8 +175,12 @@ def summarise(name: str, runs: list[dict]) -> None:
             above = [k for k in methods  # a floor level with a method is not below it either
                      if (stats[f][m][0] >= stats[k][m][0] if up else stats[f][m][0] <= stats[k][m][0])]
             if above:
-                parts.append(f"{method_label(f)} NOT below {', '.join(method_label(k) for k in above)}: "
-                             "this measure cannot tell it from " + ("them" if len(above) > 1 else "it"))
+                n = len(runs)
+                named = ", ".join(method_label(k) + ("" if n == 1 else
+                                                     f" (not below it on {n - seeds_ahead(k, f, m)} of {n} seeds)")
+                                  for k in above)
+                parts.append(f"{method_label(f)} NOT below {named}: this measure cannot tell it from "
+                             + ("them" if len(above) > 1 else "it"))
             elif len(runs) == 1:
                 parts.append(f"{method_label(f)} below every method (one seed: separation not measured)")
             else:
