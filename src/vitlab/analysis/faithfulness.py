@@ -282,6 +282,12 @@ def spearman(a: Sequence[float], b: Sequence[float]) -> float:
     return float((ra * rb).sum()) / den if den > 0 else 0.0
 
 
+def map_rank_correlation(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Mean Spearman rank correlation between matching maps of (B, h, w) a and b (a constant map counts as 0)."""
+    rhos = [spearman(x.tolist(), y.tolist()) for x, y in zip(a.flatten(1).double().cpu(), b.flatten(1).double().cpu())]
+    return sum(rhos) / len(rhos)
+
+
 def kendall(a: Sequence[float], b: Sequence[float]) -> float:
     """Kendall's tau-b over every pair."""
     conc = disc = ties_a = ties_b = 0

@@ -15,7 +15,6 @@ from __future__ import annotations
 import copy
 from collections.abc import Sequence
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -23,6 +22,7 @@ from torch import nn
 from ..progress import progress_bar
 from .capture import attention_modules, capture_attention
 from .explain import explain, explanation_methods, method_key
+from .faithfulness import map_rank_correlation
 from .libragrad import libragrad_ig
 
 FLAG_THRESHOLD = 0.5  # mean rank correlation at or above which a map "did not change"
@@ -62,24 +62,6 @@ def reinitialise(model: nn.Module, names: Sequence[str], generator: torch.Genera
                 module.reset_running_stats()
 
 
-def _ranks(x: np.ndarray) -> np.ndarray:
-    """Ranks 0..n-1 of x, ties sharing their mean rank (as Spearman's rho needs)."""
-    order = np.argsort(x, kind="stable")
-    ranks = np.empty(len(x))
-    ranks[order] = np.arange(len(x))
-    _, groups = np.unique(x, return_inverse=True)
-    return (np.bincount(groups, ranks) / np.bincount(groups))[groups]
-
-
-def _rank_correlation(a: torch.Tensor, b: torch.Tensor) -> float:
-    """Mean Spearman correlation between matching maps of (B, h, w) a and b; a constant map counts as 0."""
-    rhos = []
-    for x, y in zip(a.flatten(1).double().cpu().numpy(), b.flatten(1).double().cpu().numpy()):
-        rho = float(np.corrcoef(_ranks(x), _ranks(y))[0, 1]) if x.std() > 0 and y.std() > 0 else 0.0
-        rhos.append(rho)
-    return sum(rhos) / len(rhos)
-
-
 def parameter_randomisation(model: nn.Module, images: torch.Tensor, methods: Sequence[tuple[str, str]] | None = None,
                             *, head_fusion: str = "mean", discard_ratio: float = 0.0, seed: int = 0,
                             threshold: float = FLAG_THRESHOLD, original: dict[str, torch.Tensor] | None = None,
@@ -114,7 +96,7 @@ def parameter_randomisation(model: nn.Module, images: torch.Tensor, methods: Seq
         for _, names in stages:
             reinitialise(randomised, names, generator)
             for (m, t), key in zip(methods, original):
-                corr[key].append(_rank_correlation(original[key], draw(randomised, m, t)))
+                corr[key].append(map_rank_correlation(original[key], draw(randomised, m, t)))
                 bar.update()
     last_block = len(stages) - 2  # the stage after which every block is random
     return {"stages": [label for label, _ in stages], "correlation": corr, "threshold": threshold,
