@@ -31,7 +31,7 @@ import torch
 
 import vitlab
 from vitlab.analysis.explain import METHODS, REGISTRY, explain, method_label
-from vitlab.analysis.faithfulness import BASELINE_KEYS, METRICS, faithfulness
+from vitlab.analysis.faithfulness import BASELINE_KEYS, METRICS, faithfulness, map_rank_correlation
 from vitlab.data import load_data
 from vitlab.data.augment import normalize
 from vitlab.data.views import Preprocess, balanced_order
@@ -66,6 +66,26 @@ def map_seconds(model, images: torch.Tensor, batch: int) -> dict[str, float]:
     return out
 
 
+def agreement(model, images: torch.Tensor, batch: int) -> dict[str, float]:
+    """Each method's mean Spearman rank correlation with AttnLRP's map of the predicted class, image by image: how
+    far a method's map differs from AttnLRP's at all (PA-LRP's positional rules, LibraGrad's gradients)."""
+    with torch.no_grad():
+        target = torch.cat([model(b).argmax(1) for b in images.split(batch)])
+    maps = {m: torch.cat([explain(model, images[i:i + batch], m, target[i:i + batch], discard_ratio=0.9)
+                          for i in range(0, len(images), batch)]) for m in METHODS}
+    return {m: map_rank_correlation(maps[m], maps["attnlrp"]) for m in METHODS}
+
+
+def with_agreement(done: dict, model, images: torch.Tensor, args, path: Path) -> dict:
+    """``done`` with its maps' agreement with AttnLRP over the first --agreement-images images (added to the file
+    where an earlier call did not measure it)."""
+    if done.get("agreement_images") != args.agreement_images:
+        done["rank_correlation_with_attnlrp"] = agreement(model, images[:args.agreement_images], args.batch_size)
+        done["agreement_images"] = args.agreement_images
+        path.write_text(json.dumps(done, indent=1) + "\n")
+    return done
+
+
 def one_run(name: str, folder: Path, recipe: str | None, seed: int, args) -> dict:
     """Measure one trained model (training it first when it is missing and a recipe is given)."""
     path = args.out / f"{name}-seed{seed}.json"
@@ -73,7 +93,10 @@ def one_run(name: str, folder: Path, recipe: str | None, seed: int, args) -> dic
         done = json.loads(path.read_text())
         if done["images"] == args.images:
             print(f"{name} seed {seed}: reusing {path}")
-            return done
+            if done.get("agreement_images") == args.agreement_images:
+                return done
+            model = vitlab.load(str(folder)).eval()
+            return with_agreement(done, model, test_images(model, args.data, args.agreement_images)[0], args, path)
     if not folder.is_dir():
         if recipe is None:
             raise SystemExit(f"{folder} does not exist; give NAME=FOLDER@RECIPE to train it")
@@ -98,6 +121,7 @@ def one_run(name: str, folder: Path, recipe: str | None, seed: int, args) -> dic
             "map_cpu_seconds": costs, "protocol": result["protocol"]}
     args.out.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(done, indent=1) + "\n")
+    with_agreement(done, model, images, args, path)
     print(f"{name} seed {seed}: {accuracy:.2f}% top-1 on the {args.images} images, {seconds:.0f} s; wrote {path}",
           flush=True)
     return done
@@ -118,8 +142,10 @@ def summarise(name: str, runs: list[dict]) -> None:
     print(f"\n### {name}: seeds {seeds}, {runs[0]['images']} images, top-1 on them {acc[0]:.2f}%"
           + (f" +- {acc[1]:.2f}" if acc[1] is not None else ""))
     head = " | ".join(f"{NAMES[m]} ({'higher' if up else 'lower'})" for m, up in METRICS.items())
-    print(f"| method | {head} | CPU s / image (map) | x AttnLRP |")
-    print("| --- |" + " ---: |" * (len(METRICS) + 2))
+    rho = ({k: statistics.fmean(r["rank_correlation_with_attnlrp"][k] for r in runs) for k in methods}
+           if all("rank_correlation_with_attnlrp" in r for r in runs) else {})
+    print(f"| method | {head} | CPU s / image (map) | x AttnLRP | rho with AttnLRP's map |")
+    print("| --- |" + " ---: |" * (len(METRICS) + 3))
     best = {}
     for m, up in METRICS.items():
         ranked = sorted(methods, key=lambda k: stats[k][m][0], reverse=up)
@@ -132,6 +158,7 @@ def summarise(name: str, runs: list[dict]) -> None:
             text += f" +- {sd:.3f}" if sd is not None else ""
             cells.append(f"**{text}**" if best[m][0] == k else text)
         c = f"{cost[k]:.4f} | {cost[k] / cost['attnlrp']:.2f}" if k in cost else "- | -"
+        c += f" | {rho[k]:.3f}" if k in rho else " | -"
         label = REGISTRY[k].label if k in REGISTRY else method_label(k)
         print(f"| {label} | " + " | ".join(cells) + f" | {c} |")
 
@@ -201,6 +228,8 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=100)
     ap.add_argument("--curve-steps", type=int, default=4)
     ap.add_argument("--timing-images", type=int, default=32, help="images the map costs are timed on")
+    ap.add_argument("--agreement-images", type=int, default=100,
+                    help="images over which each map's rank correlation with AttnLRP's is taken")
     ap.add_argument("--out", type=Path, default=Path("runs/explain-faithfulness"))
     ap.add_argument("--train-minutes", type=float, default=None,
                     help="train a missing model for this many minutes instead of its recipe's budget (a quick check)")

@@ -1,9 +1,14 @@
 """benchmarks/explain_faithfulness.py: the summary over seeds (best per measure, separation, the floors' verdicts)."""
 from __future__ import annotations
 
+import argparse
+import json
+
 import pytest
+import torch
 from conftest import benchmark
 
+import vitlab
 from vitlab.analysis.explain import METHODS
 from vitlab.analysis.faithfulness import BASELINE_KEYS, METRICS
 
@@ -74,3 +79,17 @@ def test_the_best_method_and_its_separation_from_the_runner_up(bench, capsys):
     # seed 0 lost to the runner-up: the lead holds on two seeds of three
     bench.summarise("m", runs(lambda k, s: score[k] - (0.15 if k == methods[-1] and s == 0 else 0.0)))
     assert capsys.readouterr().out.count("ahead on 2 of 3 seeds") == len(METRICS)
+
+
+def test_agreement_with_attnlrp_is_measured_once_and_kept(bench, tmp_path, monkeypatch):
+    torch.manual_seed(0)
+    model = vitlab.create_model("vit_tiny_patch4_32", embed_dim=16, depth=2, num_heads=2).eval()
+    images = torch.randn(4, 3, 32, 32)
+    rho = bench.agreement(model, images, batch=2)
+    assert set(rho) == set(METHODS) and rho["attnlrp"] == pytest.approx(1.0)
+    assert all(-1 <= v <= 1 for v in rho.values()) and rho["raw_attention"] < 1
+    path, args = tmp_path / "m-seed0.json", argparse.Namespace(agreement_images=4, batch_size=2)
+    done = bench.with_agreement({"images": 4}, model, images, args, path)
+    assert json.loads(path.read_text())["rank_correlation_with_attnlrp"] == done["rank_correlation_with_attnlrp"]
+    monkeypatch.setattr(bench, "agreement", lambda *a: pytest.fail("measured again"))
+    assert bench.with_agreement(done, model, images, args, path) is done
