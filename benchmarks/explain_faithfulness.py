@@ -31,7 +31,14 @@ import torch
 
 import vitlab
 from vitlab.analysis.explain import METHODS, REGISTRY, explain, method_label
-from vitlab.analysis.faithfulness import BASELINE_KEYS, METRICS, faithfulness, map_rank_correlation
+from vitlab.analysis.faithfulness import (
+    BASELINE_KEYS,
+    METRICS,
+    SACO_GROUPED,
+    faithfulness,
+    map_rank_correlation,
+    saco_scores,
+)
 from vitlab.data import load_data
 from vitlab.data.augment import normalize
 from vitlab.data.views import Preprocess, balanced_order
@@ -93,10 +100,20 @@ def one_run(name: str, folder: Path, recipe: str | None, seed: int, args) -> dic
         done = json.loads(path.read_text())
         if done["images"] == args.images:
             print(f"{name} seed {seed}: reusing {path}")
-            if done.get("agreement_images") == args.agreement_images:
+            old_saco = done["protocol"]["saco"].get("grouped") != SACO_GROUPED
+            if not old_saco and done.get("agreement_images") == args.agreement_images:
                 return done
             model = vitlab.load(str(folder)).eval()
-            return with_agreement(done, model, test_images(model, args.data, args.agreement_images)[0], args, path)
+            images = test_images(model, args.data, args.images if old_saco else args.agreement_images)[0]
+            if old_saco:  # measured before SaCo grouped pixels: its SaCo alone scored again
+                rescored = saco_scores(model, images, methods=[(m, "cls") for m in METHODS],
+                                       batch_size=args.batch_size, discard_ratio=0.9, seed=0)
+                for key, value in rescored.items():
+                    done["scores"][key]["saco"] = value
+                done["protocol"]["saco"]["grouped"] = SACO_GROUPED
+                path.write_text(json.dumps(done, indent=1) + "\n")
+                print(f"{name} seed {seed}: SaCo scored again with groups of pixels", flush=True)
+            return with_agreement(done, model, images, args, path)
     if not folder.is_dir():
         if recipe is None:
             raise SystemExit(f"{folder} does not exist; give NAME=FOLDER@RECIPE to train it")

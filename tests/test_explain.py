@@ -258,6 +258,19 @@ def test_perturbation_auc_is_the_trapezoid_over_the_stated_points():
     assert auc.item() == pytest.approx((100 + 50) / 2 * 0.1 + 50 * 0.8)
 
 
+def test_saco_scores_alone_are_faithfulness_s():
+    from vitlab.analysis.faithfulness import saco_scores
+    model = tiny("vit")
+    x = torch.randn(5, 3, 32, 32)
+    methods = [("attnlrp", "cls"), ("raw_attention", "cls")]
+    full = faithfulness(model, x, batch_size=2, curve_steps=2, keep_images=0, methods=methods, seed=3,
+                        progress=False)
+    alone = saco_scores(model, x, batch_size=2, methods=methods, seed=3)
+    assert set(alone) == {"attnlrp", "raw_attention", "random", "edge"}
+    for key, value in alone.items():  # the random floor too: the same draws
+        assert value == pytest.approx(full["methods"][key]["saco"], abs=1e-9), key
+
+
 def test_faithfulness_on_a_model(tmp_path):
     model = tiny("deit")
     x = torch.randn(5, 3, 32, 32)

@@ -207,11 +207,19 @@ def test_saco_matches_a_hand_computation():
     assert saco_score(s, torch.tensor([[0.9, 0.5, 0.1]])).item() == pytest.approx(1.0)  # drops follow salience
     assert saco_score(s, torch.tensor([[0.1, 0.5, 0.9]])).item() == pytest.approx(-1.0)
     assert saco_score(torch.ones(1, 3), torch.rand(1, 3)).item() == 0  # a constant map says nothing
-    # groups: 5 patches in 3 groups of 2, 2, 1, most salient first
+    # groups: a 1x5 grid of 1x2-pixel cells, its 10 pixels in 3 groups of 4, 3, 3, most salient first; a cell's
+    # pixels stay together, and a group boundary may cut a cell (the 0.3 cell: one pixel in each of groups 2, 3)
     maps = torch.tensor([[[0.1, 0.9, 0.5, 0.3, 0.7]]])
-    order, salience = saco_groups(maps, 3)
-    assert order.tolist() == [[1, 4, 2, 3, 0]]
-    torch.testing.assert_close(salience, torch.tensor([[1.6, 0.8, 0.1]]))
+    order, salience = saco_groups(maps, (1, 10), 3)
+    assert order.tolist() == [[2, 3, 8, 9, 4, 5, 6, 7, 0, 1]]
+    torch.testing.assert_close(salience, torch.tensor([[3.2, 1.3, 0.5]]))
+
+
+def test_saco_groups_are_equal_to_a_pixel():
+    """64 patches of 4x4 pixels in Wu et al.'s 10 groups: 102 or 103 pixels each, where whole patches would make
+    groups of 7 and 6 (17% apart), whose removals differ in size whatever the map."""
+    _, sizes = saco_groups(torch.ones(2, 8, 8), (32, 32))  # a constant map: each group's salience is its size
+    assert sizes.tolist() == [[103.0] * 4 + [102.0] * 6] * 2
 
 
 class _Counter(torch.nn.Module):

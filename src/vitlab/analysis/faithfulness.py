@@ -105,18 +105,22 @@ def edge_map(images: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
 
 
 SACO_GROUPS = 10  # Wu et al.'s K
+SACO_GROUPED = "pixels (each cell's value on its pixels), groups equal to a pixel"  # the protocol's words
 
 
-def saco_groups(maps: torch.Tensor, groups: int = SACO_GROUPS) -> tuple[torch.Tensor, torch.Tensor]:
-    """(B, grid_h, grid_w) maps -> (the patch order, most salient first, (B, N); each group's salience, the sum
-    of the map over it, (B, K)), the N patches cut into K = min(groups, N) consecutive groups of near equal size
-    (the first N mod K one patch larger)."""
-    flat = maps.flatten(1).float()
-    order = relevance_order(maps)
-    K = min(groups, flat.shape[1])
-    sizes = [len(c) for c in torch.arange(flat.shape[1]).tensor_split(K)]
-    ranked = flat.gather(1, order)
-    return order, torch.stack([c.sum(1) for c in ranked.split(sizes, dim=1)], dim=1)
+def saco_groups(maps: torch.Tensor, image_size: tuple[int, int], groups: int = SACO_GROUPS
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, grid_h, grid_w) maps -> (the image's pixels, most salient first, (B, H * W); each group's salience, the
+    sum of the map over its pixels, (B, K)). Each cell's value goes to every pixel of it (nearest upsampling to
+    ``image_size``), so a cell's pixels stay together in the ranking (ties keep row-major order), and the ranked
+    pixels are cut into K = min(groups, H * W) groups equal to a pixel (the first H * W mod K one pixel larger): Wu
+    et al. group pixels, and groups of whole patches would differ in size (64 patches in 10 groups: 7 or 6 patches),
+    the larger removals dropping the probability more whatever the map, which lifts every map's SaCo."""
+    pixels = F.interpolate(maps[:, None].float(), size=tuple(image_size), mode="nearest")[:, 0]
+    order = relevance_order(pixels)
+    ranked = pixels.flatten(1).gather(1, order)
+    K = min(groups, ranked.shape[1])
+    return order, torch.stack([c.sum(1) for c in ranked.tensor_split(K, dim=1)], dim=1)
 
 
 def saco_score(salience: torch.Tensor, drops: torch.Tensor) -> torch.Tensor:
@@ -133,23 +137,50 @@ def saco_score(salience: torch.Tensor, drops: torch.Tensor) -> torch.Tensor:
 @torch.no_grad()
 def saco(model: nn.Module, images: torch.Tensor, maps: torch.Tensor, target: torch.Tensor, removed: torch.Tensor,
          groups: int = SACO_GROUPS, chunk: int = 256, known: Known | None = None) -> torch.Tensor:
-    """SaCo of maps (B, grid_h, grid_w) for the target classes (B,), each group removed alone (replaced by
-    ``removed``, (B, C, H, W)): (B,) in [-1, 1]. ``known``: the intact images' logits, not passed again."""
-    grid = tuple(maps.shape[-2:])
-    order, salience = saco_groups(maps, groups)
-    sizes = [len(c) for c in torch.arange(order.shape[1]).tensor_split(salience.shape[1])]
-    starts = [sum(sizes[:k]) for k in range(len(sizes))]
+    """SaCo of maps (B, grid_h, grid_w) for the target classes (B,), each group of pixels (see saco_groups) removed
+    alone (replaced by ``removed``, (B, C, H, W)): (B,) in [-1, 1]. ``known``: the intact images' logits, not
+    passed again."""
+    B, _, H, W = images.shape
+    order, salience = saco_groups(maps, (H, W), groups)
+    order = order.to(images.device)
     perturbed = [images]
-    B, N = order.shape
-    for start, size in zip(starts, sizes):
-        cells = torch.zeros(B, N, device=images.device).scatter_(1, order[:, start:start + size].to(images.device),
-                                                                   1.0)
-        mask = F.interpolate(cells.view(B, 1, *grid), size=tuple(images.shape[-2:]), mode="nearest") > 0.5
+    for part in order.tensor_split(salience.shape[1], dim=1):
+        mask = torch.zeros(B, H * W, device=images.device).scatter_(1, part, 1.0).view(B, 1, H, W) > 0.5
         perturbed.append(torch.where(mask, removed, images))
     probs = _logits(model, perturbed, chunk, _intact_at([0], known)).softmax(dim=-1)  # (1 + K, B, classes)
     p = probs.gather(2, target.view(1, -1, 1).expand(len(perturbed), -1, 1))[..., 0]  # (1 + K, B)
     drops = (p[:1] - p[1:]).T  # (B, K)
     return saco_score(salience.to(drops.device), drops)
+
+
+def saco_scores(model: nn.Module, images: torch.Tensor, *, methods: Sequence[tuple[str, str]] | None = None,
+                batch_size: int = 64, deletion_baseline: str = "mean", head_fusion: str = "mean",
+                discard_ratio: float = 0.0, seed: int = 0) -> dict[str, float]:
+    """Each map's mean SaCo over normalised images, and nothing else: the maps (the floors' random draws included)
+    that faithfulness() with these arguments scores, so that SaCo can be re-scored without the removal curves."""
+    methods = list(methods or explanation_methods(model))
+    keys = [method_key(m, t) for m, t in methods] + list(BASELINE_KEYS)
+    cfg = getattr(model, "pretrained_cfg", None) or {}
+    C = images.shape[1]
+    mean, std = cfg.get("mean", (0.5,) * C), cfg.get("std", (0.5,) * C)
+    generator = torch.Generator().manual_seed(seed)  # faithfulness()'s: the same random maps
+    device = next(model.parameters()).device
+    sums = dict.fromkeys(keys, 0.0)
+    was_training = model.training
+    model.eval()
+    try:
+        for s in range(0, len(images), batch_size):
+            x = images[s:s + batch_size].to(device)
+            with torch.no_grad():
+                pred = model(x).argmax(dim=-1)
+            found = _batch_maps(model, x, pred, methods, keys, None, s, head_fusion, discard_ratio, generator)
+            deleted = baseline_images(x, deletion_baseline, mean, std)
+            for key in keys:
+                sums[key] += float(saco(model, x, found[key], pred, deleted, chunk=max(4 * batch_size, 64))
+                                   .double().sum())
+    finally:
+        model.train(was_training)
+    return {k: v / len(images) for k, v in sums.items()}
 
 
 def patch_mask(order: torch.Tensor, k: int, grid_size: tuple[int, int], image_size: tuple[int, int]) -> torch.Tensor:
@@ -357,7 +388,8 @@ def _protocol(total: int, grid: tuple[int, int], counts: list[int], fractions: l
         "saco": {
             "reference": "Wu, Kang, Shen, Zhang, Yang & Guo 2024 (CVPR), On the Faithfulness of Vision Transformer "
                          "Explanations",
-            "groups": SACO_GROUPS, "removed_value": f"{deletion_baseline} (the deletion baseline), one group at a time",
+            "groups": SACO_GROUPS, "grouped": SACO_GROUPED,
+            "removed_value": f"{deletion_baseline} (the deletion baseline), one group at a time",
             "score": "softmax probability of the predicted class; drop = intact - with the group removed",
             "range": "[-1, 1], higher is better; a map unrelated to the model scores about 0"},
         "random": f"a random map per image (uniform values per patch, seed {seed}): a random order; positive = "
