@@ -204,7 +204,7 @@ FAITHFULNESS = (
     "with the unperturbed point. ROAD (Rong et al. 2022): the same accuracy with the removed patches filled by "
     "noisy linear imputation (each pixel the weighted mean of its neighbours, plus a little noise), which leaves "
     "no mask shape to read; MoRF (most relevant first: lower is better) and LeRF (least relevant first: higher is "
-    "better). SaCo (Wu et al. 2024): whether the map's salience of ten groups of patches tracks the drop each "
+    "better). SaCo (Wu et al. 2024): whether the map's salience of ten equal groups of pixels tracks the drop each "
     "group's removal causes, in [-1, 1] (higher is better; a map unrelated to the model scores about 0). The grey "
     "dotted line is a random map, the grey dash-dotted one an edge detector (Sobel magnitude per patch): the floors "
     "every method should beat. Every parameter is in faithfulness.json.")
