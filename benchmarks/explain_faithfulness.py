@@ -211,6 +211,7 @@ def summarise(name: str, runs: list[dict]) -> None:
         lead = "one seed: separation not measured"
     print(f"overall (mean rank over the {len(METRICS)} measures): {method_label(order[0])} "
           f"({mean_rank[order[0]]:.2f}), then {method_label(order[1])} ({mean_rank[order[1]]:.2f}); {lead}")
+    print("every method by mean rank: " + ", ".join(f"{method_label(k)} {mean_rank[k]:.2f}" for k in order))
     print("floors (random map, edge detector) against every method (clearly below: separated from the nearest):")
     for m, up in METRICS.items():
         parts = []
