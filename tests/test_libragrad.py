@@ -148,7 +148,7 @@ def test_pa_lrp_keeps_the_position_embedding_relevance():
                                rtol=1e-5)
     rest = float(((model.cls_token * g_cls).sum() + (model.pos_embed * g_pos)[:, 0].sum()).detach())
     total = float(pixels.sum() + position.sum()) + rest + _softmax_leaks(probs, grads[3:])
-    assert abs(total - float(logit)) < 1e-4 * abs(float(logit))
+    assert abs(total - float(logit.detach())) < 1e-4 * abs(float(logit.detach()))
     assert float(position.abs().sum()) > 1e-3 * float(pixels.abs().sum())  # the positions hold a real share
     # the map: pixels + position, min-max scaled; it differs from AttnLRP's
     R, _ = attnlrp_pixels(model, x, 3)
@@ -187,14 +187,15 @@ def test_pa_lrp_gives_rotary_positions_half_of_each_rotated_query_and_key():
     assert len(leaves) == 4  # q and k of two blocks
     g_x, g_cls, g_pos = grads[:3]
     g_probs, g_leaves = grads[3:3 + len(probs)], grads[3 + len(probs):]
-    rope = sum(float((leaf * g).sum()) for leaf, g in zip(leaves, g_leaves))
-    inputs = float((x * g_x).sum() + (model.cls_token * g_cls).sum() + (model.pos_embed * g_pos).sum())
-    assert abs(inputs + rope + _softmax_leaks(probs, g_probs) - float(logit)) < 1e-6 * abs(float(logit))
-    rope_cells = sum((leaf * g).sum(-1).reshape(1, -1, 64).sum(1) for leaf, g in zip(leaves, g_leaves))
+    rope = sum(float((leaf * g).sum().detach()) for leaf, g in zip(leaves, g_leaves))
+    inputs = float(((x * g_x).sum() + (model.cls_token * g_cls).sum() + (model.pos_embed * g_pos).sum()).detach())
+    logit = float(logit.detach())
+    assert abs(inputs + rope + _softmax_leaks(probs, g_probs) - logit) < 1e-6 * abs(logit)
+    rope_cells = sum((leaf * g).sum(-1).reshape(1, -1, 64).sum(1) for leaf, g in zip(leaves, g_leaves)).detach()
     assert float(rope_cells.abs().sum()) > 1e-2 * float((x * g_x).sum(1).abs().sum())  # a real share per patch
     pixels, position, _ = pa_lrp_cells(model, x, 2, epsilon=1e-12)
     n = model.pos_embed.shape[1] - 64
-    expected = float((model.pos_embed * g_pos)[:, n:].sum()) + rope
+    expected = float((model.pos_embed * g_pos)[:, n:].sum().detach()) + rope
     assert abs(float(position.sum()) - expected) < 1e-5 * max(1.0, abs(expected))
     torch.testing.assert_close(float(pixels.sum()), float((x * g_x).sum()), atol=1e-6, rtol=1e-6)
 
