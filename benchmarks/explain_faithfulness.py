@@ -73,6 +73,12 @@ def map_seconds(model, images: torch.Tensor, batch: int) -> dict[str, float]:
     return out
 
 
+def write(path: Path, done: dict) -> None:
+    """The (model, seed) record, as a later call reads it back."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(done, indent=1) + "\n")
+
+
 def agreement(model, images: torch.Tensor, batch: int) -> dict[str, float]:
     """Each method's mean Spearman rank correlation with AttnLRP's map of the predicted class, image by image: how
     far a method's map differs from AttnLRP's at all (PA-LRP's positional rules, LibraGrad's gradients)."""
@@ -89,7 +95,7 @@ def with_agreement(done: dict, model, images: torch.Tensor, args, path: Path) ->
     if done.get("agreement_images") != args.agreement_images:
         done["rank_correlation_with_attnlrp"] = agreement(model, images[:args.agreement_images], args.batch_size)
         done["agreement_images"] = args.agreement_images
-        path.write_text(json.dumps(done, indent=1) + "\n")
+        write(path, done)
     return done
 
 
@@ -111,7 +117,7 @@ def one_run(name: str, folder: Path, recipe: str | None, seed: int, args) -> dic
                 for key, value in rescored.items():
                     done["scores"][key]["saco"] = value
                 done["protocol"]["saco"]["grouped"] = SACO_GROUPED
-                path.write_text(json.dumps(done, indent=1) + "\n")
+                write(path, done)
                 print(f"{name} seed {seed}: SaCo scored again with groups of pixels", flush=True)
             return with_agreement(done, model, images, args, path)
     if not folder.is_dir():
@@ -136,8 +142,7 @@ def one_run(name: str, folder: Path, recipe: str | None, seed: int, args) -> dic
             "faithfulness_seconds": seconds, "threads": torch.get_num_threads(),
             "scores": {k: {m: v[m] for m in METRICS} for k, v in result["methods"].items()},
             "map_cpu_seconds": costs, "protocol": result["protocol"]}
-    args.out.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(done, indent=1) + "\n")
+    write(path, done)
     with_agreement(done, model, images, args, path)
     print(f"{name} seed {seed}: {accuracy:.2f}% top-1 on the {args.images} images, {seconds:.0f} s; wrote {path}",
           flush=True)
@@ -179,13 +184,21 @@ def summarise(name: str, runs: list[dict]) -> None:
         label = REGISTRY[k].label if k in REGISTRY else method_label(k)
         print(f"| {label} | " + " | ".join(cells) + f" | {c} |")
 
-    def separated(a: str, b: str, m: str) -> str:
+    def gap_spread(a: str, b: str, m: str) -> tuple[float, float]:
+        """The gap between a's and b's means on m and their combined spread (over one seed: no spread)."""
         (ma, sa), (mb, sb) = stats[a][m], stats[b][m]
-        if sa is None:
+        return abs(ma - mb), ((sa ** 2 + sb ** 2) ** 0.5 if sa is not None else float("nan"))
+
+    def is_separated(a: str, b: str, m: str) -> bool:
+        gap, spread = gap_spread(a, b, m)
+        return gap > 2 * spread  # False over one seed (nan)
+
+    def separated(a: str, b: str, m: str) -> str:
+        if len(runs) == 1:
             return "one seed: separation not measured"
-        spread = (sa ** 2 + sb ** 2) ** 0.5
-        return f"gap {abs(ma - mb):.3g} {'>' if abs(ma - mb) > 2 * spread else '<='} 2 x {spread:.3g}: " + (
-            "separated" if abs(ma - mb) > 2 * spread else "not separated")
+        gap, spread = gap_spread(a, b, m)
+        sep = is_separated(a, b, m)
+        return f"gap {gap:.3g} {'>' if sep else '<='} 2 x {spread:.3g}: " + ("separated" if sep else "not separated")
 
     def seeds_ahead(a: str, b: str, m: str) -> int:
         """On how many seeds a scores strictly better than b: a paired view, where the spread over seeds is mostly
@@ -204,7 +217,7 @@ def summarise(name: str, runs: list[dict]) -> None:
     mean_rank = {k: statistics.fmean(best[m].index(k) + 1 for m in METRICS) for k in methods}
     order = sorted(methods, key=mean_rank.get)
     if len(runs) > 1:
-        wins = sum(separated(order[0], order[1], m).endswith(": separated") and best[m].index(order[0])
+        wins = sum(is_separated(order[0], order[1], m) and best[m].index(order[0])
                    < best[m].index(order[1]) for m in METRICS)
         lead = f"ahead of it and separated on {wins} of {len(METRICS)} measures"
     else:
@@ -215,8 +228,8 @@ def summarise(name: str, runs: list[dict]) -> None:
     print("floors (random map, edge detector) against every method (clearly below: separated from the nearest):")
     for m, up in METRICS.items():
         parts = []
+        nearest = best[m][-1]  # the weakest method, the one a floor must still be below
         for f in BASELINE_KEYS:
-            nearest = best[m][-1]  # the weakest method, the one a floor must still be below
             above = [k for k in methods  # a floor level with a method is not below it either
                      if (stats[f][m][0] >= stats[k][m][0] if up else stats[f][m][0] <= stats[k][m][0])]
             if above:
@@ -229,10 +242,9 @@ def summarise(name: str, runs: list[dict]) -> None:
             elif len(runs) == 1:
                 parts.append(f"{method_label(f)} below every method (one seed: separation not measured)")
             else:
-                verdict = separated(f, nearest, m)
-                parts.append(f"{method_label(f)} below every method, " + (
-                    "clearly" if verdict.endswith(": separated") else "not clearly")
-                    + f" (nearest {method_label(nearest)}, {verdict})")
+                parts.append(f"{method_label(f)} below every method, "
+                             + ("clearly" if is_separated(f, nearest, m) else "not clearly")
+                             + f" (nearest {method_label(nearest)}, {separated(f, nearest, m)})")
         print(f"- {NAMES[m]}: " + "; ".join(parts))
 
 
