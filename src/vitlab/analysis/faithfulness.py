@@ -45,6 +45,12 @@ BASELINES = ("black", "mean", "blur")
 PERTURBATION_STEPS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 
 
+def normalisation(model: nn.Module, channels: int) -> tuple[Sequence[float], Sequence[float]]:
+    """The mean and std the model's inputs were normalised with (its pretrained_cfg; 0.5 per channel without)."""
+    cfg = getattr(model, "pretrained_cfg", None) or {}
+    return cfg.get("mean", (0.5,) * channels), cfg.get("std", (0.5,) * channels)
+
+
 def baseline_images(images: torch.Tensor, kind: str, mean: Sequence[float], std: Sequence[float],
                     blur_sigma: float = 4.0) -> torch.Tensor:
     """What 'removed' pixels become, for normalised images (B, C, H, W): 'black' (pixel value 0), 'mean' (0 after
@@ -160,9 +166,7 @@ def saco_scores(model: nn.Module, images: torch.Tensor, *, methods: Sequence[tup
     that faithfulness() with these arguments scores, so that SaCo can be re-scored without the removal curves."""
     methods = list(methods or explanation_methods(model))
     keys = [method_key(m, t) for m, t in methods] + list(BASELINE_KEYS)
-    cfg = getattr(model, "pretrained_cfg", None) or {}
-    C = images.shape[1]
-    mean, std = cfg.get("mean", (0.5,) * C), cfg.get("std", (0.5,) * C)
+    mean, std = normalisation(model, images.shape[1])
     generator = torch.Generator().manual_seed(seed)  # faithfulness()'s: the same random maps
     device = next(model.parameters()).device
     sums = dict.fromkeys(keys, 0.0)
@@ -463,9 +467,8 @@ def faithfulness(model: nn.Module, images: torch.Tensor, labels: torch.Tensor | 
     _check_arguments(images, batch_size, perturbation_steps, deletion_baseline, insertion_baseline,
                      perturbation_baseline)
     methods = list(methods or explanation_methods(model))
-    cfg = getattr(model, "pretrained_cfg", None) or {}
     C, H, W = images.shape[1:]
-    mean, std = cfg.get("mean", (0.5,) * C), cfg.get("std", (0.5,) * C)
+    mean, std = normalisation(model, C)
     sigma = float(blur_sigma if blur_sigma is not None else max(H, W) / 8)
     device = next(model.parameters()).device
     was_training = model.training

@@ -17,7 +17,7 @@ from . import plots
 from .capture import capture_attention, prefix_token_names
 from .distance import distance_layer_names, mean_attention_distance
 from .explain import explain, explanation_methods, method_key
-from .faithfulness import faithfulness
+from .faithfulness import faithfulness, normalisation
 
 IMPORTANCE_IMAGES = 32  # head importance zeroes every head in turn: a pass per head over this sample
 
@@ -67,8 +67,7 @@ class Inspection:
 
     def __post_init__(self) -> None:
         cfg = getattr(self.model, "pretrained_cfg", None) or {}
-        C = self.images.shape[1]
-        self.mean, self.std = cfg.get("mean", (0.5,) * C), cfg.get("std", (0.5,) * C)
+        self.mean, self.std = normalisation(self.model, self.images.shape[1])
         self.class_names = list(self.class_names or cfg.get("label_names") or []) or None
         self.device = next(self.model.parameters()).device
         self.images = self.images.to(self.device)
