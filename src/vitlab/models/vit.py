@@ -110,20 +110,99 @@ def add_output_layers(model: Model, num_heads: int, mlp_ratio: float, norm_layer
     model.head = nn.Linear(model.num_features, n) if n > 0 else nn.Identity()
 
 
-class VisionTransformer(Model):
-    """timm's VisionTransformer and its options: DeiT (distilled), DeiT III, DINOv2, CLIP, SigLIP, register ViTs.
+def _check_arguments(num_parallel: int, parallel_scaling: bool, global_pool: str, pos_embed: str, mlp_layer: str,
+                     distilled: bool, class_token: bool, reg_tokens: int, fc_norm: bool | None) -> None:
+    """One line naming what VisionTransformer's arguments combine wrongly, and what is accepted."""
+    if num_parallel < 1:
+        raise VitlabError(f"num_parallel {num_parallel} is not accepted: 1 (sequential blocks) or more (branches)")
+    if parallel_scaling and num_parallel > 1:
+        raise VitlabError("parallel_scaling=True and num_parallel > 1 are two kinds of block; "
+                          "accepted: one of them")
+    if global_pool not in GLOBAL_POOLS:
+        raise VitlabError(f"global_pool {global_pool!r} is not one of {GLOBAL_POOLS}")
+    if pos_embed not in POS_EMBEDS:
+        raise VitlabError(f"pos_embed {pos_embed!r} is not one of {POS_EMBEDS}")
+    if mlp_layer not in MLP_LAYERS:
+        raise VitlabError(f"mlp_layer {mlp_layer!r} is not one vitlab implements; "
+                          f"accepted: {', '.join(MLP_LAYERS)}")
+    if mlp_layer != "mlp" and (num_parallel > 1 or parallel_scaling):
+        raise VitlabError(f"mlp_layer={mlp_layer!r} is for sequential blocks; accepted with parallel blocks: 'mlp'")
+    if distilled and (not class_token or global_pool != "token"):
+        raise VitlabError("a distilled model reads the class and distillation tokens: "
+                          "it needs class_token=True and global_pool='token'")
+    if distilled and reg_tokens:
+        raise VitlabError("a model has either a distillation token or register tokens, not both")
+    if global_pool == "token_avg" and (not class_token or fc_norm):
+        raise VitlabError("global_pool='token_avg' needs a class token and no fc_norm")
+    if global_pool == "token" and not class_token:
+        raise VitlabError("global_pool='token' needs a class token; use global_pool='avg' with class_token=False")
 
-    ``pre_norm`` adds CLIP's LayerNorm ``norm_pre`` after the position embedding (and drops the patch
-    projection's bias); ``qk_norm`` normalises queries and keys per head; ``final_norm=False`` drops
-    the final norm (and fc_norm); ``global_pool='map'`` pools with SigLIP's attention-pool head ``attn_pool``;
-    ``num_parallel=2`` gives each block two attention then two MLP branches (timm's ParallelThingsBlock);
-    ``parallel_scaling=True`` makes each block ViT-22B's, attention and MLP side by side from one fused projection
-    (timm's ParallelScalingBlock); ``norm_layer='rmsnorm'`` makes every norm an RMSNorm (timm's ``_xp_`` ViTs);
-    ``mlp_layer='swiglu_packed'`` is DINOv2's giant MLP, one fc1 holding gate and value (timm's SwiGLUPacked);
-    ``mlp_layer='swiglu'`` keeps gate and value apart (timm's SwiGLU: AIMv2). ``embed_norm`` normalises the patch
-    tokens before the position embedding (timm's embed_norm_layer, the blocks' norm: AIMv2); ``pos_embed='sincos_xy'``
-    computes a fixed sin-cos table for each input's grid (AIMv2-native); ``attn_pool_kind='aimv2'`` makes the
-    'map' pool AIMv2's (the latent the query itself, no MLP).
+
+def _blocks(depth: int, embed_dim: int, num_heads: int, mlp_ratio: float, qkv_bias: bool, qk_norm: bool,
+            proj_bias: bool, init_values: float | None, proj_drop_rate: float, attn_drop_rate: float,
+            drop_path_rate: float, act: type[nn.Module], norm_layer, mlp_layer: str, num_parallel: int,
+            parallel_scaling: bool) -> nn.Sequential:
+    """The transformer's blocks: sequential (timm's Block), parallel branches or ViT-22B's fused block, with
+    stochastic depth growing linearly to drop_path_rate at the last."""
+    dpr = drop_path_rates(drop_path_rate, depth)
+    block = (partial(ParallelScalingBlock, qk_norm=qk_norm) if parallel_scaling else
+             partial(Block, mlp_layer=MLP_BUILDERS[mlp_layer])
+             if num_parallel == 1 else partial(ParallelThingsBlock, num_parallel=num_parallel))
+    return nn.Sequential(*[
+        block(embed_dim, num_heads, mlp_ratio, qkv_bias=qkv_bias, proj_drop=proj_drop_rate,
+              attn_drop=attn_drop_rate, init_values=init_values, drop_path=dpr[i],
+              act_layer=act, norm_layer=norm_layer, proj_bias=proj_bias,
+              attn_layer=partial(Attention, qk_norm=qk_norm, proj_bias=proj_bias, norm_layer=norm_layer))
+        for i in range(depth)])
+
+
+class VisionTransformer(Model):
+    """timm's VisionTransformer and its options: DeiT (distilled), DeiT III, DINOv2, CLIP, SigLIP, register ViTs,
+    AIMv2, ViT-22B's parallel blocks. The arguments are timm's, with timm's names and meaning (``TIMM_ARGS``), and
+    vitlab's few more.
+
+    Args:
+        img_size: the input size the position table is made for (an int, or (height, width)).
+        patch_size: the side of a patch (an int, or (height, width)); the grid is img_size / patch_size.
+        in_chans: the channels of an input image.
+        num_classes: the classifier's width; 0 gives no classifier (forward returns the pooled features).
+        global_pool: how the tokens become one: 'token' (the class token), 'avg' (the mean patch token), 'map'
+            (SigLIP's attention pool), 'token_avg' (class and mean patch token side by side), '' (none).
+        embed_dim: the width of every token.
+        depth: the number of transformer blocks.
+        num_heads: the attention heads of each block.
+        mlp_ratio: the MLP's hidden width over embed_dim.
+        qkv_bias: biases on the query, key and value projections.
+        init_values: LayerScale's initial value (DeiT III, DINOv2); None: no LayerScale.
+        class_token: a class token before the patch tokens.
+        reg_tokens: register tokens after the class token (Darcet et al. 2023).
+        distilled: DeiT's distillation token and its head ``head_dist``.
+        no_embed_class: the position table covers the patch tokens only (the prefix tokens get none).
+        pos_embed: 'learn' (a learned table), 'sincos' (a fixed 2D sin-cos table), 'none', or 'sincos_xy'
+            (no parameter: the sin-cos table of each input's own grid, columns' channels first; AIMv2-native).
+        dynamic_img_size: accept other input sizes, the position table resampled to each grid.
+        fc_norm: a norm on the pooled token instead of the final norm on every token; None: with 'avg' pooling.
+        act_layer: the MLP's activation, a name in ``layers.ACTIVATIONS`` (gelu, gelu_tanh, relu, silu, quick_gelu).
+        norm_eps: the norms' epsilon (timm: 1e-6; CLIP: 1e-5).
+        qk_norm: normalise queries and keys per head.
+        proj_bias: biases on the attention's and the MLP's output projections.
+        pre_norm: CLIP's norm ``norm_pre`` after the position embedding (the patch projection then has no bias).
+        final_norm: the final norm (and fc_norm); False drops both.
+        pos_embed_antialias: antialias when the position table is resampled to another grid (timm: True).
+        drop_rate: dropout before the classifier.
+        pos_drop_rate: dropout after the position embedding.
+        proj_drop_rate: dropout after the attention's and the MLP's output projections.
+        attn_drop_rate: dropout on the attention weights.
+        drop_path_rate: stochastic depth of the last block (growing linearly from 0 over the blocks).
+        num_parallel: attention then MLP branches per block (timm's ParallelThingsBlock); 1: sequential.
+        parallel_scaling: ViT-22B's block, attention and MLP side by side from one fused projection (timm's
+            ParallelScalingBlock).
+        norm_layer: 'layernorm' or 'rmsnorm' (every norm of the model; timm's ``_xp_`` ViTs).
+        mlp_layer: 'mlp' (timm's Mlp), 'swiglu_packed' (DINOv2's giant MLP, gate and value in one fc1) or
+            'swiglu' (timm's SwiGLU, fc1_g and fc1_x; AIMv2).
+        embed_norm: a norm on the patch tokens before the position embedding (timm's AIMv2).
+        attn_pool_kind: the attention pool of global_pool 'map': 'siglip' (timm's) or 'aimv2'
+            (transformers' AIMv2 head: the latent the query itself, no MLP).
     """
 
     global_pools = ("token", "avg", "")  # those reset_classifier may switch between (same width, no extra layers)
@@ -222,74 +301,10 @@ class VisionTransformer(Model):
                  drop_path_rate: float = 0.0, num_parallel: int = 1, parallel_scaling: bool = False,
                  norm_layer: str = "layernorm", mlp_layer: str = "mlp", embed_norm: bool = False,
                  attn_pool_kind: str = "siglip"):
-        """timm's arguments, with timm's names and meaning (``TIMM_ARGS``), and vitlab's few more.
-
-        Args:
-            img_size: the input size the position table is made for (an int, or (height, width)).
-            patch_size: the side of a patch (an int, or (height, width)); the grid is img_size / patch_size.
-            in_chans: the channels of an input image.
-            num_classes: the classifier's width; 0 gives no classifier (forward returns the pooled features).
-            global_pool: how the tokens become one: 'token' (the class token), 'avg' (the mean patch token), 'map'
-                (SigLIP's attention pool), 'token_avg' (class and mean patch token side by side), '' (none).
-            embed_dim: the width of every token.
-            depth: the number of transformer blocks.
-            num_heads: the attention heads of each block.
-            mlp_ratio: the MLP's hidden width over embed_dim.
-            qkv_bias: biases on the query, key and value projections.
-            init_values: LayerScale's initial value (DeiT III, DINOv2); None: no LayerScale.
-            class_token: a class token before the patch tokens.
-            reg_tokens: register tokens after the class token (Darcet et al. 2023).
-            distilled: DeiT's distillation token and its head ``head_dist``.
-            no_embed_class: the position table covers the patch tokens only (the prefix tokens get none).
-            pos_embed: 'learn' (a learned table), 'sincos' (a fixed 2D sin-cos table), 'none', or 'sincos_xy'
-                (no parameter: the sin-cos table of each input's own grid, columns' channels first; AIMv2-native).
-            dynamic_img_size: accept other input sizes, the position table resampled to each grid.
-            fc_norm: a norm on the pooled token instead of the final norm on every token; None: with 'avg' pooling.
-            act_layer: the MLP's activation, a name in ``layers.ACTIVATIONS`` (gelu, gelu_tanh, relu, silu, quick_gelu).
-            norm_eps: the norms' epsilon (timm: 1e-6; CLIP: 1e-5).
-            qk_norm: normalise queries and keys per head.
-            proj_bias: biases on the attention's and the MLP's output projections.
-            pre_norm: CLIP's norm ``norm_pre`` after the position embedding (the patch projection then has no bias).
-            final_norm: the final norm (and fc_norm); False drops both.
-            pos_embed_antialias: antialias when the position table is resampled to another grid (timm: True).
-            drop_rate: dropout before the classifier.
-            pos_drop_rate: dropout after the position embedding.
-            proj_drop_rate: dropout after the attention's and the MLP's output projections.
-            attn_drop_rate: dropout on the attention weights.
-            drop_path_rate: stochastic depth of the last block (growing linearly from 0 over the blocks).
-            num_parallel: attention then MLP branches per block (timm's ParallelThingsBlock); 1: sequential.
-            parallel_scaling: ViT-22B's block, attention and MLP side by side from one fused projection.
-            norm_layer: 'layernorm' or 'rmsnorm' (every norm of the model).
-            mlp_layer: 'mlp' (timm's Mlp), 'swiglu_packed' (DINOv2's giant MLP, gate and value in one fc1) or
-                'swiglu' (timm's SwiGLU, fc1_g and fc1_x; AIMv2).
-            embed_norm: a norm on the patch tokens before the position embedding (timm's AIMv2).
-            attn_pool_kind: the attention pool of global_pool 'map': 'siglip' (timm's) or 'aimv2'
-                (transformers' AIMv2 head).
-        """
+        """The arguments are the class's (see its docstring)."""
         super().__init__()
-        if num_parallel < 1:
-            raise VitlabError(f"num_parallel {num_parallel} is not accepted: 1 (sequential blocks) or more (branches)")
-        if parallel_scaling and num_parallel > 1:
-            raise VitlabError("parallel_scaling=True and num_parallel > 1 are two kinds of block; "
-                              "accepted: one of them")
-        if global_pool not in GLOBAL_POOLS:
-            raise VitlabError(f"global_pool {global_pool!r} is not one of {GLOBAL_POOLS}")
-        if pos_embed not in POS_EMBEDS:
-            raise VitlabError(f"pos_embed {pos_embed!r} is not one of {POS_EMBEDS}")
-        if mlp_layer not in MLP_LAYERS:
-            raise VitlabError(f"mlp_layer {mlp_layer!r} is not one vitlab implements; "
-                              f"accepted: {', '.join(MLP_LAYERS)}")
-        if mlp_layer != "mlp" and (num_parallel > 1 or parallel_scaling):
-            raise VitlabError(f"mlp_layer={mlp_layer!r} is for sequential blocks; accepted with parallel blocks: 'mlp'")
-        if distilled and (not class_token or global_pool != "token"):
-            raise VitlabError("a distilled model reads the class and distillation tokens: "
-                              "it needs class_token=True and global_pool='token'")
-        if distilled and reg_tokens:
-            raise VitlabError("a model has either a distillation token or register tokens, not both")
-        if global_pool == "token_avg" and (not class_token or fc_norm):
-            raise VitlabError("global_pool='token_avg' needs a class token and no fc_norm")
-        if global_pool == "token" and not class_token:
-            raise VitlabError("global_pool='token' needs a class token; use global_pool='avg' with class_token=False")
+        _check_arguments(num_parallel, parallel_scaling, global_pool, pos_embed, mlp_layer, distilled, class_token,
+                         reg_tokens, fc_norm)
         self.norm_eps, self.mlp_layer, self.norm_layer = norm_eps, mlp_layer, norm_layer
         self.embed_norm = embed_norm
         norm_layer = get_norm_layer(norm_layer, norm_eps)
@@ -325,17 +340,10 @@ class VisionTransformer(Model):
         self.pos_drop = nn.Dropout(pos_drop_rate)
         self.norm_pre = norm_layer(embed_dim) if pre_norm else nn.Identity()
 
-        dpr = drop_path_rates(drop_path_rate, depth)  # stochastic depth grows with depth
         act = get_act_layer(act_layer)
-        block = (partial(ParallelScalingBlock, qk_norm=qk_norm) if parallel_scaling else
-                 partial(Block, mlp_layer=MLP_BUILDERS[mlp_layer])
-                 if num_parallel == 1 else partial(ParallelThingsBlock, num_parallel=num_parallel))
-        self.blocks = nn.Sequential(*[
-            block(embed_dim, num_heads, mlp_ratio, qkv_bias=qkv_bias, proj_drop=proj_drop_rate,
-                  attn_drop=attn_drop_rate, init_values=init_values, drop_path=dpr[i],
-                  act_layer=act, norm_layer=norm_layer, proj_bias=proj_bias,
-                  attn_layer=partial(Attention, qk_norm=qk_norm, proj_bias=proj_bias, norm_layer=norm_layer))
-            for i in range(depth)])
+        self.blocks = _blocks(depth, embed_dim, num_heads, mlp_ratio, qkv_bias, qk_norm, proj_bias, init_values,
+                              proj_drop_rate, attn_drop_rate, drop_path_rate, act, norm_layer, mlp_layer, num_parallel,
+                              parallel_scaling)
         add_output_layers(self, num_heads, mlp_ratio, norm_layer, act, final_norm and not use_fc_norm,
                           final_norm and use_fc_norm, drop_rate, attn_pool_kind, qkv_bias)
         self.head_dist = None
